@@ -1,0 +1,272 @@
+"""The `strict-gate` command: thin typer functions over the library.
+
+Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run.
+Heavy engines are imported only by the commands that run them; --help and compare need no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from strict_gate.errors import StrictGateError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Prove an inference engine emits exactly the tokens vLLM emits (greedy, token for token).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+console = Console()
+err = Console(stderr=True)
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "gates" / "demo.toml"
+
+PolicyOpt = Annotated[
+    Optional[str], typer.Option("--policy", help="strict | near-tie | distributional | auto (default: the config's)")
+]
+BandOpt = Annotated[Optional[float], typer.Option("--band", help="near-tie band in nats (default 0.5)")]
+
+
+def _fail_cleanly(fn):
+    """Turn a StrictGateError into its message and exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StrictGateError as e:
+            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: the run directories written so far are marked failed")
+            raise typer.Exit(3) from None
+
+    return wrapper
+
+
+def _progress():
+    """A rich progress bar per arm: prompts done / total and generated tokens per second."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tps]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+
+    def hook(label: str, total: int):
+        task = progress.add_task(label, total=total, tps="")
+        state = {"tokens": 0, "seconds": 0.0}
+
+        def on_record(record, seconds: float) -> None:
+            state["tokens"] += len(record.token_ids)
+            state["seconds"] += seconds
+            tps = state["tokens"] / state["seconds"] if state["seconds"] > 0 else 0.0
+            progress.update(task, advance=1, tps=f"{tps:7.1f} tok/s")
+
+        return on_record
+
+    return progress, hook
+
+
+def _finish(result, report_dir: Path | None) -> None:
+    from strict_gate.report.console import print_result
+
+    print_result(result, console, report_dir=str(report_dir) if report_dir else None)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@_fail_cleanly
+def gate(
+    config: Annotated[Optional[Path], typer.Argument(help="gate TOML; default: the bundled demo gate")] = None,
+    policy: PolicyOpt = None,
+    band: BandOpt = None,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="where reports go")] = None,
+) -> None:
+    """Run both arms per the config, compare them, and write the report."""
+    from strict_gate.config import load_gate_config
+    from strict_gate.gate import run_gate
+
+    if config is None:
+        if not DEMO_CONFIG.exists():
+            raise StrictGateError("no CONFIG given and the bundled demo gate (gates/demo.toml) is not in this install")
+        config = DEMO_CONFIG
+        err.print(f"running the bundled demo gate: {config}")
+    cfg = load_gate_config(config)
+    progress, hook = _progress()
+    with progress:
+        outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
+    _finish(outcome.result, outcome.report_dir)
+
+
+@app.command()
+@_fail_cleanly
+def run(
+    engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, [env]) or a gate config")],
+    prompts: Annotated[Path, typer.Option("--prompts", "-p", help="prompt set .jsonl")],
+    out: Annotated[Path, typer.Option("--out", help="run directory to write")],
+    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 16,
+    top_logprobs: Annotated[int, typer.Option("--top-logprobs")] = 5,
+    runs: Annotated[int, typer.Option("--runs", help="repeat each prompt K times (samples)")] = 1,
+) -> None:
+    """Run one arm only, to record a run or a baseline."""
+    from strict_gate.config import load_arm_config
+    from strict_gate.prompts import load_prompts
+    from strict_gate.records import Sampling
+    from strict_gate.runner import prompt_inputs, run_arm
+
+    arm = load_arm_config(engine_config)
+    ps = load_prompts(prompts)
+    engine = arm.build()
+    progress, hook = _progress()
+    try:
+        inputs = prompt_inputs(ps, engine)
+        with progress:
+            result = run_arm(
+                engine, inputs, Sampling(max_tokens, top_logprobs), out,
+                prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)),
+            )
+    finally:
+        engine.close()
+    console.print(f"wrote {len(result.records)} records to {out}")
+
+
+@app.command()
+@_fail_cleanly
+def capture(
+    config: Annotated[Path, typer.Argument(help="gate TOML whose [reference] is captured")],
+    runs: Annotated[Optional[int], typer.Option("--runs", "-k", help="K runs per prompt (default: [reference] runs, else 5)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="default: baselines/<name>")] = None,
+) -> None:
+    """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
+    from strict_gate.config import load_gate_config
+    from strict_gate.prompts import load_prompts
+    from strict_gate.records import Sampling
+    from strict_gate.runner import prompt_inputs, run_arm
+
+    cfg = load_gate_config(config, require_candidate=False)
+    k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else 5)
+    ps = load_prompts(cfg.prompts)
+    target = out or Path("baselines") / cfg.name
+    engine = cfg.reference.build()
+    progress, hook = _progress()
+    try:
+        inputs = prompt_inputs(ps, engine)
+        with progress:
+            result = run_arm(
+                engine, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), target,
+                prompt_set=ps, runs=k, on_record=hook(f"capture x{k}", len(inputs)),
+            )
+    finally:
+        engine.close()
+    det = result.manifest.determinism or {}
+    console.print(
+        f"baseline {target}: {len(result.records)} prompts, "
+        f"{det.get('prompts_deterministic')}/{det.get('prompts_total')} deterministic over {k} runs"
+    )
+    for nd in det.get("non_deterministic", []):
+        pos = ", ".join(str(p["position"]) for p in nd["positions"][:8])
+        console.print(f"  {nd['id']}: {nd['distinct_sequences']} distinct sequences, differ at {pos}")
+
+
+@app.command()
+@_fail_cleanly
+def compare(
+    reference_run: Annotated[Path, typer.Argument(help="reference run directory")],
+    candidate_run: Annotated[Path, typer.Argument(help="candidate run directory")],
+    policy: Annotated[str, typer.Option("--policy")] = "auto",
+    band: Annotated[float, typer.Option("--band")] = 0.5,
+    out: Annotated[Optional[Path], typer.Option("--out", help="write reports to this directory")] = None,
+) -> None:
+    """Compare two stored runs: no engine, no torch."""
+    from strict_gate.gate import judge
+    from strict_gate.records import load_run
+    from strict_gate.report import write_reports
+
+    problems: list[str] = []
+    ref = load_run(reference_run, allow_incomplete=True)
+    cand = load_run(candidate_run, allow_incomplete=True)
+    for field, a, b in (
+        ("prompt set sha256", ref.manifest.prompt_set.get("sha256"), cand.manifest.prompt_set.get("sha256")),
+        ("max_tokens", ref.manifest.sampling.max_tokens, cand.manifest.sampling.max_tokens),
+    ):
+        if a != b:
+            problems.append(f"the runs differ in {field}: reference {a!r}, candidate {b!r}")
+    ps_info = dict(ref.manifest.prompt_set)
+    result = judge(
+        f"{reference_run.name}-vs-{candidate_run.name}", ps_info, ref.manifest.sampling, ref, cand,
+        prompt_ids=None, policy=policy, band=band, problems=problems,
+    )
+    if out is not None:
+        write_reports(result, out)
+    _finish(result, out)
+
+
+@app.command()
+@_fail_cleanly
+def diagnose(
+    report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
+) -> None:
+    """Re-score a finished gate's divergences with its reference engine and rewrite the report."""
+    from strict_gate.config import load_gate_config
+    from strict_gate.errors import InputError
+    from strict_gate.gate import judge
+    from strict_gate.records import load_run
+    from strict_gate.report import write_reports
+    import json
+
+    cfg_path = report_dir / "gate.toml"
+    if not cfg_path.exists():
+        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
+    old = json.loads((report_dir / "report.json").read_text()) if (report_dir / "report.json").exists() else {}
+    source = old.get("config") or {}
+    cfg = load_gate_config(cfg_path, base_dir=Path(source["base_dir"]) if source.get("base_dir") else None)
+    ref = load_run(report_dir / "reference", allow_incomplete=True)
+    cand = load_run(report_dir / "candidate", allow_incomplete=True)
+    engine = cfg.reference.build()
+    if not engine.can_score:
+        raise StrictGateError(
+            f"the reference engine ({engine.kind}) cannot re-score; diagnosis needs a live engine (hf, vllm, openai, command)"
+        )
+    try:
+        result = judge(
+            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
+            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
+            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
+            rescorer=engine,
+        )
+    finally:
+        engine.close()
+    write_reports(result, report_dir)
+    _finish(result, report_dir)
+
+
+@app.command()
+@_fail_cleanly
+def prompts(file: Annotated[Path, typer.Argument(help="prompt set .jsonl")]) -> None:
+    """Validate a prompt set and print its size and sha256."""
+    from strict_gate.prompts import load_prompts
+
+    ps = load_prompts(file)
+    n_text = sum(1 for p in ps.prompts if p.text is not None)
+    console.print(f"{ps.name}: {len(ps)} prompts ({n_text} text, {len(ps) - n_text} token ids)")
+    console.print(f"sha256 {ps.sha256}")
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m strict_gate`
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

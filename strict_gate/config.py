@@ -1,0 +1,220 @@
+"""Gate configs (TOML): one file says which prompts, which two arms, which policy.
+
+Unknown keys are errors with a "did you mean" and the line they are on; engine options
+are checked against the engine's own Options before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strict_gate.compare import DEFAULT_BAND
+from strict_gate.engines import engine_class
+from strict_gate.errors import ConfigError, StrictGateError
+from strict_gate.options import did_you_mean, parse_options
+from strict_gate.policy import check_policy
+
+GATE_KEYS = {
+    "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "output_dir",
+    "diagnose", "reference", "candidate",
+}
+ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    role: str  # reference | candidate
+    kind: str
+    options: Any  # the engine's Options dataclass instance
+    env: dict[str, str] = field(default_factory=dict)
+    runs: int = 1
+    base_dir: Path = Path(".")
+
+    def build(self):
+        """The engine, constructed but not started (no model loaded yet)."""
+        return engine_class(self.kind)(self.options, self.env, self.base_dir)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    name: str
+    path: str
+    prompts: Path
+    max_tokens: int
+    top_logprobs: int
+    policy: str
+    band: float
+    output_dir: Path
+    diagnose: bool
+    reference: ArmConfig
+    candidate: ArmConfig | None
+
+
+class _Lines:
+    """Finds the line of a key in the TOML text (tomllib gives no positions for valid keys)."""
+
+    def __init__(self, text: str, path: str):
+        self.lines = text.splitlines()
+        self.path = path
+
+    def find(self, key: str, table: str | None = None) -> int | None:
+        in_table = table is None
+        for i, line in enumerate(self.lines, start=1):
+            s = line.strip()
+            if s.startswith("["):
+                name = s.strip("[]").strip()
+                in_table = table is None or name == table or name.startswith(table + ".")
+                if table is not None and name == f"{table}.{key}":
+                    return i
+                continue
+            if in_table and re.match(rf'^["\']?{re.escape(key)}["\']?\s*=', s):
+                return i
+        return None
+
+    def finder(self, table: str | None):
+        def line_of(key: str) -> int | None:
+            return self.find(key, table)
+
+        line_of.path = self.path  # type: ignore[attr-defined]
+        return line_of
+
+
+def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{role}] must be a table", path=lines.path, line=lines.find(role))
+    kind = table.get("kind")
+    if not isinstance(kind, str):
+        raise ConfigError(f"[{role}] needs kind = \"...\"", path=lines.path, line=lines.find(role))
+    try:
+        cls = engine_class(kind)
+    except ConfigError as e:
+        raise ConfigError(str(e), path=lines.path, line=lines.find("kind", role)) from None
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
+        raise ConfigError(f"[{role}.env] must map names to strings", path=lines.path, line=lines.find("env", role))
+    runs = table.get("runs", 1)
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ConfigError(f"[{role}] runs must be an integer >= 1", path=lines.path, line=lines.find("runs", role))
+    if runs > 1 and role != "reference":
+        raise ConfigError("only the [reference] arm captures repeated runs", path=lines.path, line=lines.find("runs", role))
+    opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
+    options = parse_options(cls.Options, opts, where=role, line_of=lines.finder(role))
+    env = {k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()}
+    return ArmConfig(role, kind, options, env, runs, base_dir)
+
+
+def _get(d: dict, key: str, types, default, lines: _Lines):
+    v = d.get(key, default)
+    ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)))
+    if not ok:
+        raise ConfigError(f"{key} = {v!r} has the wrong type", path=lines.path, line=lines.find(key))
+    return v
+
+
+def parse_gate_config(
+    text: str, path: str, *, require_candidate: bool = True, base_dir: Path | None = None
+) -> GateConfig:
+    """Parse a gate config; relative paths resolve against base_dir (default: the file's folder)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise ConfigError(f"invalid TOML: {e}", path=path, line=int(m.group(1)) if m else None) from None
+    lines = _Lines(text, path)
+    base_dir = base_dir or Path(path).resolve().parent
+    for key in data:
+        if key not in GATE_KEYS:
+            raise ConfigError(
+                f"unknown key {key!r}{did_you_mean(key, GATE_KEYS)} (known: {', '.join(sorted(GATE_KEYS))})",
+                path=path,
+                line=lines.find(key),
+            )
+    if "prompts" not in data:
+        raise ConfigError('needs prompts = "path/to/set.jsonl"', path=path)
+    if "reference" not in data:
+        raise ConfigError("needs a [reference] table", path=path)
+    if require_candidate and "candidate" not in data:
+        raise ConfigError("needs a [candidate] table", path=path)
+    max_tokens = _get(data, "max_tokens", int, 16, lines)
+    top_logprobs = _get(data, "top_logprobs", int, 5, lines)
+    band = float(_get(data, "band", (int, float), DEFAULT_BAND, lines))
+    if max_tokens < 1:
+        raise ConfigError("max_tokens must be >= 1", path=path, line=lines.find("max_tokens"))
+    if top_logprobs < 2:
+        raise ConfigError(
+            "top_logprobs must be >= 2: near-ties are judged from the top alternatives",
+            path=path,
+            line=lines.find("top_logprobs"),
+        )
+    if band < 0:
+        raise ConfigError("band must be >= 0 (nats)", path=path, line=lines.find("band"))
+    policy = _get(data, "policy", str, "auto", lines)
+    try:
+        check_policy(policy)
+    except ConfigError as e:
+        raise ConfigError(str(e), path=path, line=lines.find("policy")) from None
+    prompts = Path(_get(data, "prompts", str, "", lines))
+    return GateConfig(
+        name=_get(data, "name", str, Path(path).stem, lines),
+        path=path,
+        prompts=prompts if prompts.is_absolute() else base_dir / prompts,
+        max_tokens=max_tokens,
+        top_logprobs=top_logprobs,
+        policy=policy,
+        band=band,
+        output_dir=Path(_get(data, "output_dir", str, "reports", lines)),
+        diagnose=_get(data, "diagnose", bool, True, lines),
+        reference=_arm("reference", data["reference"], lines, base_dir),
+        candidate=_arm("candidate", data["candidate"], lines, base_dir) if "candidate" in data else None,
+    )
+
+
+def load_gate_config(
+    path: str | Path, *, require_candidate: bool = True, base_dir: Path | None = None
+) -> GateConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config not found", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config: {e}", path=str(path)) from None
+    return parse_gate_config(text, str(path), require_candidate=require_candidate, base_dir=base_dir)
+
+
+def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:
+    """An engine config on its own (for `strict-gate run`): a TOML table of kind, env and options.
+
+    Accepts either a bare engine table or a gate config (then its [reference] is used).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
+    except FileNotFoundError:
+        raise ConfigError("engine config not found", path=str(path)) from None
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise ConfigError(f"invalid TOML: {e}", path=str(path), line=int(m.group(1)) if m else None) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StrictGateError(f"cannot read engine config: {e}", path=str(path)) from None
+    lines = _Lines(text, str(path))
+    if "kind" not in data and isinstance(data.get("reference"), dict):
+        return _arm("reference", data["reference"], lines, p.resolve().parent)
+    # A bare table: line lookups have no table header.
+    return _arm_bare(role, data, lines, p.resolve().parent)
+
+
+def _arm_bare(role: str, data: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
+    class _Flat(_Lines):
+        def find(self, key, table=None):  # keys sit at top level in a bare engine file
+            return _Lines.find(self, key, None)
+
+    flat = _Flat.__new__(_Flat)
+    flat.lines, flat.path = lines.lines, lines.path
+    arm = _arm(role, data, flat, base_dir)
+    return arm

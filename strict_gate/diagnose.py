@@ -1,0 +1,137 @@
+"""Teacher-forced re-scoring: is a divergence a near-tie, and is the rest downstream of it?
+
+The reference engine scores prompt + the CANDIDATE's tokens. Per position from the first
+divergence: gap = max(0, lp_ref(argmax) - lp_ref(candidate token)) given the candidate's
+own prefix. Gap 0 everywhere after the flip means every later token is what the reference
+itself would pick on that prefix: one flip, and the rest is its consequence. A later gap
+above zero is an independent second error. A token outside the reference's top-k at the
+divergence is a real forward bug, not a near-tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strict_gate.compare import Comparison, PromptComparison
+from strict_gate.engines.base import Engine, ScoredStep
+from strict_gate.records import Record
+
+DIAGNOSED = ("divergent", "near_tie")
+
+
+@dataclass(frozen=True)
+class ScoredPosition:
+    position: int
+    token: int
+    gap: float | None  # None: the token is outside the reference's top-k and the engine gave no logprob
+    reference_argmax: int
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    id: str
+    position: int  # the first divergence
+    decode_gap: float | None  # from the reference's own decode logprobs (the comparator's reference_gap)
+    rescored_gap: float | None  # from re-scoring the candidate's prefix: prefill may differ from decode
+    rescored_argmax: int | None
+    downstream_only: bool  # every later candidate token is the reference's argmax on the candidate prefix
+    later_errors: tuple[int, ...]  # positions after the divergence with gap > 0 (or outside top-k)
+    steps: tuple[ScoredPosition, ...]
+    verdict: str  # one line for a reviewer
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "position": self.position,
+            "decode_gap": self.decode_gap,
+            "rescored_gap": self.rescored_gap,
+            "rescored_argmax": self.rescored_argmax,
+            "downstream_only": self.downstream_only,
+            "later_errors": list(self.later_errors),
+            "verdict": self.verdict,
+            "error": self.error,
+            "steps": [
+                {"position": s.position, "token": s.token, "gap": s.gap, "reference_argmax": s.reference_argmax}
+                for s in self.steps
+            ],
+        }
+
+
+def _gap(step: ScoredStep) -> float | None:
+    if step.token_id == step.argmax:
+        return 0.0
+    lp = step.logprob
+    if lp is None:
+        lp = next((l for t, l in step.top if t == step.token_id), None)
+    if lp is None:
+        return None
+    return max(0.0, step.top[0][1] - lp)
+
+
+def diagnose_prompt(
+    pc: PromptComparison, ref: Record, cand: Record, steps: list[ScoredStep], band: float
+) -> Diagnosis:
+    d = pc.first_divergence.position
+    scored = tuple(
+        ScoredPosition(position=i, token=s.token_id, gap=_gap(s), reference_argmax=s.argmax)
+        for i, s in enumerate(steps)
+        if i >= d
+    )
+    at = scored[0] if scored else None
+    later = tuple(s.position for s in scored[1:] if s.gap is None or s.gap > 0)
+    downstream = not later
+    if at is None:
+        verdict = "nothing to re-score"
+    elif at.gap is None:
+        verdict = (
+            f"real divergence: the candidate's token at position {d} is outside the reference's top-k "
+            "on the candidate's own prefix"
+        )
+    elif at.gap <= band:
+        verdict = f"near-tie at position {d} (re-scored gap {at.gap:.4f} nats <= {band})"
+    else:
+        verdict = f"real divergence at position {d} (re-scored gap {at.gap:.4f} nats > {band})"
+    if at is not None:
+        if downstream:
+            verdict += "; every later token is the reference's argmax on the candidate's prefix (downstream of the flip)"
+        else:
+            verdict += f"; independent later error(s) at position(s) {', '.join(map(str, later[:10]))}"
+    return Diagnosis(
+        id=pc.id,
+        position=d,
+        decode_gap=pc.first_divergence.reference_gap,
+        rescored_gap=at.gap if at else None,
+        rescored_argmax=at.reference_argmax if at else None,
+        downstream_only=downstream,
+        later_errors=later,
+        steps=scored,
+        verdict=verdict,
+    )
+
+
+def diagnose(
+    comparison: Comparison,
+    reference: dict[str, Record],
+    candidate: dict[str, Record],
+    engine: Engine,
+    k: int,
+) -> dict[str, Diagnosis]:
+    """Re-score each divergent or near-tie prompt's candidate sequence with the reference engine."""
+    out: dict[str, Diagnosis] = {}
+    for pc in comparison.prompts:
+        if pc.status not in DIAGNOSED:
+            continue
+        ref, cand = reference[pc.id], candidate[pc.id]
+        try:
+            with engine.scoped_env():
+                steps = engine.score(cand.prompt_token_ids, cand.token_ids, k)
+        except Exception as e:  # a failed re-score is reported, it does not change the verdict
+            d = pc.first_divergence
+            out[pc.id] = Diagnosis(
+                pc.id, d.position, d.reference_gap, None, None, False, (), (),
+                "re-scoring failed", error=f"{type(e).__name__}: {e}",
+            )
+            continue
+        out[pc.id] = diagnose_prompt(pc, ref, cand, steps, comparison.band)
+    return out

@@ -1,0 +1,140 @@
+"""The engine protocol: generate greedily with top-k logprobs, tokenize, describe, score.
+
+An engine is constructed from typed options (no model loaded), `start()`ed once per gate,
+and reused for every phase (generation, re-scoring) before `close()`. Engines are tiny
+adapters; the gate owns run files, timing, env scoping and progress.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from strict_gate.errors import ConfigError
+from strict_gate.records import EngineInfo, Record, Sampling, TopK
+
+BUNDLED_PREFIX = "bundled:"
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """What an engine receives: the prompt's token ids (the same for both arms)."""
+
+    id: str
+    token_ids: tuple[int, ...]
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoredStep:
+    """Teacher-forced scoring of one continuation token given everything before it."""
+
+    token_id: int
+    logprob: float | None  # logprob of token_id; None when the engine only reports its top-k
+    top: TopK
+
+    @property
+    def argmax(self) -> int:
+        return self.top[0][0]
+
+
+class Engine(ABC):
+    """Base class for engines; subclasses set `kind`, `Options` and the capability flags."""
+
+    kind: ClassVar[str]
+    Options: ClassVar[type]
+    can_score: ClassVar[bool] = False  # supports teacher-forced score()
+    in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
+
+    def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
+        self.options = options
+        self.env = dict(env or {})
+        self.base_dir = Path(base_dir)
+
+    # -- lifecycle
+    def start(self) -> None:
+        """Load the model or launch the server. Called once; later phases reuse it."""
+
+    def close(self) -> None:
+        """Release the model or stop the server. Safe to call twice."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the protocol
+    @abstractmethod
+    def info(self) -> EngineInfo:
+        """Describe the engine for the run manifest: kind, model, options, env, versions."""
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids for a text prompt, special tokens included as the engine adds them.
+
+        Must work before start(): the gate tokenizes once, then feeds the same ids to both arms.
+        """
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+        """Greedy generation, one record per prompt, yielded as each finishes.
+
+        Raise EngineError (with the prompt id in the message) when the engine itself fails;
+        yield a Record with `error` set for a single prompt that failed on its own.
+        """
+
+    def prompt_token_ids(self, prompt) -> tuple[int, ...]:
+        """The ids this engine feeds for a prompt-set entry (text is tokenized, ids pass as is)."""
+        if prompt.token_ids is not None:
+            return tuple(prompt.token_ids)
+        return tuple(self.tokenize(prompt.text))
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+        """Teacher-forced: for each continuation token, its logprob and the top-k given the prefix."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot score")
+
+    @contextmanager
+    def scoped_env(self):
+        """Apply this arm's env switches for an in-process call and restore them after."""
+        if not self.in_process or not self.env:
+            yield
+            return
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update({k: str(v) for k, v in self.env.items()})
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def resolve_model(model: str, base_dir: Path) -> str:
+    """`bundled:NAME` -> the model shipped in the package; a relative path -> against the config."""
+    if model.startswith(BUNDLED_PREFIX):
+        name = model[len(BUNDLED_PREFIX):]
+        path = BUNDLED_DIR / name
+        if not path.is_dir():
+            known = sorted(p.name for p in BUNDLED_DIR.iterdir() if p.is_dir()) if BUNDLED_DIR.is_dir() else []
+            raise ConfigError(f"no bundled model {name!r}; bundled models: {', '.join(known) or 'none'}")
+        return str(path)
+    p = Path(model)
+    if not p.is_absolute() and (base_dir / p).exists():
+        return str((base_dir / p).resolve())
+    return model
+
+
+def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int], max_tokens: int) -> str:
+    """'stop' when the sequence ends on an EOS, else 'length' (as vLLM reports it)."""
+    if token_ids and token_ids[-1] in eos_ids:
+        return "stop"
+    return "length"

@@ -1,0 +1,222 @@
+"""transformers, in process: greedy with logprobs from the raw logits in float32.
+
+One prompt per forward pass by default: batching pads and re-orders reductions, which
+shows up as false divergence. torch and transformers are imported in start(), not here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from strict_gate.engines.base import Engine, PromptInput, ScoredStep, greedy_finish_reason, resolve_model
+from strict_gate.errors import ConfigError, EngineError, MissingExtraError
+from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    batch: int = 1
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    threads: int | None = None
+
+
+class HFEngine(Engine):
+    kind = "hf"
+    Options = HFOptions
+    can_score = True
+
+    def __init__(self, options: HFOptions, env=None, base_dir="."):
+        super().__init__(options, env, base_dir)
+        if options.dtype not in DTYPES:
+            raise ConfigError(f"hf: dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+        if options.batch < 1:
+            raise ConfigError("hf: batch must be >= 1")
+        self.model_path = resolve_model(options.model, self.base_dir)
+        self._tok = None
+        self._model = None
+        self._torch = None
+
+    # -- loading
+    def _tokenizer(self):
+        if self._tok is None:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise MissingExtraError("transformers", "hf") from None
+            try:
+                self._tok = AutoTokenizer.from_pretrained(
+                    self.model_path, trust_remote_code=self.options.trust_remote_code
+                )
+            except OSError as e:
+                raise ConfigError(f"hf: cannot load the tokenizer of {self.model_path!r}: {e}") from None
+        return self._tok
+
+    def start(self) -> None:
+        if self._model is not None:
+            return
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM
+        except ImportError:
+            raise MissingExtraError("torch and transformers", "hf") from None
+        self._torch = torch
+        if self.options.threads:
+            torch.set_num_threads(self.options.threads)
+        dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
+        kwargs = {"dtype": dtype, "trust_remote_code": self.options.trust_remote_code}
+        if self.options.attn_implementation:
+            kwargs["attn_implementation"] = self.options.attn_implementation
+        try:
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
+        except OSError as e:
+            raise ConfigError(f"hf: cannot load model {self.model_path!r}: {e}") from None
+        self._model = model.to(self.options.device).eval()
+        self._tokenizer()
+
+    def close(self) -> None:
+        self._model = None
+
+    # -- protocol
+    def info(self) -> EngineInfo:
+        versions = {}
+        try:
+            import torch
+            import transformers
+
+            versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+        except ImportError:
+            pass
+        return EngineInfo(
+            kind=self.kind,
+            model=self.options.model,
+            options=asdict(self.options) | {"resolved_model": self.model_path},
+            env=self.env,
+            versions=versions,
+            tokenizer=self.model_path,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._tokenizer()(text).input_ids)
+
+    def _eos_ids(self) -> set[int]:
+        cfg = self._model.generation_config
+        eos = cfg.eos_token_id if cfg.eos_token_id is not None else self._model.config.eos_token_id
+        if eos is None:
+            return set()
+        return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+        self.start()
+        bs = self.options.batch
+        for i in range(0, len(prompts), bs):
+            yield from self._generate_batch(prompts[i : i + bs], sampling)
+
+    def _generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+        from transformers import GenerationConfig
+        from transformers.generation.streamers import BaseStreamer
+
+        torch, model = self._torch, self._model
+        eos = self._eos_ids()
+        pad = self._tokenizer().pad_token_id
+        if pad is None:
+            pad = next(iter(eos), 0)
+        width = max(len(p.token_ids) for p in prompts)
+        # Left padding (only when batch > 1) keeps every prompt's last token at the same column.
+        ids = torch.tensor([[pad] * (width - len(p.token_ids)) + list(p.token_ids) for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p.token_ids)) + [1] * len(p.token_ids) for p in prompts])
+        gen_cfg = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=sampling.max_tokens,
+            eos_token_id=sorted(eos) or None,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+        class _FirstToken(BaseStreamer):
+            """Times the first generated token (put() is called with the prompt first)."""
+
+            def __init__(self):
+                self.calls, self.first = 0, None
+
+            def put(self, value):
+                self.calls += 1
+                if self.calls == 2 and self.first is None:
+                    self.first = time.perf_counter()
+
+            def end(self):
+                pass
+
+        streamer = _FirstToken() if len(prompts) == 1 else None
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = model.generate(
+                    input_ids=ids.to(model.device),
+                    attention_mask=mask.to(model.device),
+                    generation_config=gen_cfg,
+                    streamer=streamer,
+                )
+        except Exception as e:  # a forward failure is this prompt's, not the gate's
+            for p in prompts:
+                yield Record(id=p.id, prompt_token_ids=p.token_ids, error=f"{type(e).__name__}: {e}")
+            return
+        total = time.perf_counter() - t0
+        k = sampling.top_logprobs
+        # logits[step] is (batch, vocab) before any logits processor: the raw distribution.
+        steps = [torch.log_softmax(l.float(), dim=-1) for l in out.logits]
+        tops = [torch.topk(s, k, dim=-1) if k > 0 else None for s in steps]
+        seqs = out.sequences[:, width:].tolist()
+        for b, p in enumerate(prompts):
+            toks: list[int] = []
+            for t in seqs[b]:
+                toks.append(int(t))
+                if t in eos:
+                    break
+            top = []
+            for s in range(len(toks)):
+                if tops[s] is None:
+                    pairs = [(toks[s], float(steps[s][b, toks[s]]))]
+                else:
+                    pairs = list(zip(tops[s].indices[b].tolist(), tops[s].values[b].tolist()))
+                    if toks[s] not in {t for t, _ in pairs}:
+                        pairs.append((toks[s], float(steps[s][b, toks[s]])))
+                top.append(sort_topk(pairs))
+            ttft = (streamer.first - t0) if streamer is not None and streamer.first else None
+            yield Record(
+                id=p.id,
+                prompt_token_ids=p.token_ids,
+                token_ids=tuple(toks),
+                finish_reason=greedy_finish_reason(toks, eos, sampling.max_tokens),
+                top_logprobs=tuple(top),
+                timing=Timing(ttft_s=ttft, total_s=total if len(prompts) == 1 else None),
+            )
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+        """One forward pass over prompt + continuation; position i scores continuation[i]."""
+        self.start()
+        torch, model = self._torch, self._model
+        if not continuation_ids:
+            return []
+        ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=model.device)
+        try:
+            with torch.inference_mode():
+                logits = model(input_ids=ids).logits[0].float()
+        except Exception as e:
+            raise EngineError(f"hf: scoring failed: {type(e).__name__}: {e}") from None
+        n = len(prompt_ids)
+        lps = torch.log_softmax(logits[n - 1 : n - 1 + len(continuation_ids)], dim=-1)
+        top = torch.topk(lps, k, dim=-1)
+        out = []
+        for i, tok in enumerate(continuation_ids):
+            pairs = list(zip(top.indices[i].tolist(), top.values[i].tolist()))
+            out.append(ScoredStep(token_id=int(tok), logprob=float(lps[i, tok]), top=sort_topk(pairs)))
+        return out

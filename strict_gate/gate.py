@@ -1,0 +1,141 @@
+"""The gate: tokenize once, run both arms, compare, judge, diagnose, report.
+
+The candidate runs first and is stopped before the reference starts, so a GPU holds one
+engine at a time; the reference stays loaded for teacher-forced re-scoring and is loaded
+exactly once per gate.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from strict_gate.compare import compare_runs
+from strict_gate.config import GateConfig
+from strict_gate.diagnose import diagnose
+from strict_gate.engines.base import Engine
+from strict_gate.errors import EngineError, IncompleteRunError
+from strict_gate.policy import apply_policy, check_policy
+from strict_gate.prompts import PromptSet, load_prompts
+from strict_gate.records import Run, Sampling, load_run, now_iso
+from strict_gate.report import GateResult
+from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
+
+ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    result: GateResult
+    report_dir: Path
+
+
+def new_report_dir(output_dir: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = output_dir / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = Path(f"{base}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
+         progress: ProgressHook | None, problems: list[str]) -> Run:
+    """Run an arm; an engine failure keeps the prompts done and becomes a stated problem."""
+    on_record = progress(label, len(inputs) * 1) if progress else None
+    try:
+        return run_arm(engine, inputs, sampling, out, prompt_set=ps, runs=runs, on_record=on_record)
+    except (EngineError, IncompleteRunError) as e:
+        problems.append(f"{label} engine failed: {e}")
+        return load_run(out, allow_incomplete=True)
+
+
+def judge(
+    name: str,
+    ps_info: dict,
+    sampling: Sampling,
+    ref: Run,
+    cand: Run,
+    *,
+    prompt_ids: list[str] | None,
+    policy: str,
+    band: float,
+    problems: list[str],
+    rescorer: Engine | None = None,
+    config: dict | None = None,
+) -> GateResult:
+    """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
+    check_policy(policy)
+    for label, run in (("reference", ref), ("candidate", cand)):
+        if not run.complete and not any(p.startswith(label) for p in problems):
+            problems.append(f"{label} run is {run.manifest.status}: {run.manifest.error or 'not finished'}")
+    comparison = compare_runs(ref.records, cand.records, band=band, prompt_ids=prompt_ids)
+    verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
+    diagnoses = {}
+    if rescorer is not None and rescorer.can_score:
+        diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
+    sampled = [r for r in ref.records.values() if r.samples]
+    return GateResult(
+        name=name,
+        created=now_iso(),
+        verdict=verdict,
+        comparison=comparison,
+        reference=ref.manifest.engine,
+        candidate=cand.manifest.engine,
+        prompt_set=ps_info,
+        sampling=sampling,
+        reference_records=ref.records,
+        candidate_records=cand.records,
+        diagnoses=diagnoses,
+        runs={"reference": ref.path, "candidate": cand.path},
+        determinism=determinism_summary(list(ref.records.values())) if sampled else None,
+        problems=tuple(problems),
+        config=config,
+    )
+
+
+def run_gate(
+    cfg: GateConfig,
+    *,
+    policy: str | None = None,
+    band: float | None = None,
+    output_dir: Path | None = None,
+    progress: ProgressHook | None = None,
+) -> GateOutcome:
+    ps = load_prompts(cfg.prompts)
+    sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
+    policy = check_policy(policy or cfg.policy)
+    band = cfg.band if band is None else band
+    reference = cfg.reference.build()
+    candidate = cfg.candidate.build()
+    if reference.kind == "recorded":
+        reference.check_compatible(ps.sha256, sampling, reference.options.model)
+    inputs = prompt_inputs(ps, reference)
+    report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
+    shutil.copyfile(cfg.path, report_dir / "gate.toml")
+    problems: list[str] = []
+    try:
+        try:
+            cand_run = _arm(candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems)
+        finally:
+            candidate.close()
+        ref_run = _arm(reference, "reference", inputs, sampling, report_dir / "reference", ps,
+                       cfg.reference.runs, progress, problems)
+        ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
+        result = judge(
+            cfg.name, ps_info, sampling, ref_run, cand_run,
+            prompt_ids=ps.ids, policy=policy, band=band, problems=problems,
+            rescorer=reference if cfg.diagnose and ref_run.complete else None,
+            config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
+        )
+    finally:
+        reference.close()
+    from strict_gate.report import write_reports
+
+    write_reports(result, report_dir)
+    return GateOutcome(result, report_dir)

@@ -1,0 +1,57 @@
+"""The rich console view: the verdict and the prompts a reviewer must look at."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from strict_gate.report.result import GateResult
+from strict_gate.report.text import Decoder, show_token
+
+_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow"}
+
+
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
+    console = console or Console()
+    s = r.comparison.summary
+    v = r.verdict
+    dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
+    table = Table(title=f"strict-gate: {r.name}", show_lines=False)
+    for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap", "diagnosis"):
+        table.add_column(col, overflow="fold")
+    bad = [p for p in r.comparison.prompts if p.status != "match"]
+    for p in bad[:40]:
+        d = p.first_divergence
+        dg = r.diagnoses.get(p.id)
+        table.add_row(
+            p.id,
+            p.status,
+            "–" if d is None else str(d.position),
+            "" if d is None else show_token(dec, d.reference_token),
+            "" if d is None else show_token(dec, d.candidate_token),
+            "" if d is None else _g(d.reference_gap),
+            "" if d is None else _g(d.candidate_gap),
+            (dg.verdict if dg else p.detail)[:120],
+        )
+    if bad:
+        console.print(table)
+        if len(bad) > 40:
+            console.print(f"... {len(bad) - 40} more non-matching prompts in the report")
+    counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != "match")
+    console.print(
+        Text.assemble(
+            (f"{v.verdict.upper()}", _STYLE[v.verdict]),
+            f"  policy {v.policy}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
+            f"positions {s.positions_matched}/{s.positions_total} (prefix {s.prefix_positions})"
+            + (f"; {counts}" if counts else ""),
+        )
+    )
+    for reason in v.reasons[:6]:
+        console.print(Text(f"  {reason}"))
+    if report_dir:
+        console.print(f"  report: {report_dir}/report.md")

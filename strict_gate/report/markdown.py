@@ -1,0 +1,162 @@
+"""report.md: what a reviewer reads first. Verdict line first, then the numbers, then the why."""
+
+from __future__ import annotations
+
+from strict_gate.records import TopK
+from strict_gate.report.result import GateResult, arm_speed
+from strict_gate.report.text import Decoder, md, show_token
+
+_ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
+
+
+def _gap(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _top(dec: Decoder, top: TopK | None, n: int = 5) -> str:
+    if not top:
+        return "no logprobs"
+    return "<br>".join(f"{md(show_token(dec, t))} {lp:.3f}" for t, lp in top[:n])
+
+
+def _context(dec: Decoder, ids, position: int, width: int = 8) -> str:
+    before = ids[max(0, position - width) : position]
+    return md(("…" if position > width else "") + dec.text(before))
+
+
+def _engine_rows(label: str, info) -> list[str]:
+    env = ", ".join(f"{k}={v}" for k, v in sorted(info.env.items())) or "none"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(info.versions.items())) or "unknown"
+    opts = ", ".join(
+        f"{k}={v}" for k, v in sorted(info.options.items()) if v not in (None, {}, []) and k != "resolved_model"
+    )
+    return [f"| {label} | {md(info.kind)} | {md(str(info.model))} | {md(opts)} | {md(env)} | {md(versions)} |"]
+
+
+def render(r: GateResult) -> str:
+    s = r.comparison.summary
+    v = r.verdict
+    dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
+    out: list[str] = []
+    out.append(
+        f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
+        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`"
+    )
+    out.append("")
+    out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats).")
+    out.append("")
+    out.append("## Summary")
+    out.append("")
+    out.append("| measure | value |")
+    out.append("|---|---|")
+    out.append(f"| prompts exact | {s.prompts_exact}/{s.prompts_total} |")
+    out.append(f"| positions matched (positionwise) | {s.positions_matched}/{s.positions_total} |")
+    out.append(f"| positions matched (prefix) | {s.prefix_positions}/{s.positions_total} |")
+    for status, n in s.counts.items():
+        if n and status != "match":
+            out.append(f"| {status.replace('_', ' ')} | {n} |")
+    first = next((p for p in r.comparison.prompts if p.first_divergence is not None), None)
+    if first is not None:
+        d = first.first_divergence
+        out.append(
+            f"| first divergence | {md(first.id)} at position {d.position}: "
+            f"candidate {md(show_token(dec, d.candidate_token))} vs reference {md(show_token(dec, d.reference_token))} |"
+        )
+    out.append("")
+    out.append("## Why it " + {"pass": "passed", "fail": "failed", "incomplete": "is incomplete"}[v.verdict])
+    out.append("")
+    for reason in v.reasons:
+        out.append(f"- {md(reason)}")
+    for note in v.notes:
+        out.append(f"- note: {md(note)}")
+    out.append("")
+    bad = [p for p in r.comparison.prompts if p.status != "match"]
+    if bad:
+        out.append("## Prompts that do not match")
+        out.append("")
+        out.append(
+            "| prompt | status | pos | context before | reference | candidate | ref gap | cand gap "
+            "| reference top | candidate top |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for p in bad:
+            d = p.first_divergence
+            if d is None:
+                out.append(f"| {md(p.id)} | {p.status} | – | {md(p.detail)} | | | | | | |")
+                continue
+            ref = r.reference_records[p.id]
+            out.append(
+                f"| {md(p.id)} | {p.status} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
+                f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
+                f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
+                f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
+            )
+        out.append("")
+        out.append("Gaps are in nats: reference gap = lp_ref(ref token) − lp_ref(cand token) from the reference's")
+        out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
+        out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
+        out.append("")
+        for p in bad:
+            if p.first_divergence is None:
+                continue
+            out.append(f"- **{md(p.id)}**: {md(p.first_divergence.reason)}")
+        out.append("")
+    if r.diagnoses:
+        out.append("## Teacher-forced diagnosis")
+        out.append("")
+        out.append("The reference engine re-scored each divergent prompt on the candidate's own tokens.")
+        out.append("")
+        out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
+        out.append("|---|---|---|---|---|---|")
+        for pid, dg in r.diagnoses.items():
+            rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
+            later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
+            text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
+            out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
+        out.append("")
+    if r.determinism:
+        det = r.determinism
+        out.append("## Reference determinism")
+        out.append("")
+        out.append(
+            f"{det.get('prompts_deterministic')}/{det.get('prompts_total')} prompts identical over "
+            f"{det.get('runs')} runs."
+        )
+        for nd in det.get("non_deterministic", [])[:20]:
+            pos = ", ".join(str(x["position"]) for x in nd["positions"][:10])
+            out.append(f"- {md(nd['id'])}: {nd['distinct_sequences']} distinct sequences; differs at {pos}")
+        out.append("")
+    out.append("## Engines")
+    out.append("")
+    out.append("| arm | kind | model | options | env | versions |")
+    out.append("|---|---|---|---|---|---|")
+    out += _engine_rows("reference", r.reference)
+    out += _engine_rows("candidate", r.candidate)
+    out.append("")
+    ps = r.prompt_set
+    out.append(
+        f"Prompt set `{md(str(ps.get('name')))}` ({ps.get('count')} prompts), sha256 `{ps.get('sha256')}`; "
+        f"greedy, max_tokens {r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}."
+    )
+    speeds = [(a, arm_speed(x)) for a, x in (("reference", r.reference_records), ("candidate", r.candidate_records))]
+    if any(sp for _, sp in speeds):
+        out.append("")
+        out.append("Wall clock in this gate (not a matched speed benchmark):")
+        out.append("")
+        out.append("| arm | prompts | tokens | seconds | tok/s | median TTFT s |")
+        out.append("|---|---|---|---|---|---|")
+        for arm, sp in speeds:
+            if sp is None:
+                out.append(f"| {arm} | – | – | – | – | – |")
+                continue
+            tps = "–" if sp.tokens_per_s is None else f"{sp.tokens_per_s:.1f}"
+            ttft = "–" if sp.median_ttft_s is None else f"{sp.median_ttft_s:.4f}"
+            out.append(f"| {arm} | {sp.prompts} | {sp.tokens} | {sp.seconds:.2f} | {tps} | {ttft} |")
+    if r.problems:
+        out.append("")
+        out.append("## Problems")
+        out.append("")
+        for pr in r.problems:
+            out.append(f"- {md(pr)}")
+    out.append("")
+    return "\n".join(out)

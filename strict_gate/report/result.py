@@ -1,0 +1,129 @@
+"""The one result object every report format is written from (strict-gate/report@1)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from strict_gate.compare import Comparison, Divergence
+from strict_gate.diagnose import Diagnosis
+from strict_gate.policy import Verdict
+from strict_gate.records import EngineInfo, Record, Sampling
+
+REPORT_SCHEMA = "strict-gate/report@1"
+
+
+@dataclass(frozen=True)
+class ArmSpeed:
+    """Wall-clock figures of one arm in this gate (not a matched speed benchmark)."""
+
+    prompts: int
+    tokens: int
+    seconds: float
+    median_ttft_s: float | None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    def to_json(self) -> dict:
+        return {
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 2),
+            "median_ttft_s": None if self.median_ttft_s is None else round(self.median_ttft_s, 5),
+        }
+
+
+def arm_speed(records: dict[str, Record]) -> ArmSpeed | None:
+    timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
+    if not timed:
+        return None
+    ttfts = [r.timing.ttft_s for r in timed if r.timing.ttft_s is not None]
+    return ArmSpeed(
+        prompts=len(timed),
+        tokens=sum(len(r.token_ids) for r in timed),
+        seconds=sum(r.timing.total_s for r in timed),
+        median_ttft_s=statistics.median(ttfts) if ttfts else None,
+    )
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    created: str
+    verdict: Verdict
+    comparison: Comparison
+    reference: EngineInfo
+    candidate: EngineInfo
+    prompt_set: dict
+    sampling: Sampling
+    reference_records: dict[str, Record]
+    candidate_records: dict[str, Record]
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
+    runs: dict = field(default_factory=dict)  # {"reference": path, "candidate": path}
+    determinism: dict | None = None  # the reference's, when it captured K runs
+    problems: tuple[str, ...] = ()  # arm failures, in words
+    config: dict | None = None  # {"path", "base_dir"} of the gate config, for `strict-gate diagnose`
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+def _div_json(d: Divergence | None) -> dict | None:
+    if d is None:
+        return None
+    return {
+        "position": d.position,
+        "reference_token": d.reference_token,
+        "candidate_token": d.candidate_token,
+        "reference_gap": d.reference_gap,
+        "candidate_gap": d.candidate_gap,
+        "reference_margin": d.reference_margin,
+        "reason": d.reason,
+        "reference_top": None if d.reference_top is None else [list(p) for p in d.reference_top],
+        "candidate_top": None if d.candidate_top is None else [list(p) for p in d.candidate_top],
+    }
+
+
+def to_json(r: GateResult) -> dict:
+    pv = {v.id: v for v in r.verdict.prompts}
+    speeds = {arm: arm_speed(recs) for arm, recs in (("reference", r.reference_records), ("candidate", r.candidate_records))}
+    return {
+        "schema": REPORT_SCHEMA,
+        "name": r.name,
+        "created": r.created,
+        "verdict": r.verdict.verdict,
+        "policy": r.verdict.policy,
+        "band": r.verdict.band,
+        "reasons": list(r.verdict.reasons),
+        "notes": list(r.verdict.notes),
+        "problems": list(r.problems),
+        "summary": r.comparison.summary.to_json(),
+        "prompt_set": r.prompt_set,
+        "sampling": r.sampling.to_json(),
+        "engines": {"reference": r.reference.to_json(), "candidate": r.candidate.to_json()},
+        "runs": r.runs,
+        "config": r.config,
+        "determinism": r.determinism,
+        "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
+        "prompts": [
+            {
+                "id": p.id,
+                "status": p.status,
+                "passed": pv[p.id].passed if p.id in pv else False,
+                "rule": pv[p.id].rule if p.id in pv else None,
+                "reason": pv[p.id].reason if p.id in pv else p.detail,
+                "detail": p.detail or None,
+                "first_divergence": _div_json(p.first_divergence),
+                "matched_positions": p.matched_positions,
+                "prefix_length": p.prefix_length,
+                "reference_length": p.reference_length,
+                "candidate_length": p.candidate_length,
+                "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
+            }
+            for p in r.comparison.prompts
+        ],
+    }

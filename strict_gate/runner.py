@@ -1,0 +1,134 @@
+"""Runs one arm over a prompt set into a run directory, and summarises oracle determinism.
+
+The runner owns everything engines should not: env scoping, run files written as they
+go, wall-clock timing, repeated capture runs, and turning an engine failure into a
+failed (never complete-looking) run that keeps the prompts already done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import EngineError, StrictGateError
+from strict_gate.prompts import PromptSet
+from strict_gate.records import Manifest, Record, Run, RunWriter, Sampling, Timing, load_run, now_iso
+
+OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
+
+
+def prompt_inputs(prompts: PromptSet, tokenizer_engine: Engine) -> list[PromptInput]:
+    """Tokenize once, with one engine, so both arms are fed the very same ids."""
+    with tokenizer_engine.scoped_env():
+        return [
+            PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
+            for p in prompts.prompts
+        ]
+
+
+def determinism_summary(records: Sequence[Record]) -> dict:
+    """Across the K captured runs: how many prompts repeat exactly, and where the others split."""
+    per_prompt = []
+    k = 0
+    for rec in records:
+        samples = rec.samples or ()
+        k = max(k, len(samples))
+        if len(samples) < 2 or all(s == samples[0] for s in samples[1:]):
+            continue
+        width = max(len(s) for s in samples)
+        positions = []
+        for i in range(width):
+            seen = sorted({s[i] if i < len(s) else -1 for s in samples})
+            if len(seen) > 1:
+                positions.append({"position": i, "tokens": [t for t in seen if t >= 0], "ended": -1 in seen})
+        distinct = len({tuple(s) for s in samples})
+        per_prompt.append({"id": rec.id, "distinct_sequences": distinct, "positions": positions})
+    total = len(records)
+    return {
+        "runs": k,
+        "prompts_total": total,
+        "prompts_deterministic": total - len(per_prompt),
+        "non_deterministic": per_prompt,
+    }
+
+
+def run_arm(
+    engine: Engine,
+    inputs: Sequence[PromptInput],
+    sampling: Sampling,
+    out_dir: str | Path,
+    *,
+    prompt_set: PromptSet,
+    runs: int = 1,
+    on_record: OnRecord | None = None,
+) -> Run:
+    """Generate every prompt (K times when runs > 1) and write the run directory.
+
+    On an engine failure the run is closed as failed with the prompt it died on and the
+    records done so far, and the EngineError propagates (exit 3).
+    """
+    out = Path(out_dir)
+    log_path = out / "engine.log"
+    if hasattr(engine, "log_path"):
+        out.mkdir(parents=True, exist_ok=True)
+        engine.log_path = log_path
+    manifest = Manifest(
+        engine=engine.info(),
+        prompt_set={"name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set)},
+        sampling=sampling,
+        created=now_iso(),
+        runs=runs,
+    )
+    writer = RunWriter(out, manifest)
+    current = inputs[0].id if inputs else None
+    try:
+        with engine.scoped_env():
+            engine.start()
+            # Describe the engine again once started: versions and server facts are known now.
+            writer.manifest = replace(writer.manifest, engine=engine.info())
+            for p in inputs:
+                current = p.id
+                samples: list[tuple[int, ...]] = []
+                first: Record | None = None
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    recs = list(engine.generate([p], sampling))
+                    dt = time.perf_counter() - t0
+                    if not recs:
+                        break  # a recorded run without this prompt: it stays missing
+                    rec = recs[0]
+                    if rec.error is not None:
+                        first = rec
+                        break
+                    if rec.timing is None or rec.timing.total_s is None:
+                        rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=dt))
+                    samples.append(rec.token_ids)
+                    if first is None:
+                        first = rec
+                if first is None:
+                    continue
+                if runs > 1 and first.error is None:
+                    first = replace(first, samples=tuple(samples))
+                writer.add(first)
+                if on_record is not None:
+                    on_record(first, first.timing.total_s if first.timing and first.timing.total_s else 0.0)
+    except StrictGateError as e:
+        writer.fail(str(e), failed_prompt=current)
+        if isinstance(e, EngineError) and current and current not in str(e):
+            raise EngineError(f"{e} (while on prompt {current!r})") from None
+        raise
+    except KeyboardInterrupt:
+        writer.fail("interrupted (Ctrl-C)", failed_prompt=current)
+        raise
+    except Exception as e:  # an engine bug: keep what was done, say where it died
+        writer.fail(f"{type(e).__name__}: {e}", failed_prompt=current)
+        raise EngineError(f"{engine.kind} engine failed on prompt {current!r}: {type(e).__name__}: {e}") from e
+    extra = {}
+    if runs > 1:
+        done = load_run(out, allow_incomplete=True)
+        extra["determinism"] = determinism_summary(list(done.records.values()))
+    writer.finish(**extra)
+    return load_run(out)
