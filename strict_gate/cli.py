@@ -236,9 +236,12 @@ def diagnose(
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     engine = cfg.reference.build()
     if not engine.can_score:
-        raise StrictGateError(
-            f"the reference engine ({engine.kind}) cannot re-score; diagnosis needs a live engine (hf, vllm, openai, command)"
-        )
+        if cfg.rescorer is None:
+            raise StrictGateError(
+                f"the reference engine ({engine.kind}) cannot re-score; add a [rescorer] engine "
+                "(hf, vllm, openai or command on the reference's model) to the gate config"
+            )
+        engine = cfg.rescorer.build()
     try:
         result = judge(
             cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,

@@ -20,7 +20,7 @@ from strict_gate.policy import check_policy
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "output_dir",
-    "diagnose", "reference", "candidate",
+    "diagnose", "reference", "candidate", "rescorer",
 }
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
 
@@ -52,6 +52,7 @@ class GateConfig:
     diagnose: bool
     reference: ArmConfig
     candidate: ArmConfig | None
+    rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
 
 
 class _Lines:
@@ -170,6 +171,7 @@ def parse_gate_config(
         diagnose=_get(data, "diagnose", bool, True, lines),
         reference=_arm("reference", data["reference"], lines, base_dir),
         candidate=_arm("candidate", data["candidate"], lines, base_dir) if "candidate" in data else None,
+        rescorer=_arm("rescorer", data["rescorer"], lines, base_dir) if "rescorer" in data else None,
     )
 
 

@@ -68,6 +68,7 @@ def judge(
     problems: list[str],
     rescorer: Engine | None = None,
     config: dict | None = None,
+    diagnose_wanted: bool = False,
 ) -> GateResult:
     """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
     check_policy(policy)
@@ -77,8 +78,14 @@ def judge(
     comparison = compare_runs(ref.records, cand.records, band=band, prompt_ids=prompt_ids)
     verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
     diagnoses = {}
+    notes: list[str] = []
     if rescorer is not None and rescorer.can_score:
         diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
+    elif diagnose_wanted and any(p.status in ("divergent", "near_tie") for p in comparison.prompts):
+        notes.append(
+            "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
+            "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`"
+        )
     sampled = [r for r in ref.records.values() if r.samples]
     return GateResult(
         name=name,
@@ -96,7 +103,23 @@ def judge(
         determinism=determinism_summary(list(ref.records.values())) if sampled else None,
         problems=tuple(problems),
         config=config,
+        notes=tuple(notes),
     )
+
+
+def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float) -> Engine | None:
+    """The engine that re-scores divergences: the live reference, else the [rescorer] arm,
+    built only when something diverged (a nightly against a baseline loads nothing when green)."""
+    if not ref_run.complete:
+        return None
+    if reference.can_score:
+        return reference
+    if cfg.rescorer is None:
+        return None
+    diverged = compare_runs(ref_run.records, cand_run.records, band=band).summary.counts
+    if not (diverged.get("divergent") or diverged.get("near_tie")):
+        return None
+    return cfg.rescorer.build()
 
 
 def run_gate(
@@ -127,12 +150,17 @@ def run_gate(
         ref_run = _arm(reference, "reference", inputs, sampling, report_dir / "reference", ps,
                        cfg.reference.runs, progress, problems)
         ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
-        result = judge(
-            cfg.name, ps_info, sampling, ref_run, cand_run,
-            prompt_ids=ps.ids, policy=policy, band=band, problems=problems,
-            rescorer=reference if cfg.diagnose and ref_run.complete else None,
-            config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
-        )
+        rescorer = _rescorer(cfg, reference, ref_run, cand_run, band) if cfg.diagnose else None
+        try:
+            result = judge(
+                cfg.name, ps_info, sampling, ref_run, cand_run,
+                prompt_ids=ps.ids, policy=policy, band=band, problems=problems, rescorer=rescorer,
+                diagnose_wanted=cfg.diagnose,
+                config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
+            )
+        finally:
+            if rescorer is not None and rescorer is not reference:
+                rescorer.close()
     finally:
         reference.close()
     from strict_gate.report import write_reports

@@ -67,7 +67,7 @@ def render(r: GateResult) -> str:
     out.append("")
     for reason in v.reasons:
         out.append(f"- {md(reason)}")
-    for note in v.notes:
+    for note in (*v.notes, *r.notes):
         out.append(f"- note: {md(note)}")
     out.append("")
     bad = [p for p in r.comparison.prompts if p.status != "match"]

@@ -66,6 +66,7 @@ class GateResult:
     determinism: dict | None = None  # the reference's, when it captured K runs
     problems: tuple[str, ...] = ()  # arm failures, in words
     config: dict | None = None  # {"path", "base_dir"} of the gate config, for `strict-gate diagnose`
+    notes: tuple[str, ...] = ()  # what the gate could not do (e.g. no engine to re-score with)
 
     @property
     def exit_code(self) -> int:
@@ -99,7 +100,7 @@ def to_json(r: GateResult) -> dict:
         "policy": r.verdict.policy,
         "band": r.verdict.band,
         "reasons": list(r.verdict.reasons),
-        "notes": list(r.verdict.notes),
+        "notes": list(r.verdict.notes) + list(r.notes),
         "problems": list(r.problems),
         "summary": r.comparison.summary.to_json(),
         "prompt_set": r.prompt_set,
