@@ -39,6 +39,20 @@ class Diagnosis:
     steps: tuple[ScoredPosition, ...]
     verdict: str  # one line for a reviewer
     error: str | None = None
+    near_tie: bool = False  # the re-scored gap at the divergence is within the band
+
+    @property
+    def short(self) -> str:
+        """A few words for the console table."""
+        if self.error is not None:
+            return "re-scoring failed"
+        if self.rescored_gap is None:
+            head = "real: outside top-k"
+        else:
+            head = f"{'near-tie' if self.near_tie else 'real'} (gap {self.rescored_gap:.3f})"
+        if self.downstream_only:
+            return head + ", rest downstream"
+        return head + f", later error at {self.later_errors[0]}"
 
     def to_json(self) -> dict:
         return {
@@ -50,6 +64,7 @@ class Diagnosis:
             "downstream_only": self.downstream_only,
             "later_errors": list(self.later_errors),
             "verdict": self.verdict,
+            "near_tie": self.near_tie,
             "error": self.error,
             "steps": [
                 {"position": s.position, "token": s.token, "gap": s.gap, "reference_argmax": s.reference_argmax}
@@ -107,6 +122,7 @@ def diagnose_prompt(
         later_errors=later,
         steps=scored,
         verdict=verdict,
+        near_tie=at is not None and at.gap is not None and at.gap <= band,
     )
 
 

@@ -67,6 +67,9 @@ class HFEngine(Engine):
             from transformers import AutoModelForCausalLM
         except ImportError:
             raise MissingExtraError("torch and transformers", "hf") from None
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the gate draws its own progress
         self._torch = torch
         if self.options.threads:
             torch.set_num_threads(self.options.threads)

@@ -22,8 +22,9 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     v = r.verdict
     dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
     table = Table(title=f"strict-gate: {r.name}", show_lines=False)
-    for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap", "diagnosis"):
-        table.add_column(col, overflow="fold")
+    for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("status", "pos", "ref gap", "cand gap"))
+    table.add_column("teacher-forced", overflow="fold", ratio=1)
     bad = [p for p in r.comparison.prompts if p.status != "match"]
     for p in bad[:40]:
         d = p.first_divergence
@@ -36,7 +37,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             "" if d is None else show_token(dec, d.candidate_token),
             "" if d is None else _g(d.reference_gap),
             "" if d is None else _g(d.candidate_gap),
-            (dg.verdict if dg else p.detail)[:120],
+            dg.short if dg else (p.detail[:60] if p.detail else ""),
         )
     if bad:
         console.print(table)
