@@ -1,0 +1,260 @@
+#!/usr/bin/env python
+"""An example candidate engine for strict-gate: a Kimi-Linear (KDA + MLA) model, served over
+the command protocol (strict-gate/engine@1: JSON lines on stdin/stdout, docs/engine-protocol.md).
+
+It plays the seed team's C++ port in miniature. It loads a Kimi-Linear checkpoint with
+transformers and runs its own greedy loop (prompt pass, then one token per step against a
+KV cache for the MLA layer and conv + recurrent state for the KDA layers), honouring the
+port's switches, read from the environment:
+
+  DEVICE_KDA=1 (default)        the "device" KDA path, where chunk prefill exists.
+  KDA_CHUNK_PREFILL=1 (default) with DEVICE_KDA=1: the prompt goes through the CHUNKED KDA
+                                form (chunk_kimi_delta_attention) and decode through the
+                                recurrent form, the same split as vLLM (and transformers).
+  KDA_CHUNK_PREFILL=0           the prompt goes through the RECURRENT form token by token
+                                (a different reduction order: what the port did before it
+                                gained chunk prefill).
+  DEVICE_KDA=0                  the "host" reference path of the port: recurrent everywhere
+                                (chunk prefill is a device feature; asking for it here is
+                                refused with a clear error).
+  KDA_DTYPE / --dtype           bfloat16 (default), float32 or float16.
+  KDA_THREADS / --threads       torch CPU threads (default: torch's default).
+
+How the switch is implemented (an example, not a port): transformers' KimiLinearDeltaAttention
+calls the module-level function `chunk_kimi_delta_attention` for every multi-token pass and
+`recurrent_kimi_delta_attention` for single-token decode with a cache. This script
+MONKEYPATCHES the module-level `chunk_kimi_delta_attention` of
+transformers.models.kimi_linear.modeling_kimi_linear with a dispatcher that calls the
+recurrent form instead when the recurrent prefill is selected. Decode is untouched. Logprobs
+are log_softmax of the raw logits in float32; greedy picks the argmax of the float32 logits
+(as transformers' generate does). Score requests are one forward pass over prompt +
+continuation, through the same prefill form.
+
+Measured on examples/models/tiny-kimi-linear (random weights, 4 layers, CPU, 1 thread),
+2 x 32 random prompts of 8-80 ids, 16 greedy tokens, against strict-gate's `hf` engine:
+with chunk prefill the tokens AND top-5 logprobs are bitwise equal to transformers'
+generate (64/64 prompts, bf16 and fp32). With KDA_CHUNK_PREFILL=0 the first-step logits
+move by up to 4.2e-7 (fp32, every prompt) or one bf16 step, 0.0078 (bf16, 23 of 64 prompts);
+greedy tokens flipped on 4 of 64 prompts in bf16 (all at exact or one-ulp ties) and on none
+in fp32: the seed's phenomenon in miniature.
+
+stdout carries only protocol lines: the real stdout is kept on a private descriptor and fd 1
+is pointed at stderr, so prints and library banners cannot corrupt the stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+PROTOCOL = "strict-gate/engine@1"
+NAME = "kda-example"
+VERSION = "0.1.0"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny-kimi-linear"
+
+
+def protocol_stdout():
+    """Keep the real stdout for protocol lines; anything else printed goes to stderr."""
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+
+
+def env_flag(name: str, default: str) -> bool:
+    v = os.environ.get(name, default).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise SystemExit(f"{name}={v!r}: expected 0 or 1")
+
+
+class KDAEngine:
+    def __init__(self, model_dir: str, dtype: str, prefill: str):
+        import torch
+        from transformers import KimiLinearForCausalLM
+        from transformers.models.kimi_linear import modeling_kimi_linear as mkl
+
+        self.torch = torch
+        self.prefill = prefill  # "chunk" | "recurrent"
+        self.calls = {"chunk": 0, "recurrent_prefill": 0}
+        chunk_fn = mkl.chunk_kimi_delta_attention
+        recurrent_fn = mkl.recurrent_kimi_delta_attention
+        engine = self
+
+        def kda_prompt_pass(query, key, value, g, beta, chunk_size=64, initial_state=None,
+                            output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+            """The multi-token KDA pass: chunked (vLLM's prefill) or recurrent (the old port)."""
+            if engine.prefill == "recurrent":
+                engine.calls["recurrent_prefill"] += 1
+                return recurrent_fn(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                                    output_final_state=output_final_state,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+            engine.calls["chunk"] += 1
+            return chunk_fn(query, key, value, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
+                            output_final_state=output_final_state,
+                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+        mkl.chunk_kimi_delta_attention = kda_prompt_pass  # the monkeypatch (see the module docstring)
+
+        self.dtype = dtype
+        self.model = KimiLinearForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        self.config = self.model.config
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.config.eos_token_id
+        self.eos = set(eos) if isinstance(eos, (list, tuple)) else ({int(eos)} if eos is not None else set())
+        self.vocab = self.config.vocab_size
+
+    def _check_ids(self, ids, what):
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"{what} must be a list of integers")
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"{what} holds ids outside the vocabulary (size {self.vocab}): {bad[:5]}")
+
+    def _top(self, logits_f32, k: int, chosen: int):
+        torch = self.torch
+        lp = torch.log_softmax(logits_f32, dim=-1)
+        pairs = []
+        if k > 0:
+            v, i = torch.topk(lp, min(k, lp.shape[-1]))
+            pairs = [[int(t), float(x)] for t, x in zip(i.tolist(), v.tolist())]
+        if chosen not in {t for t, _ in pairs}:
+            pairs.append([chosen, float(lp[chosen])])
+        return pairs
+
+    def generate(self, req: dict) -> dict:
+        from transformers import DynamicCache
+
+        torch = self.torch
+        ids = req.get("prompt_token_ids")
+        self._check_ids(ids, "prompt_token_ids")
+        if not ids:
+            raise ValueError("prompt_token_ids is empty")
+        max_tokens = int(req.get("max_tokens", 16))
+        k = int(req.get("top_logprobs", 0))
+        t0 = time.perf_counter()
+        ttft = None
+        toks, tops = [], []
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.config)
+            x = torch.tensor([ids])
+            for step in range(max_tokens):
+                out = self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                logits = out.logits[0, -1].float()
+                tok = int(torch.argmax(logits))
+                toks.append(tok)
+                tops.append(self._top(logits, k, tok))
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                if tok in self.eos:
+                    break
+                x = torch.tensor([[tok]])
+        total = time.perf_counter() - t0
+        return {
+            "id": req["id"],
+            "prompt_token_ids": ids,
+            "token_ids": toks,
+            "finish_reason": "stop" if toks and toks[-1] in self.eos else "length",
+            "top_logprobs": tops,
+            "timing": {"ttft_s": ttft, "total_s": total},
+        }
+
+    def score(self, req: dict) -> dict:
+        torch = self.torch
+        prompt, cont = req.get("prompt_token_ids"), req.get("continuation_ids")
+        self._check_ids(prompt, "prompt_token_ids")
+        self._check_ids(cont, "continuation_ids")
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        k = max(1, int(req.get("top_logprobs", 1)))
+        if not cont:
+            return {"id": req["id"], "steps": []}
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([prompt + cont])).logits[0].float()
+        n = len(prompt)
+        lps = torch.log_softmax(logits[n - 1 : n - 1 + len(cont)], dim=-1)
+        v, i = torch.topk(lps, min(k, lps.shape[-1]), dim=-1)
+        steps = []
+        for j, tok in enumerate(cont):
+            top = [[int(t), float(x)] for t, x in zip(i[j].tolist(), v[j].tolist())]
+            steps.append({"token_id": tok, "logprob": float(lps[j, tok]), "top": top})
+        return {"id": req["id"], "steps": steps}
+
+
+def main(argv=None) -> int:
+    out = protocol_stdout()
+    ap = argparse.ArgumentParser(description="Kimi-Linear example engine (strict-gate command protocol)")
+    ap.add_argument("--model", default=os.environ.get("KDA_MODEL", str(DEFAULT_MODEL)))
+    ap.add_argument("--dtype", default=os.environ.get("KDA_DTYPE", "bfloat16"),
+                    choices=("bfloat16", "float32", "float16"))
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("KDA_THREADS", "0")) or None)
+    args = ap.parse_args(argv)
+
+    device_kda = env_flag("DEVICE_KDA", "1")
+    chunk_prefill = env_flag("KDA_CHUNK_PREFILL", "1")
+    if chunk_prefill and not device_kda and "KDA_CHUNK_PREFILL" in os.environ:
+        print("kda_engine: KDA_CHUNK_PREFILL=1 needs DEVICE_KDA=1 (chunk prefill is a device-path feature)",
+              file=sys.stderr, flush=True)
+        return 2
+    prefill = "chunk" if device_kda and chunk_prefill else "recurrent"
+
+    import torch
+    import transformers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"kda_engine: loading {args.model} ({args.dtype}); DEVICE_KDA={int(device_kda)} "
+          f"KDA_CHUNK_PREFILL={int(chunk_prefill)} -> prefill {prefill}, decode recurrent", file=sys.stderr, flush=True)
+    engine = KDAEngine(args.model, args.dtype, prefill)
+
+    def send(obj):
+        out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        out.flush()
+
+    send({
+        "hello": PROTOCOL,
+        "name": NAME,
+        "version": VERSION,
+        "model": str(args.model),
+        "capabilities": ["generate", "score"],
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "settings": {"DEVICE_KDA": int(device_kda), "KDA_CHUNK_PREFILL": int(chunk_prefill),
+                     "prefill": prefill, "decode": "recurrent", "dtype": args.dtype,
+                     "threads": torch.get_num_threads()},
+    })
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError as e:
+            print(f"kda_engine: bad request line: {e}", file=sys.stderr, flush=True)
+            return 2
+        op, rid = req.get("op"), req.get("id")
+        if op == "shutdown":
+            break
+        try:
+            if op == "generate":
+                send(engine.generate(req))
+            elif op == "score":
+                send(engine.score(req))
+            else:
+                send({"id": rid, "error": f"unknown op {op!r}"})
+        except Exception as e:  # this request fails; the engine goes on
+            traceback.print_exc(file=sys.stderr)
+            send({"id": rid, "error": f"{type(e).__name__}: {e}"})
+    print(f"kda_engine: shutting down; KDA multi-token passes: {engine.calls}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
