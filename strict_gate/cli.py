@@ -7,6 +7,7 @@ Heavy engines are imported only by the commands that run them; --help and compar
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -38,6 +39,9 @@ def _fail_cleanly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        # SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C: runs are closed as failed and
+        # launched servers and engine processes are stopped by the engines' close().
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:

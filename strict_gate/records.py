@@ -276,7 +276,7 @@ def _int_list(v, what: str, path: str, line: int) -> tuple[int, ...]:
     return tuple(v)
 
 
-def parse_record(d: object, path: str, line: int) -> Record:
+def parse_record(d: object, path: str, line: int | None) -> Record:
     """Validate one records.jsonl object; errors name file and line."""
     if not isinstance(d, dict):
         raise InputError("each record must be a JSON object", path=path, line=line)
