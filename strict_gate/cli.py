@@ -155,25 +155,16 @@ def capture(
 ) -> None:
     """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
     from strict_gate.config import load_gate_config
-    from strict_gate.prompts import load_prompts
-    from strict_gate.records import Sampling
-    from strict_gate.runner import prompt_inputs, run_arm
+    from strict_gate.gate import capture_baseline
 
     cfg = load_gate_config(config, require_candidate=False)
     k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else 5)
-    ps = load_prompts(cfg.prompts)
+    if k < 1:
+        raise StrictGateError("--runs must be >= 1")
     target = out or Path("baselines") / cfg.name
-    engine = cfg.reference.build()
     progress, hook = _progress()
-    try:
-        inputs = prompt_inputs(ps, engine)
-        with progress:
-            result = run_arm(
-                engine, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), target,
-                prompt_set=ps, runs=k, on_record=hook(f"capture x{k}", len(inputs)),
-            )
-    finally:
-        engine.close()
+    with progress:
+        result = capture_baseline(cfg, target, runs=k, progress=hook)
     det = result.manifest.determinism or {}
     console.print(
         f"baseline {target}: {len(result.records)} prompts, "

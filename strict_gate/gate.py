@@ -122,6 +122,29 @@ def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, b
     return cfg.rescorer.build()
 
 
+def capture_baseline(
+    cfg: GateConfig,
+    out: Path,
+    *,
+    runs: int,
+    progress: ProgressHook | None = None,
+    engine: Engine | None = None,
+) -> Run:
+    """Run the reference K times per prompt (one prompt per call) into a baseline run with
+    its determinism summary. A given `engine` is used as is and left open."""
+    ps = load_prompts(cfg.prompts)
+    reference = engine or cfg.reference.build()
+    try:
+        inputs = prompt_inputs(ps, reference)
+        return run_arm(
+            reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), out, prompt_set=ps, runs=runs,
+            on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
+        )
+    finally:
+        if engine is None:
+            reference.close()
+
+
 def run_gate(
     cfg: GateConfig,
     *,
@@ -129,13 +152,17 @@ def run_gate(
     band: float | None = None,
     output_dir: Path | None = None,
     progress: ProgressHook | None = None,
+    engines: dict[str, Engine] | None = None,
 ) -> GateOutcome:
+    """Run a gate. `engines` may hand in already-started engines by role ("reference",
+    "candidate"); the caller owns those and the gate does not close them."""
     ps = load_prompts(cfg.prompts)
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     policy = check_policy(policy or cfg.policy)
     band = cfg.band if band is None else band
-    reference = cfg.reference.build()
-    candidate = cfg.candidate.build()
+    given = engines or {}
+    reference = given.get("reference") or cfg.reference.build()
+    candidate = given.get("candidate") or cfg.candidate.build()
     if reference.kind == "recorded":
         reference.check_compatible(ps.sha256, sampling, reference.options.model)
     inputs = prompt_inputs(ps, reference)
@@ -146,7 +173,8 @@ def run_gate(
         try:
             cand_run = _arm(candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems)
         finally:
-            candidate.close()
+            if "candidate" not in given:
+                candidate.close()
         ref_run = _arm(reference, "reference", inputs, sampling, report_dir / "reference", ps,
                        cfg.reference.runs, progress, problems)
         ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
@@ -162,7 +190,8 @@ def run_gate(
             if rescorer is not None and rescorer is not reference:
                 rescorer.close()
     finally:
-        reference.close()
+        if "reference" not in given:
+            reference.close()
     from strict_gate.report import write_reports
 
     write_reports(result, report_dir)
