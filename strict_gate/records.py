@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jsonlines
+
 from strict_gate.errors import IncompleteRunError, InputError
 
 RUN_SCHEMA = "strict-gate/run@1"
@@ -220,6 +222,8 @@ class RunWriter:
         self.manifest = replace(manifest, status="running", records=0)
         write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
         self._f = open(self.dir / PARTIAL, "w", encoding="utf-8")
+        # flush=True: each finished prompt is on disk before the next one starts.
+        self._lines = jsonlines.Writer(self._f, flush=True, dumps=lambda o: json.dumps(o, ensure_ascii=False))
         self._count = 0
         self._closed = False
 
@@ -228,13 +232,13 @@ class RunWriter:
         return self._count
 
     def add(self, record: Record) -> None:
-        self._f.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-        self._f.flush()
+        self._lines.write(record.to_json())
         self._count += 1
 
     def _close(self, **changes) -> Manifest:
         if self._closed:
             return self.manifest
+        self._lines.close()
         self._f.close()
         os.replace(self.dir / PARTIAL, self.dir / RECORDS)
         self.manifest = replace(self.manifest, records=self._count, finished=now_iso(), **changes)
@@ -265,7 +269,7 @@ def _req(d: dict, key: str, types, path: str, line: int | None):
     if key not in d:
         raise InputError(f'missing "{key}"', path=path, line=line)
     v = d[key]
-    if not isinstance(v, types) or isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+    if not isinstance(v, types) or isinstance(v, bool):
         raise InputError(f'"{key}" has the wrong type ({type(v).__name__})', path=path, line=line)
     return v
 

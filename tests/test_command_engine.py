@@ -378,3 +378,28 @@ def test_protocol_doc_reference_engine_works(tmp_path):
     assert all(len(s) == 3 for s in r.top_logprobs)
     assert r.top_logprobs[0][0][0] == r.token_ids[0]
     eng.close()
+
+
+def test_gate_catches_a_candidate_that_drops_the_bos(tmp_path):
+    """The same ids go to both arms; a binary that re-tokenizes without BOS is a
+    tokenization_mismatch (a failing verdict, exit 1), not an engine error."""
+    from typer.testing import CliRunner
+
+    from strict_gate.cli import app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 20 + i, 30]}) + "\n" for i in range(3)))
+    arm = f'kind = "command"\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE))}, "--mode", '
+    gate = tmp_path / "gate.toml"
+    gate.write_text(
+        f'name = "bos"\nprompts = "p.jsonl"\nmax_tokens = 3\ntop_logprobs = 2\npolicy = "near-tie"\n'
+        f'output_dir = "{tmp_path / "r"}"\n'
+        f'[reference]\n{arm}"good"]\n[candidate]\n{arm}"drop_bos"]\n'
+    )
+    result = CliRunner().invoke(app, ["gate", str(gate)])
+    assert result.exit_code == 1, result.output
+    (report_dir,) = (tmp_path / "r").iterdir()
+    report = json.loads((report_dir / "report.json").read_text())
+    assert {p["status"] for p in report["prompts"]} == {"tokenization_mismatch"}
+    assert "index 0" in report["prompts"][0]["detail"]
+    assert "tokenization mismatch" in (report_dir / "report.md").read_text()

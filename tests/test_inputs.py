@@ -195,3 +195,13 @@ def test_cli_help_and_compare_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("gate", sorted((REPO / "gates").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_gates_are_valid(gate):
+    from strict_gate.config import load_gate_config
+
+    cfg = load_gate_config(gate, require_candidate=not gate.name.startswith("capture-"))
+    load_prompts(cfg.prompts)
+    if cfg.reference.kind == "recorded":
+        assert (cfg.reference.base_dir / cfg.reference.options.path / "manifest.json").exists()

@@ -276,6 +276,34 @@ def test_server_dying_mid_run_names_the_prompt(fake):
     assert time.monotonic() - t0 < 10
 
 
+def test_gate_with_a_server_dying_mid_run_exits_3_and_keeps_done_prompts(fake, tmp_path):
+    from typer.testing import CliRunner
+
+    from strict_gate.cli import app
+
+    _, good = fake("ids")
+    _, dying = fake("die", die_after=2)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 2 + i, 3]}) + "\n" for i in range(5)))
+    fast = "\n".join(f"{k} = {json.dumps(v)}" for k, v in FAST.items())
+    gate = tmp_path / "gate.toml"
+    gate.write_text(
+        f'name = "dies"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\noutput_dir = "{tmp_path / "r"}"\n'
+        f'[reference]\nkind = "openai"\nbase_url = "{good}"\n{fast}\n'
+        f'[candidate]\nkind = "openai"\nbase_url = "{dying}"\n{fast}\n'
+    )
+    result = CliRunner().invoke(app, ["gate", str(gate)])
+    assert result.exit_code == 3, result.output
+    (report_dir,) = (tmp_path / "r").iterdir()
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["verdict"] == "incomplete"
+    assert any("prompt 'p2'" in p for p in report["problems"]), report["problems"]
+    assert [p["status"] for p in report["prompts"]] == ["match", "match", "missing", "missing", "missing"]
+    manifest = json.loads((report_dir / "candidate" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["failed_prompt"] == "p2" and manifest["records"] == 2
+    assert "prompt 'p2'" in (report_dir / "report.md").read_text()
+
+
 def test_5xx_is_retried_a_bounded_number_of_times(fake):
     srv, url = fake("status", status=503)
     eng = OpenAIEngine(OpenAIOptions(base_url=url, retries=2, request_timeout_s=5.0))
@@ -584,6 +612,31 @@ def test_vllm_teacher_forced_score_is_argmax_on_own_output(server, records):
             worst = max(worst, abs(s.logprob - gen_step[0][1]))
     print(f"\nprefill (prompt_logprobs) vs decode logprob of the greedy token: max diff {worst:.2e}")
     assert worst < 1e-3
+
+
+@pytest.mark.vllm
+def test_gate_vllm_offline_against_the_same_model_over_http(server, vllm_engine, tmp_path):
+    """The reference is vLLM in process, the candidate the same model served over HTTP."""
+    from strict_gate.config import parse_gate_config
+    from strict_gate.gate import run_gate
+
+    text = (
+        f'name = "http"\nprompts = "{SMOKE}"\nmax_tokens = {MAX_TOKENS}\ntop_logprobs = {TOP_K}\n'
+        f'policy = "strict"\noutput_dir = "{tmp_path}"\n'
+        '[reference]\nkind = "vllm"\nmodel = "bundled:tiny-llama"\n'
+        f'[candidate]\nkind = "openai"\nbase_url = "{server.base_url}"\napi_key_env = "{KEY_ENV}"\n'
+    )
+    cfg = parse_gate_config(text, str(tmp_path / "gate.toml"))
+    outcome = run_gate(cfg, engines={"reference": vllm_engine, "candidate": server})
+    r = outcome.result
+    assert (r.reference.kind, r.candidate.kind) == ("vllm", "openai")
+    assert r.verdict.verdict == "pass", r.verdict.reasons
+    assert r.comparison.summary.prompts_exact == 8
+    assert api_key_absent(outcome.report_dir, os.environ[KEY_ENV])
+
+
+def api_key_absent(report_dir: Path, key: str) -> bool:
+    return all(key not in f.read_text(errors="replace") for f in report_dir.rglob("*") if f.is_file())
 
 
 @pytest.mark.vllm

@@ -133,6 +133,14 @@ def resolve_model(model: str, base_dir: Path) -> str:
     return model
 
 
+def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
+    """What a manifest records as a tokenizer/model location: `bundled:NAME` stays portable
+    across checkouts (a baseline is read on other machines); anything else is the resolved path."""
+    if given and given.startswith(BUNDLED_PREFIX):
+        return given
+    return resolved
+
+
 def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int], max_tokens: int) -> str:
     """'stop' when the sequence ends on an EOS, else 'length' (as vLLM reports it)."""
     if token_ids and token_ids[-1] in eos_ids:

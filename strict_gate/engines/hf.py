@@ -10,7 +10,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from strict_gate.engines.base import Engine, PromptInput, ScoredStep, greedy_finish_reason, resolve_model
+from strict_gate.engines.base import (
+    Engine,
+    PromptInput,
+    ScoredStep,
+    greedy_finish_reason,
+    portable_model_ref,
+    resolve_model,
+)
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
 
@@ -103,7 +110,7 @@ class HFEngine(Engine):
             options=asdict(self.options) | {"resolved_model": self.model_path},
             env=self.env,
             versions=versions,
-            tokenizer=self.model_path,
+            tokenizer=portable_model_ref(self.options.model, self.model_path),
         )
 
     def tokenize(self, text: str) -> list[int]:

@@ -337,7 +337,7 @@ class VLLMEngine(Engine):
             options=options,
             env=self.env,
             versions=versions,
-            tokenizer=self.tokenizer_path,
+            tokenizer=portable_model_ref(self.options.tokenizer or self.options.model, self.tokenizer_path),
         )
 
     def tokenize(self, text: str) -> list[int]:

@@ -20,7 +20,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     console = console or Console()
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
+    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     table = Table(title=f"strict-gate: {r.name}", show_lines=False)
     for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
         table.add_column(col, overflow="fold", no_wrap=col in ("status", "pos", "ref gap", "cand gap"))

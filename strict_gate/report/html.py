@@ -17,7 +17,7 @@ def _g(x: float | None) -> str:
 def render(r: GateResult) -> str:
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
+    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     tok = lambda t: "(end)" if t is None else f"“{escape(dec.token(t))}” ({t})"  # noqa: E731
     rows = []
     for p in r.comparison.prompts:

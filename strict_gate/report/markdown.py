@@ -36,7 +36,7 @@ def _engine_rows(label: str, info) -> list[str]:
 def render(r: GateResult) -> str:
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer or r.candidate.tokenizer)
+    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "

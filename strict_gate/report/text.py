@@ -7,24 +7,40 @@ from functools import lru_cache
 from pathlib import Path
 
 
+def _tokenizer_file(tokenizer: str | None) -> Path | None:
+    if not tokenizer:
+        return None
+    if tokenizer.startswith("bundled:"):
+        from strict_gate.engines.base import BUNDLED_DIR
+
+        tokenizer = str(BUNDLED_DIR / tokenizer[len("bundled:"):])
+    p = Path(tokenizer)
+    f = p / "tokenizer.json" if p.is_dir() else p
+    return f if f.is_file() else None
+
+
 class Decoder:
     """Decodes with the reference's tokenizer.json (the `tokenizers` library, no torch).
 
     Without a tokenizer, tokens show as <id>: the report stays correct, only less readable.
     """
 
-    def __init__(self, tokenizer: str | None):
+    def __init__(self, *tokenizers: str | None):
+        """Takes candidate locations (a tokenizer.json, a model dir, or `bundled:NAME`) and uses
+        the first that exists here: a baseline made on another machine may name a path that
+        does not exist on this one."""
         self._tok = None
-        if tokenizer:
-            p = Path(tokenizer)
-            f = p / "tokenizer.json" if p.is_dir() else p
-            if f.is_file():
-                try:
-                    from tokenizers import Tokenizer
+        for tokenizer in tokenizers:
+            f = _tokenizer_file(tokenizer)
+            if f is None:
+                continue
+            try:
+                from tokenizers import Tokenizer
 
-                    self._tok = Tokenizer.from_file(str(f))
-                except Exception:
-                    self._tok = None
+                self._tok = Tokenizer.from_file(str(f))
+                return
+            except Exception:
+                continue
 
     @property
     def available(self) -> bool:

@@ -122,9 +122,13 @@ def main() -> None:
         if op == "score" and misbehave and mode == "score_error":
             send({"id": req["id"], "error": "scoring not supported for this model"})
             continue
-        if not misbehave or mode in ("good", "banner", "no_score", "old_hello", "bad_score", "score_error"):
+        if not misbehave or mode in ("good", "drop_bos", "banner", "no_score", "old_hello", "bad_score", "score_error"):
             if op == "score":
                 send(score(req))
+            elif mode == "drop_bos":  # an engine that re-tokenized the text without its BOS
+                out = echo(req)
+                out["prompt_token_ids"] = req["prompt_token_ids"][1:]
+                send(out)
             elif canned:
                 out = dict(canned.pop(0))
                 out["id"] = req["id"]
