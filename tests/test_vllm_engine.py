@@ -8,7 +8,6 @@ reference tests were silently skipped proves nothing.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from strict_gate.records import FINISH_REASONS, Sampling
 
 pytestmark = pytest.mark.vllm
 
-from conftest import VLLM_OPTIONS as OPTIONS
 from conftest import need_vllm
 
 from strict_gate.engines.vllm import VLLMEngine, VLLMOptions

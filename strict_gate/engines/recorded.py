@@ -6,7 +6,7 @@ This is how a nightly gate compares against vLLM's goldens without starting vLLM
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError

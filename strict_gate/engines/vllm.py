@@ -61,7 +61,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
-from strict_gate.engines.base import Engine, PromptInput, ScoredStep, resolve_model
+from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
 
