@@ -146,6 +146,9 @@ def render(r: GateResult) -> str:
         out.append("| arm | prompts | tokens | seconds | tok/s | median TTFT s |")
         out.append("|---|---|---|---|---|---|")
         for arm, sp in speeds:
+            info = r.reference if arm == "reference" else r.candidate
+            if "replayed_from" in info.options:
+                arm += " (recorded at capture)"
             if sp is None:
                 out.append(f"| {arm} | – | – | – | – | – |")
                 continue
