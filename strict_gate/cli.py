@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from strict_gate.errors import StrictGateError
 
@@ -23,8 +24,8 @@ app = typer.Typer(
     help="Prove an inference engine emits exactly the tokens vLLM emits (greedy, token for token).",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console()
-err = Console(stderr=True)
+console = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False)
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "gates" / "demo.toml"
 
@@ -45,7 +46,7 @@ def _fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
-            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted: the run directories written so far are marked failed")

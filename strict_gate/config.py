@@ -207,16 +207,11 @@ def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:
     lines = _Lines(text, str(path))
     if "kind" not in data and isinstance(data.get("reference"), dict):
         return _arm("reference", data["reference"], lines, p.resolve().parent)
-    # A bare table: line lookups have no table header.
-    return _arm_bare(role, data, lines, p.resolve().parent)
+    return _arm(role, data, _TopLevel(text, str(path)), p.resolve().parent)
 
 
-def _arm_bare(role: str, data: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
-    class _Flat(_Lines):
-        def find(self, key, table=None):  # keys sit at top level in a bare engine file
-            return _Lines.find(self, key, None)
+class _TopLevel(_Lines):
+    """Line lookups for a bare engine file, whose keys sit at the top level."""
 
-    flat = _Flat.__new__(_Flat)
-    flat.lines, flat.path = lines.lines, lines.path
-    arm = _arm(role, data, flat, base_dir)
-    return arm
+    def find(self, key: str, table: str | None = None) -> int | None:
+        return super().find(key, None)

@@ -626,6 +626,7 @@ def test_gate_vllm_offline_against_the_same_model_over_http(server, vllm_engine,
         '[reference]\nkind = "vllm"\nmodel = "bundled:tiny-llama"\n'
         f'[candidate]\nkind = "openai"\nbase_url = "{server.base_url}"\napi_key_env = "{KEY_ENV}"\n'
     )
+    (tmp_path / "gate.toml").write_text(text)
     cfg = parse_gate_config(text, str(tmp_path / "gate.toml"))
     outcome = run_gate(cfg, engines={"reference": vllm_engine, "candidate": server})
     r = outcome.result

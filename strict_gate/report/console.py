@@ -21,7 +21,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
-    table = Table(title=f"strict-gate: {r.name}", show_lines=False)
+    table = Table(title=Text(f"strict-gate: {r.name}"), show_lines=False)
     for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
         table.add_column(col, overflow="fold", no_wrap=col in ("status", "pos", "ref gap", "cand gap"))
     table.add_column("teacher-forced", overflow="fold", ratio=1)
@@ -29,7 +29,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     for p in bad[:40]:
         d = p.first_divergence
         dg = r.diagnoses.get(p.id)
-        table.add_row(
+        cells = (
             p.id,
             p.status,
             "–" if d is None else str(d.position),
@@ -39,6 +39,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             "" if d is None else _g(d.candidate_gap),
             dg.short if dg else (p.detail[:60] if p.detail else ""),
         )
+        table.add_row(*(Text(c) for c in cells))  # model text is never read as rich markup
     if bad:
         console.print(table)
         if len(bad) > 40:
@@ -55,4 +56,4 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     for reason in v.reasons[:6]:
         console.print(Text(f"  {reason}"))
     if report_dir:
-        console.print(f"  report: {report_dir}/report.md")
+        console.print(Text(f"  report: {report_dir}/report.md"))
