@@ -17,7 +17,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, resolve_model
+from strict_gate.engines.process import close_log, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtraError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, parse_record, sort_topk
 
@@ -35,6 +35,7 @@ STDERR_TAIL_LINES = 20
 MAX_BANNER_LINES = 1000  # non-JSON stdout lines tolerated before the hello (library banners)
 SHUTDOWN_GRACE_S = 5.0  # after {"op": "shutdown"}: time to exit on its own
 TERM_GRACE_S = 2.0  # after SIGTERM: time before SIGKILL
+KILL_WAIT_S = 5.0  # after SIGKILL: time for the group to be gone (a member in uninterruptible sleep)
 
 _EOF = object()
 
@@ -55,17 +56,6 @@ def _quote(line: str | bytes, n: int = QUOTE_CHARS) -> str:
         line = line.decode("utf-8", errors="replace")
     line = line.rstrip("\r\n")
     return repr(line if len(line) <= n else line[:n] + f"... ({len(line)} chars)")
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while any process of the group exists (zombies included)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CommandEngine(Engine):
@@ -125,36 +115,23 @@ class CommandEngine(Engine):
             return
         self._cleanup()  # a previous process that died: reap it and its group first
         log = self.options.log
-        temp_log = False
         if log is not None:
             log_path = Path(log) if os.path.isabs(log) else self.base_dir / log
-        elif self.log_path is not None:
-            log_path = Path(self.log_path)
         else:
-            fd, tmp = tempfile.mkstemp(prefix="strict-gate-command-", suffix=".log")
-            os.close(fd)
-            log_path, temp_log = Path(tmp), True
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_used = os.path.abspath(log_path)
-        self._log_file = open(log_path, "ab")
-        self._log_file.write(f"--- strict-gate: starting {self.argv!r} in {self.cwd}\n".encode())
-        self._log_file.flush()
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in self.env.items()})
+            log_path = self.log_path
+        self._log_file, self._log_used, temp_log = open_log(
+            log_path, "strict-gate-command-", f"--- strict-gate: starting {self.argv!r} in {self.cwd}"
+        )
         try:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._log_file,
-                cwd=self.cwd,
-                env=env,
-                process_group=0,  # its own group: close() kills the binary and all it started
+            # its own group: close() kills the binary and all it started
+            self._proc = spawn(
+                self.argv, self.env, self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file
             )
         except OSError as e:
-            self._close_log()
+            close_log(self._log_file)
+            self._log_file = None
             if temp_log:
-                os.unlink(log_path)
+                os.unlink(self._log_used)
             if isinstance(e, FileNotFoundError):
                 why = f"{self.argv[0]!r}: not found (cwd {self.cwd})"
             elif isinstance(e, PermissionError):
@@ -239,34 +216,7 @@ class CommandEngine(Engine):
         proc, pgid = self._proc, self._pgid
         if proc is None:
             return
-        if pgid is not None and _group_alive(pgid):
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + TERM_GRACE_S
-            while time.monotonic() < deadline:
-                proc.poll()  # reap the leader so it does not linger as a zombie
-                if not _group_alive(pgid):
-                    break
-                time.sleep(0.02)
-            else:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-            pass
-        if pgid is not None:  # a member stuck in uninterruptible sleep: wait a little more
-            deadline = time.monotonic() + 5
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
+        stop_group(proc, pgid, TERM_GRACE_S, KILL_WAIT_S)
         # The group is gone, so stdout is at EOF and the reader ends. Close stdout only after
         # it has: closing a buffered stream under a blocked reader could wait on its lock.
         reader_done = True
@@ -283,19 +233,12 @@ class CommandEngine(Engine):
         self._pgid = None
         self._reader = None
         self._lines = None
-        self._close_log()
+        close_log(self._log_file)
+        self._log_file = None
 
     def _cleanup(self) -> None:
         if self._proc is not None:
             self._kill()
-
-    def _close_log(self) -> None:
-        if self._log_file is not None:
-            try:
-                self._log_file.close()
-            except OSError:
-                pass
-            self._log_file = None
 
     def _log_note(self, text: str) -> None:
         if self._log_file is not None:

@@ -25,10 +25,8 @@ import atexit
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +36,7 @@ from http.client import HTTPException
 from pathlib import Path
 
 from strict_gate.engines.base import BUNDLED_PREFIX, Engine, PromptInput, ScoredStep, resolve_model
+from strict_gate.engines.process import close_log, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
 
@@ -46,6 +45,7 @@ TOKEN_ID_PREFIX = "token_id:"
 # defaults the model's generation_config carries (vLLM's server applies them to requests).
 NEUTRAL = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 LOG_TAIL_LINES = 40
+KILL_WAIT_S = 10.0  # after SIGKILL: time for the server's group to be gone (workers freeing the GPU)
 
 
 @dataclass(frozen=True)
@@ -120,31 +120,6 @@ def _logprob(v: object) -> float:
     if math.isnan(lp):
         raise ValueError("NaN logprob")
     return lp
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group is still running (zombies waiting for a reaper don't count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-        return False
-    except OSError:  # no /proc (macOS): trust killpg
-        return True
 
 
 class OpenAIEngine(Engine):
@@ -321,32 +296,21 @@ class OpenAIEngine(Engine):
         return f"openai: the server refused the key from ${self.options.api_key_env} ({e})"
 
     def _launch(self) -> None:
-        if self.log_path is None:
-            fd, path = tempfile.mkstemp(prefix="strict-gate-openai-", suffix=".log")
-            os.close(fd)
+        self._log_file, path, is_temp = open_log(
+            self.log_path, "strict-gate-openai-", f"# strict-gate openai: launching {self._redact(self.serve_cmd)}"
+        )
+        if is_temp:
             self.log_path = path
-        log_path = Path(self.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(log_path, "ab")
-        self._log_file.write(f"# strict-gate openai: launching {self._redact(self.serve_cmd)}\n".encode())
-        self._log_file.flush()
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in self.env.items()})
         try:
-            self._proc = subprocess.Popen(
-                self.serve_cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(self.base_dir),
-                start_new_session=True,
+            self._proc = spawn(
+                self.serve_cmd, self.env, str(self.base_dir),
+                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
             )
         except OSError as e:
-            self._log_file.close()
+            close_log(self._log_file)
             self._log_file = None
             raise EngineError(f"openai: cannot launch {self.serve_cmd[0]!r}: {e}") from None
-        self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
+        self._pgid = self._proc.pid  # a new session: the leader's pid is the group id
         if not self._atexit_registered:
             atexit.register(self._stop_server)
             self._atexit_registered = True
@@ -406,33 +370,10 @@ class OpenAIEngine(Engine):
             return
         self._proc = None
         try:
-            if proc.poll() is None or _group_alive(pgid):
-                try:
-                    os.killpg(pgid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                deadline = time.monotonic() + self.options.stop_timeout_s
-                while time.monotonic() < deadline:
-                    proc.poll()
-                    if proc.returncode is not None and not _group_alive(pgid):
-                        break
-                    time.sleep(0.1)
-                if _group_alive(pgid):
-                    try:
-                        os.killpg(pgid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    deadline = time.monotonic() + 10.0
-                    while time.monotonic() < deadline and _group_alive(pgid):
-                        time.sleep(0.1)
-            try:
-                proc.wait(timeout=10.0)
-            except subprocess.TimeoutExpired:
-                pass
+            stop_group(proc, pgid, self.options.stop_timeout_s, KILL_WAIT_S)
         finally:
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
+            close_log(self._log_file)
+            self._log_file = None
             if self._atexit_registered:
                 atexit.unregister(self._stop_server)
                 self._atexit_registered = False
