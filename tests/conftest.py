@@ -29,26 +29,31 @@ VLLM_OPTIONS = dict(
 )
 
 
-def _vllm_import_error() -> str | None:
+def _import_error(module: str) -> str | None:
     try:
-        import vllm  # noqa: F401
+        __import__(module)
     except Exception as e:  # not installed, or broken (CUDA torchvision beside the CPU torch)
         return f"{type(e).__name__}: {e}"
     return None
 
 
-def need_vllm() -> None:
-    """Fail under CI, skip elsewhere, when vLLM cannot be imported."""
-    error = _vllm_import_error()
+def need(module: str) -> None:
+    """Fail under CI, skip elsewhere, when a real engine's library cannot be imported."""
+    error = _import_error(module)
     if error is None:
         return
     if os.environ.get("CI"):
         pytest.fail(
-            f"CI is set but vllm cannot be imported ({error}); the real-vLLM tests must run in CI: "
+            f"CI is set but {module} cannot be imported ({error}); the real-engine tests must run in CI: "
             "bash scripts/install.sh",
             pytrace=False,
         )
-    pytest.skip(f"vllm cannot be imported ({error}); install with: bash scripts/install.sh")
+    pytest.skip(f"{module} cannot be imported ({error}); install with: bash scripts/install.sh",
+                allow_module_level=True)
+
+
+def need_vllm() -> None:
+    need("vllm")
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import need
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
 
-pytest.importorskip("transformers", reason="the hf extra is installed by scripts/install.sh")
+need("transformers")
 pytestmark = pytest.mark.slow
 
 runner = CliRunner()

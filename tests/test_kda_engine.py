@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from strict_gate.engines import PromptInput
 from strict_gate.engines.command import CommandEngine, CommandOptions
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples/models/tiny-kimi-linear"
 ENGINE = ROOT / "examples/engines/kda_engine.py"
 
-pytest.importorskip("transformers")
+need("transformers")
 pytestmark = pytest.mark.slow  # the checkpoint is committed: a missing one fails, it does not skip
 
 # Prompts of 9-120 ids: below, at and across the 64-token KDA chunk.

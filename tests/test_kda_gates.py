@@ -6,11 +6,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from strict_gate.config import load_gate_config
 from strict_gate.gate import run_gate
 
-pytest.importorskip("transformers")
+need("transformers")
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 

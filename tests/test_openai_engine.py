@@ -158,7 +158,7 @@ if __name__ == "__main__":  # launch mode: `python test_openai_engine.py --port 
 
 
 import pytest  # noqa: E402
-from conftest import need_vllm  # noqa: E402
+from conftest import need, need_vllm  # noqa: E402
 
 from strict_gate.engines.base import PromptInput  # noqa: E402
 from strict_gate.engines.openai import OpenAIEngine, OpenAIOptions  # noqa: E402
@@ -561,7 +561,7 @@ def test_vllm_greedy_records_are_sane(records, prompts):
 
 @pytest.mark.vllm
 def test_vllm_server_tokens_equal_hf_float32(records, prompts):
-    pytest.importorskip("transformers")
+    need("transformers")
     from strict_gate.engines.hf import HFEngine, HFOptions
 
     hf = HFEngine(HFOptions(model="bundled:tiny-llama", dtype="float32"))
