@@ -47,7 +47,7 @@ def new_report_dir(output_dir: Path, name: str) -> Path:
 def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
          progress: ProgressHook | None, problems: list[str]) -> Run:
     """Run an arm; an engine failure keeps the prompts done and becomes a stated problem."""
-    on_record = progress(label, len(inputs) * 1) if progress else None
+    on_record = progress(label, len(inputs)) if progress else None
     try:
         return run_arm(engine, inputs, sampling, out, prompt_set=ps, runs=runs, on_record=on_record)
     except (EngineError, IncompleteRunError) as e:

@@ -55,6 +55,44 @@ def determinism_summary(records: Sequence[Record]) -> dict:
     }
 
 
+def _timed(rec: Record, seconds: float) -> Record:
+    """Fill in the wall clock the gate measured when the engine reported none."""
+    if rec.timing is not None and rec.timing.total_s is not None:
+        return rec
+    return replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=seconds))
+
+
+def _generate(engine: Engine, inputs: Sequence[PromptInput], sampling: Sampling, runs: int):
+    """Yield (record, seconds) per prompt. One run: the engine gets every prompt and batches as
+    its own `batch` option says. K runs: one prompt per call, K calls in a row, samples kept."""
+    if runs == 1:
+        t0 = time.perf_counter()
+        for rec in engine.generate(inputs, sampling):
+            dt, t0 = time.perf_counter() - t0, time.perf_counter()
+            yield (rec if rec.error else _timed(rec, dt)), dt
+        return
+    for p in inputs:
+        samples: list[tuple[int, ...]] = []
+        first: Record | None = None
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            recs = list(engine.generate([p], sampling))
+            dt = time.perf_counter() - t0
+            if not recs:
+                break  # a recorded run without this prompt: it stays missing
+            rec = recs[0]
+            if rec.error is not None:
+                first = rec
+                break
+            samples.append(rec.token_ids)
+            if first is None:
+                first = _timed(rec, dt)
+        if first is None:
+            continue
+        seconds = first.timing.total_s if first.timing and first.timing.total_s else 0.0
+        yield (first if first.error else replace(first, samples=tuple(samples))), seconds
+
+
 def run_arm(
     engine: Engine,
     inputs: Sequence[PromptInput],
@@ -83,38 +121,20 @@ def run_arm(
         runs=runs,
     )
     writer = RunWriter(out, manifest)
-    current = inputs[0].id if inputs else None
+    pending = [p.id for p in inputs]  # pending[0] is the prompt in flight when an engine dies
+    current = pending[0] if pending else None
     try:
         with engine.scoped_env():
             engine.start()
             # Describe the engine again once started: versions and server facts are known now.
             writer.manifest = replace(writer.manifest, engine=engine.info())
-            for p in inputs:
-                current = p.id
-                samples: list[tuple[int, ...]] = []
-                first: Record | None = None
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    recs = list(engine.generate([p], sampling))
-                    dt = time.perf_counter() - t0
-                    if not recs:
-                        break  # a recorded run without this prompt: it stays missing
-                    rec = recs[0]
-                    if rec.error is not None:
-                        first = rec
-                        break
-                    if rec.timing is None or rec.timing.total_s is None:
-                        rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=dt))
-                    samples.append(rec.token_ids)
-                    if first is None:
-                        first = rec
-                if first is None:
-                    continue
-                if runs > 1 and first.error is None:
-                    first = replace(first, samples=tuple(samples))
-                writer.add(first)
+            for rec, seconds in _generate(engine, inputs, sampling, runs):
+                if rec.id in pending:
+                    pending.remove(rec.id)
+                current = pending[0] if pending else None
+                writer.add(rec)
                 if on_record is not None:
-                    on_record(first, first.timing.total_s if first.timing and first.timing.total_s else 0.0)
+                    on_record(rec, seconds)
     except StrictGateError as e:
         writer.fail(str(e), failed_prompt=current)
         if isinstance(e, EngineError) and current and current not in str(e):

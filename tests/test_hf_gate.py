@@ -130,3 +130,23 @@ def test_run_then_compare_and_diagnose(tmp_path):
     after = json.loads((d / "report.json").read_text())
     assert (d / "report.md").exists()
     assert [p["diagnosis"] is not None for p in after["prompts"]] == [p["diagnosis"] is not None for p in before["prompts"]]
+
+
+def test_batch_option_reaches_the_engine(tmp_path):
+    """batch = 4 sends four prompts per generate() (left-padded); records stay per prompt, in order."""
+    from strict_gate.engines.hf import HFEngine, HFOptions
+    from strict_gate.prompts import load_prompts
+    from strict_gate.records import Sampling, load_run
+    from strict_gate.runner import prompt_inputs, run_arm
+
+    ps = load_prompts(SMOKE)
+    eng = HFEngine(HFOptions(model="bundled:tiny-llama", batch=4), base_dir=REPO)
+    calls = []
+    original = eng._generate_batch
+    eng._generate_batch = lambda prompts, sampling: calls.append(len(prompts)) or original(prompts, sampling)
+    run = run_arm(eng, prompt_inputs(ps, eng), Sampling(6, 5), tmp_path / "run", prompt_set=ps)
+    assert calls == [4, 4]
+    assert list(run.records) == ps.ids and load_run(tmp_path / "run").complete
+    for rec in run.records.values():
+        assert 1 <= len(rec.token_ids) <= 6 and len(rec.top_logprobs) == len(rec.token_ids)
+        assert all(step[0][0] == tok for step, tok in zip(rec.top_logprobs, rec.token_ids))
