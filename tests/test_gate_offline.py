@@ -121,3 +121,16 @@ def test_markdown_escaping_keeps_tables_whole():
     for bad in ("|b", "`", "<script>", "\n"):
         assert bad not in out.replace("\\|", "")
     assert "\\|" in out and "&lt;script&gt;" in out and "&#96;" in out and "↵" in out
+
+
+def test_decoder_shows_partial_bytes_and_control_characters_visibly():
+    from strict_gate.report.text import Decoder
+
+    dec = Decoder("/nonexistent/tokenizer.json", "bundled:tiny-llama")  # falls back to the 2nd
+    assert dec.available
+    ids = [t for t in range(1024) if dec.token(t).startswith("\\x")]
+    assert ids, "a byte-level vocabulary has pieces of multi-byte characters"
+    assert all("\ufffd" not in dec.token(t) and "\n" not in dec.token(t) for t in range(1024))
+    nl = dec._tok.encode("a\nb").ids
+    assert "\\n" in [dec.token(t) for t in nl]
+    assert Decoder(None).token(5) == "<5>"

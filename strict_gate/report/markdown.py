@@ -96,11 +96,6 @@ def render(r: GateResult) -> str:
         out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
         out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
         out.append("")
-        for p in bad:
-            if p.first_divergence is None:
-                continue
-            out.append(f"- **{md(p.id)}**: {md(p.first_divergence.reason)}")
-        out.append("")
     if r.diagnoses:
         out.append("## Teacher-forced diagnosis")
         out.append("")

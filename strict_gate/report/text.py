@@ -7,6 +7,29 @@ from functools import lru_cache
 from pathlib import Path
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2 byte-level BPE's printable stand-ins for the 256 byte values, reversed."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
+
+
+def _byte_level_bytes(piece: str) -> bytes | None:
+    """The bytes a byte-level BPE vocabulary entry stands for, or None for other vocabularies."""
+    if not all(c in _BYTE_OF for c in piece):
+        return None
+    return bytes(_BYTE_OF[c] for c in piece)
+
+
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
     if not tokenizer:
         return None
@@ -54,11 +77,21 @@ class Decoder:
 
     @lru_cache(maxsize=4096)
     def token(self, token_id: int | None) -> str:
+        """One token's text; a byte-level piece of a multi-byte character shows as its bytes
+        (\\xe6\\x9c) rather than as an unreadable replacement character."""
         if token_id is None:
             return "(end)"
         if self._tok is None:
             return f"<{token_id}>"
-        return self._tok.decode([token_id], skip_special_tokens=False)
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if not text or "\ufffd" in text:
+            piece = self._tok.id_to_token(token_id)
+            if piece is None:
+                return f"<{token_id}>"
+            raw = _byte_level_bytes(piece)
+            text = raw.decode("utf-8", errors="backslashreplace") if raw is not None else piece
+        # Control characters (a newline, DEL) show as escapes: one token must stay one visible cell.
+        return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 _MD_SPECIAL = str.maketrans(
