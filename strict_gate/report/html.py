@@ -20,7 +20,8 @@ def render(r: GateResult) -> str:
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     tok = lambda t: "(end)" if t is None else f"“{escape(dec.token(t))}” ({t})"  # noqa: E731
     rows = []
-    for p in r.comparison.prompts:
+    # Non-matching prompts first: they are what a reviewer opened the page for.
+    for p in sorted(r.comparison.prompts, key=lambda p: p.status == "match"):
         d = p.first_divergence
         dg = r.diagnoses.get(p.id)
         rows.append(
