@@ -22,9 +22,11 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     table = Table(title=Text(f"strict-gate: {r.name}"), show_lines=False)
+    # One line per prompt: on a narrow terminal the last column is cut, the report has it whole.
+    widths = {"prompt": 10, "status": 9, "pos": 3, "ref gap": 7, "cand gap": 8}
     for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("status", "pos", "ref gap", "cand gap"))
-    table.add_column("teacher-forced", overflow="fold", ratio=1)
+        table.add_column(col, no_wrap=True, overflow="ellipsis", min_width=widths.get(col))
+    table.add_column("teacher-forced", no_wrap=True, overflow="ellipsis", ratio=1)
     bad = [p for p in r.comparison.prompts if p.status != "match"]
     for p in bad[:40]:
         d = p.first_divergence
