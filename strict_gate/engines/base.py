@@ -133,6 +133,18 @@ def resolve_model(model: str, base_dir: Path) -> str:
     return model
 
 
+def find_tokenizer_json(spec: str, base_dir: Path) -> Path | None:
+    """A tokenizer.json named as the file itself or as a model directory holding one
+    (`bundled:NAME` included); None when there is none."""
+    try:
+        path = Path(resolve_model(spec, base_dir))
+    except ConfigError:
+        return None
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    return path if path.is_file() else None
+
+
 def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
     """What a manifest records as a tokenizer/model location: `bundled:NAME` stays portable
     across checkouts (a baseline is read on other machines); anything else is the resolved path."""

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from strict_gate.engines.base import Engine, PromptInput, ScoredStep, resolve_model
+from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
 from strict_gate.engines.process import close_log, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtraError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, parse_record, sort_topk
@@ -95,12 +95,10 @@ class CommandEngine(Engine):
         return str(p.resolve()) if p.exists() else arg
 
     def _tokenizer_file(self) -> str:
-        path = Path(resolve_model(self.options.tokenizer, self.base_dir))
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not path.is_file():
+        path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
+        if path is None:
             raise ConfigError(
-                f"command: tokenizer {self.options.tokenizer!r}: {path} not found "
+                f"command: tokenizer {self.options.tokenizer!r} not found "
                 "(give a tokenizer.json file or a model directory holding one)"
             )
         return str(path)

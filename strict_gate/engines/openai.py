@@ -35,7 +35,14 @@ from dataclasses import asdict, dataclass, field
 from http.client import HTTPException
 from pathlib import Path
 
-from strict_gate.engines.base import BUNDLED_PREFIX, Engine, PromptInput, ScoredStep, resolve_model
+from strict_gate.engines.base import (
+    BUNDLED_PREFIX,
+    Engine,
+    PromptInput,
+    ScoredStep,
+    find_tokenizer_json,
+    resolve_model,
+)
 from strict_gate.engines.process import close_log, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
@@ -186,12 +193,10 @@ class OpenAIEngine(Engine):
         return arg
 
     def _resolve_tokenizer(self, spec: str) -> str:
-        path = Path(resolve_model(spec, self.base_dir))
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not path.is_file():
+        path = find_tokenizer_json(spec, self.base_dir)
+        if path is None:
             raise ConfigError(
-                f"openai: tokenizer {spec!r}: no tokenizer.json at {path} "
+                f"openai: tokenizer {spec!r}: no tokenizer.json there "
                 "(give a tokenizer.json file or a model directory that has one)"
             )
         return str(path)

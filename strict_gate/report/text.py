@@ -33,13 +33,9 @@ def _byte_level_bytes(piece: str) -> bytes | None:
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
     if not tokenizer:
         return None
-    if tokenizer.startswith("bundled:"):
-        from strict_gate.engines.base import BUNDLED_DIR
+    from strict_gate.engines.base import find_tokenizer_json
 
-        tokenizer = str(BUNDLED_DIR / tokenizer[len("bundled:"):])
-    p = Path(tokenizer)
-    f = p / "tokenizer.json" if p.is_dir() else p
-    return f if f.is_file() else None
+    return find_tokenizer_json(tokenizer, Path.cwd())
 
 
 class Decoder:
