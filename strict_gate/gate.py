@@ -79,8 +79,10 @@ def judge(
     verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
     diagnoses = {}
     notes: list[str] = []
+    rescored_by = None
     if rescorer is not None and rescorer.can_score:
         diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
+        rescored_by = f"{rescorer.kind} {rescorer.info().model}" if diagnoses else None
     elif diagnose_wanted and any(p.status in ("divergent", "near_tie") for p in comparison.prompts):
         notes.append(
             "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
@@ -104,6 +106,7 @@ def judge(
         problems=tuple(problems),
         config=config,
         notes=tuple(notes),
+        rescored_by=rescored_by,
     )
 
 

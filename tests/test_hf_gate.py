@@ -69,8 +69,10 @@ def test_bfloat16_candidate_is_classified(tmp_path):
             # the fp32 reference's re-scored gap on the same prefix equals its decode gap
             if fd["reference_gap"] is not None and dg["rescored_gap"] is not None:
                 assert abs(dg["rescored_gap"] - fd["reference_gap"]) < 1e-3
+    assert rep["rescored_by"] == "hf bundled:tiny-llama"
     md = (d / "report.md").read_text()
     assert "## Prompts that do not match" in md and "## Teacher-forced diagnosis" in md
+    assert "hf bundled:tiny-llama re-scored each divergent prompt" in md
 
 
 @pytest.fixture(scope="module")

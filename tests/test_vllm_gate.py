@@ -72,6 +72,7 @@ def test_gate_bf16_candidate_is_rescored_by_vllm(vllm_engine, tmp_path):
     cfg = config(tmp_path, 'kind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "bfloat16"',
                  prompts=ROOT / "prompts" / "battery-128.jsonl")
     r = run_gate(cfg, engines={"reference": vllm_engine}).result
+    assert r.rescored_by == "vllm bundled:tiny-llama"
     diverged = [p for p in r.comparison.prompts if p.status in ("near_tie", "divergent")]
     assert diverged, "bf16 flips some of the 128 prompts against vLLM fp32 on this model"
     for p in diverged:

@@ -99,7 +99,10 @@ def render(r: GateResult) -> str:
     if r.diagnoses:
         out.append("## Teacher-forced diagnosis")
         out.append("")
-        out.append("The reference engine re-scored each divergent prompt on the candidate's own tokens.")
+        out.append(
+            f"{md(r.rescored_by or 'The reference engine')} re-scored each divergent prompt on the candidate's "
+            "own tokens (teacher forcing): gap = lp(argmax) − lp(candidate token) given the candidate's prefix."
+        )
         out.append("")
         out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
         out.append("|---|---|---|---|---|---|")

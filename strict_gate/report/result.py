@@ -67,6 +67,7 @@ class GateResult:
     problems: tuple[str, ...] = ()  # arm failures, in words
     config: dict | None = None  # {"path", "base_dir"} of the gate config, for `strict-gate diagnose`
     notes: tuple[str, ...] = ()  # what the gate could not do (e.g. no engine to re-score with)
+    rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
 
     @property
     def exit_code(self) -> int:
@@ -109,6 +110,7 @@ def to_json(r: GateResult) -> dict:
         "runs": r.runs,
         "config": r.config,
         "determinism": r.determinism,
+        "rescored_by": r.rescored_by,
         "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
         "prompts": [
             {
