@@ -75,9 +75,6 @@ class Comparison:
     prompts: tuple[PromptComparison, ...]
     summary: Summary
 
-    def by_id(self) -> dict[str, PromptComparison]:
-        return {p.id: p for p in self.prompts}
-
 
 def _lp(top: TopK | None, token: int) -> float | None:
     if top is None:

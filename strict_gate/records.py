@@ -227,9 +227,6 @@ class RunWriter:
         self._count = 0
         self._closed = False
 
-    @property
-    def count(self) -> int:
-        return self._count
 
     def add(self, record: Record) -> None:
         self._lines.write(record.to_json())

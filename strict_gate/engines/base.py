@@ -153,7 +153,7 @@ def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
     return resolved
 
 
-def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int], max_tokens: int) -> str:
+def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int]) -> str:
     """'stop' when the sequence ends on an EOS, else 'length' (as vLLM reports it)."""
     if token_ids and token_ids[-1] in eos_ids:
         return "stop"

@@ -29,7 +29,6 @@ from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtr
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, parse_record, sort_topk
 
 PROTOCOL = "strict-gate/engine@1"
-CAPABILITIES = ("generate", "score")
 QUOTE_CHARS = 200  # how much of a bad line an error quotes
 STDERR_TAIL_LINES = 20
 MAX_BANNER_LINES = 1000  # non-JSON stdout lines tolerated before the hello (library banners)

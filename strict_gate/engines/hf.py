@@ -205,7 +205,7 @@ class HFEngine(Engine):
                 id=p.id,
                 prompt_token_ids=p.token_ids,
                 token_ids=tuple(toks),
-                finish_reason=greedy_finish_reason(toks, eos, sampling.max_tokens),
+                finish_reason=greedy_finish_reason(toks, eos),
                 top_logprobs=tuple(top),
                 timing=Timing(ttft_s=ttft, total_s=total if len(prompts) == 1 else None),
             )

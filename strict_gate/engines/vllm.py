@@ -331,6 +331,9 @@ class VLLMEngine(Engine):
         options = asdict(self.options) | {"resolved_model": self.model_path}
         if self._effective:
             options["effective"] = dict(self._effective)
+        if self.start_s is not None:  # load time is part of what a reviewer of the oracle wants to see
+            options["start_s"] = round(self.start_s, 2)
+            options["warmup_s"] = None if self.warmup_s is None else round(self.warmup_s, 2)
         return EngineInfo(
             kind=self.kind,
             model=self.options.model,
