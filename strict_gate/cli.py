@@ -184,28 +184,14 @@ def compare(
     policy: Annotated[str, typer.Option("--policy")] = "auto",
     band: Annotated[float, typer.Option("--band")] = 0.5,
     out: Annotated[Optional[Path], typer.Option("--out", help="write reports to this directory")] = None,
+    prompts: Annotated[
+        Optional[Path], typer.Option("--prompts", "-p", help="the prompt set both runs were made from (expected ids)")
+    ] = None,
 ) -> None:
     """Compare two stored runs: no engine, no torch."""
-    from strict_gate.gate import judge
-    from strict_gate.records import load_run
-    from strict_gate.report import write_reports
+    from strict_gate.gate import compare_run_dirs
 
-    problems: list[str] = []
-    ref = load_run(reference_run, allow_incomplete=True)
-    cand = load_run(candidate_run, allow_incomplete=True)
-    for field, a, b in (
-        ("prompt set sha256", ref.manifest.prompt_set.get("sha256"), cand.manifest.prompt_set.get("sha256")),
-        ("max_tokens", ref.manifest.sampling.max_tokens, cand.manifest.sampling.max_tokens),
-    ):
-        if a != b:
-            problems.append(f"the runs differ in {field}: reference {a!r}, candidate {b!r}")
-    ps_info = dict(ref.manifest.prompt_set)
-    result = judge(
-        f"{reference_run.name}-vs-{candidate_run.name}", ps_info, ref.manifest.sampling, ref, cand,
-        prompt_ids=None, policy=policy, band=band, problems=problems,
-    )
-    if out is not None:
-        write_reports(result, out)
+    result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=band, prompts=prompts, out=out)
     _finish(result, out)
 
 

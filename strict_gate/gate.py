@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from strict_gate.compare import compare_runs
+from strict_gate.audit import check_comparable
+from strict_gate.compare import DEFAULT_BAND, compare_runs
 from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
-from strict_gate.errors import EngineError, IncompleteRunError
+from strict_gate.errors import EngineError, IncompleteRunError, InputError
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
 from strict_gate.records import Run, Sampling, load_run, now_iso
@@ -108,6 +109,45 @@ def judge(
         notes=tuple(notes),
         rescored_by=rescored_by,
     )
+
+
+def compare_run_dirs(
+    reference: str | Path,
+    candidate: str | Path,
+    *,
+    policy: str = "auto",
+    band: float = DEFAULT_BAND,
+    prompts: str | Path | None = None,
+    out: str | Path | None = None,
+) -> GateResult:
+    """Compare two stored run directories (no engine, no torch) and optionally write reports.
+
+    Runs that are not comparable (prompt set, max_tokens, top_logprobs) are bad input (exit 2);
+    `prompts` names the prompt set whose ids are expected, so a prompt missing from both runs
+    is reported as missing rather than silently absent."""
+    ref_dir, cand_dir = Path(reference), Path(candidate)
+    ref = load_run(ref_dir, allow_incomplete=True)
+    cand = load_run(cand_dir, allow_incomplete=True)
+    check_comparable(ref, cand)
+    ps_info = dict(ref.manifest.prompt_set)
+    prompt_ids = ref.manifest.prompt_ids or cand.manifest.prompt_ids
+    if prompts is not None:
+        ps = load_prompts(prompts)
+        if ps.sha256 != ps_info.get("sha256"):
+            raise InputError(
+                f"prompt set sha256 {ps.sha256} differs from the runs' {ps_info.get('sha256')}",
+                path=str(prompts),
+            )
+        prompt_ids = ps.ids
+    result = judge(
+        f"{ref_dir.name}-vs-{cand_dir.name}", ps_info, ref.manifest.sampling, ref, cand,
+        prompt_ids=prompt_ids, policy=policy, band=band, problems=[],
+    )
+    if out is not None:
+        from strict_gate.report import write_reports
+
+        write_reports(result, Path(out))
+    return result
 
 
 def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float) -> Engine | None:

@@ -145,6 +145,12 @@ class Manifest:
     failed_prompt: str | None = None
     schema: str = RUN_SCHEMA
 
+    @property
+    def prompt_ids(self) -> list[str] | None:
+        """The prompt set's ids in order, when the writer recorded them (expected records)."""
+        ids = self.prompt_set.get("ids")
+        return list(ids) if isinstance(ids, list) else None
+
     def to_json(self) -> dict:
         out = {
             "schema": self.schema,

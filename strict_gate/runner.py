@@ -115,7 +115,9 @@ def run_arm(
         engine.log_path = log_path
     manifest = Manifest(
         engine=engine.info(),
-        prompt_set={"name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set)},
+        prompt_set={
+            "name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set), "ids": prompt_set.ids,
+        },
         sampling=sampling,
         created=now_iso(),
         runs=runs,
