@@ -40,9 +40,11 @@ def _fail_cleanly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        # SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C: runs are closed as failed and
-        # launched servers and engine processes are stopped by the engines' close().
+        # SIGTERM (a CI timeout, a kill) and SIGHUP (the terminal closed) unwind like Ctrl-C:
+        # runs are closed as failed and launched servers and engine processes are stopped by
+        # the engines' close() (engines/process.py: a signal during that cleanup cannot abort it).
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGHUP, signal.default_int_handler)
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
+from strict_gate.engines.process import signals_deferred
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
 
@@ -301,21 +302,23 @@ class VLLMEngine(Engine):
         return out
 
     def close(self) -> None:
+        """Shut the engine core (and its workers) down; a signal meanwhile waits until it is done."""
         llm, self._llm = self._llm, None
         if llm is None:
             return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
-        del llm
-        gc.collect()
-        try:
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        with signals_deferred():
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            del llm
+            gc.collect()
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-            cleanup_dist_env_and_memory()
-        except Exception:
-            pass
+                cleanup_dist_env_and_memory()
+            except Exception:
+                pass
 
     # -- protocol
     def info(self) -> EngineInfo:
