@@ -452,7 +452,8 @@ def test_server_process_dying_mid_run_names_prompt_and_exit_code(tmp_path):
         it = eng.generate(PROMPTS, Sampling(max_tokens=2, top_logprobs=1))
         assert next(it).id == "p0"
         os.killpg(eng.server_pgid, signal.SIGKILL)
-        eng._proc.wait(10)
+        while eng.servers[0].process.returncode is None:
+            time.sleep(0.05)
         with pytest.raises(EngineError, match=r"exited with code -9 on prompt 'p1'"):
             next(it)
     finally:
