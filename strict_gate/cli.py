@@ -42,15 +42,20 @@ def _fail_cleanly(fn):
     def wrapper(*args, **kwargs):
         # SIGTERM (a CI timeout, a kill) and SIGHUP (the terminal closed) unwind like Ctrl-C:
         # runs are closed as failed and launched servers and engine processes are stopped by
-        # the engines' close() (engines/process.py: a signal during that cleanup cannot abort it).
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        signal.signal(signal.SIGHUP, signal.default_int_handler)
+        # the engines' close(). Only the first signal interrupts: later ones hurry the cleanup
+        # (no grace periods) and cannot abort it half-way (engines/process.py).
+        from strict_gate.engines.process import DEFERRED_SIGNALS, interrupt_once
+
+        for sig in DEFERRED_SIGNALS:
+            signal.signal(sig, interrupt_once)
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
+            for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
+                signal.signal(sig, signal.SIG_IGN)
             err.print("interrupted: the run directories written so far are marked failed")
             raise typer.Exit(3) from None
 

@@ -10,6 +10,8 @@ No engine process may outlive the gate, whatever signal arrives when. Hence:
   SIGTERM arriving then does not abort it half-way (which would leave the group running, as
   it lives in a session of its own and never sees the terminal's signals); it cuts the grace
   periods short instead (`interrupted()`), and is re-delivered once the group is gone;
+- under the CLI (`interrupt_once`) only the first signal interrupts; later ones hurry the
+  cleanup under way instead of aborting it;
 - every group spawned here is registered until it is stopped, and an atexit handler stops
   whatever is left (an engine never closed, a spawn interrupted before its engine saw it).
 """
@@ -40,6 +42,15 @@ _deferring = False
 
 def _hold(signum: int, frame) -> None:
     _held.append(signum)
+
+
+def interrupt_once(signum: int, frame) -> None:
+    """A signal handler for the CLI: the first SIGINT/SIGTERM/SIGHUP raises KeyboardInterrupt, so
+    the gate unwinds and closes its engines; later ones raise nothing (they cannot abort that
+    unwinding half-way) and only hurry it: the cleanups skip their grace periods."""
+    for s in DEFERRED_SIGNALS:
+        signal.signal(s, _hold)
+    raise KeyboardInterrupt
 
 
 def interrupted() -> bool:
