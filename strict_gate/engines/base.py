@@ -59,6 +59,11 @@ class Engine(ABC):
         self.base_dir = Path(base_dir)
         self.log_path: str | Path | None = None  # where a writes_log engine logs; None: a temp file
 
+    @classmethod
+    def check_options(cls, options, *, where: str, line_of) -> None:
+        """Checks of parsed options that need the engine's own knowledge, run when the config is
+        read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""
+
     def set_log_path(self, path: str | Path) -> None:
         """Where the engine's process output goes (the runner passes <run dir>/engine.log)."""
         self.log_path = path
