@@ -21,17 +21,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strict_gate.engines.base import (
-    BUNDLED_PREFIX,
-    Engine,
-    PromptInput,
-    ScoredStep,
-    find_tokenizer_json,
-    resolve_model,
-)
+from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
 from strict_gate.engines.openai_client import (
     HTTPStatus,
-    OpenAIClient,
     PromptError,
     Unreachable,
     choice_of,
@@ -39,7 +31,7 @@ from strict_gate.engines.openai_client import (
     parse_prompt_logprobs,
 )
 from strict_gate.engines.openai_pool import ServerFailed, dispatch
-from strict_gate.engines.openai_server import ServerProcess, free_ports
+from strict_gate.engines.openai_server import Server, arm_servers
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing
 
@@ -69,24 +61,6 @@ class OpenAIOptions:
     stop_timeout_s: float = 30.0  # SIGTERM grace period before SIGKILL
 
 
-class _Server:
-    """One server of the arm: its client, its process when launched, the prompts it answered."""
-
-    def __init__(self, index: int, base_url: str, client: OpenAIClient, process: ServerProcess | None,
-                 health_url: str | None):
-        self.index = index
-        self.base_url = base_url
-        self.client = client
-        self.process = process
-        self.health_url = health_url
-        self.served: list[str] = []
-        self.failed = False
-
-    @property
-    def name(self) -> str:
-        return f"server {self.index} ({self.base_url})"
-
-
 class OpenAIEngine(Engine):
     kind = "openai"
     Options = OpenAIOptions
@@ -96,15 +70,10 @@ class OpenAIEngine(Engine):
 
     def __init__(self, options: OpenAIOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
-        urls = options.base_url if isinstance(options.base_url, list) else None
-        self._check(options, urls)
         if not options.prompt_logprobs:
             self.can_score = False
-        n = len(urls) if urls else options.servers
-        templates = [*(urls or [options.base_url or ""]), options.health_url or "", *(options.serve or [])]
-        ports = free_ports(n) if any("{port}" in t for t in templates) else [None] * n
-        self.port = ports[0]
-        self.servers = [self._server(i, port, urls[i] if urls else options.base_url) for i, port in enumerate(ports)]
+        self.servers = arm_servers(options, self.env, self.base_dir)
+        self.port = self.servers[0].port
         self.base_url = self.servers[0].base_url
         self._model: str | None = options.model
         self._versions: dict | None = None
@@ -114,53 +83,6 @@ class OpenAIEngine(Engine):
         self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
 
     # ---------------------------------------------------------------- configuration
-    @staticmethod
-    def _check(options: OpenAIOptions, urls: list[str] | None) -> None:
-        if not options.base_url and not options.serve:
-            raise ConfigError("openai: set base_url (a running server) or serve (a command that launches one)")
-        if options.serve is not None and (not options.serve or not all(isinstance(a, str) for a in options.serve)):
-            raise ConfigError("openai: serve must be a non-empty list of strings (argv, no shell)")
-        if options.servers < 1 or (options.servers > 1 and not options.serve):
-            raise ConfigError("openai: servers = N (>= 1) is the number of copies of serve to launch; "
-                              "for several running servers give base_url as a list")
-        if urls is not None and (options.serve or not urls):
-            raise ConfigError("openai: base_url as a list names running servers (connect mode): "
-                              "give it without serve, with at least one URL; to launch several use servers = N")
-        if options.servers > 1 and not any("{port}" in a for a in options.serve):
-            raise ConfigError("openai: with servers > 1 put {port} in serve, so each copy listens on its own port")
-        if options.retries < 0 or options.retries > 10:
-            raise ConfigError("openai: retries must be between 0 and 10")
-        for name in ("startup_timeout_s", "request_timeout_s", "stop_timeout_s"):
-            if getattr(options, name) <= 0:
-                raise ConfigError(f"openai: {name} must be > 0")
-
-    def _server(self, i: int, port: int | None, base_template: str | None) -> _Server:
-        def sub(s: str) -> str:
-            s = s.replace("{server}", str(i))
-            return s.replace("{port}", str(port)) if port is not None else s
-
-        o = self.options
-        if base_template:
-            base = sub(base_template).rstrip("/")
-        elif port is not None:
-            base = f"http://127.0.0.1:{port}"
-        else:
-            raise ConfigError(
-                "openai: with serve and no base_url, put {port} in the serve command "
-                "(e.g. \"--port\", \"{port}\") so the engine knows where the server listens"
-            )
-        base = base.removesuffix("/v1")
-        if not base.startswith(("http://", "https://")):
-            raise ConfigError(f"openai: base_url {base_template!r} must start with http:// or https://")
-        process = None
-        if o.serve:
-            argv = [resolve_model(a, self.base_dir) if a.startswith(BUNDLED_PREFIX) else a for a in map(sub, o.serve)]
-            env = {k: sub(str(v)) for k, v in self.env.items()}
-            process = ServerProcess(argv, env, str(self.base_dir), o.stop_timeout_s)
-        client = OpenAIClient(base, o.api_key_env, o.request_timeout_s, o.retries,
-                              alive=process.check_alive if process else None)
-        return _Server(i, base, client, process, sub(o.health_url) if o.health_url else None)
-
     def _resolve_tokenizer(self, spec: str) -> str:
         path = find_tokenizer_json(spec, self.base_dir)
         if path is None:
@@ -170,7 +92,7 @@ class OpenAIEngine(Engine):
             )
         return str(path)
 
-    def _log_for(self, s: _Server) -> str | Path | None:
+    def _log_for(self, s: Server) -> str | Path | None:
         """The run's engine.log for one server; engine-0.log, engine-1.log... for several."""
         if self.log_path is None or len(self.servers) == 1:
             return self.log_path
@@ -203,7 +125,7 @@ class OpenAIEngine(Engine):
         self.startup_s = max(launched) if launched else None
         self._started = True
 
-    def _connect(self, s: _Server) -> None:
+    def _connect(self, s: Server) -> None:
         try:
             s.client.call("GET", "/v1/models")
         except Unreachable as e:
@@ -245,7 +167,7 @@ class OpenAIEngine(Engine):
         return self.servers[0].process.pgid if self.servers[0].process is not None else None
 
     # ---------------------------------------------------------------- metadata
-    def _resolve_model(self, s: _Server | None = None) -> str:
+    def _resolve_model(self, s: Server | None = None) -> str:
         if self.options.model is not None:
             return self.options.model
         if s is None:
@@ -262,7 +184,7 @@ class OpenAIEngine(Engine):
         return str(data[0]["id"])
 
     @staticmethod
-    def _fetch_versions(s: _Server) -> dict:
+    def _fetch_versions(s: Server) -> dict:
         try:
             v = s.client.call("GET", "/version", timeout=10.0, retries=0)
         except (HTTPStatus, Unreachable):
@@ -355,17 +277,17 @@ class OpenAIEngine(Engine):
             self.close()
             raise
 
-    def _label(self, s: _Server) -> str:
+    def _label(self, s: Server) -> str:
         return "the server" if len(self.servers) == 1 else s.name
 
-    def _died(self, s: _Server, what: str) -> ServerFailed:
+    def _died(self, s: Server, what: str) -> ServerFailed:
         s.failed = True
         code = s.process.returncode if s.process is not None else None
         if code is not None:
             return ServerFailed(f"openai: {self._label(s)} exited with code {code} {what}{s.process.log_tail()}")
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 
-    def _generate_one(self, s: _Server, p: PromptInput, sampling: Sampling) -> Record:
+    def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling) -> Record:
         body = {
             **self._extra(),
             "model": self._resolve_model(),

@@ -1,7 +1,9 @@
-"""Process half of the openai engine: a server launched from a `serve` command.
+"""The servers of an openai arm: where each listens, and the process of a launched one.
 
-The command runs without a shell, in its own process group (engines/process.py, shared with
-the command engine), its output appended to a log file; it is polled until healthy and
+`arm_servers` reads the arm's shape: one `base_url`, a list of them, or `servers = N` copies
+of `serve`, each with its own `{port}` and its index as `{server}`. A launched server
+(`ServerProcess`) runs without a shell in its own process group (engines/process.py, shared
+with the command engine), its output appended to a log file; it is polled until healthy and
 stopped as a group (vLLM's engine-core and workers too): SIGTERM, `stop_timeout_s`, SIGKILL.
 """
 
@@ -14,9 +16,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from strict_gate.engines.base import BUNDLED_PREFIX, resolve_model
 from strict_gate.engines.openai_client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
 from strict_gate.engines.process import close_log, open_log, spawn, stop_group
-from strict_gate.errors import EngineError
+from strict_gate.errors import ConfigError, EngineError
 
 LOG_TAIL_LINES = 40
 KILL_WAIT_S = 10.0  # after SIGKILL: time for the server's group to be gone (workers freeing the GPU)
@@ -135,3 +138,79 @@ class ServerProcess:
         finally:
             close_log(self._log_file)
             self._log_file = None
+
+
+class Server:
+    """One server of the arm: its client, its process when launched, the prompts it answered."""
+
+    def __init__(self, index: int, base_url: str, port: int | None, client: OpenAIClient,
+                 process: ServerProcess | None, health_url: str | None):
+        self.index = index
+        self.base_url = base_url
+        self.port = port
+        self.client = client
+        self.process = process
+        self.health_url = health_url
+        self.served: list[str] = []
+        self.failed = False
+
+    @property
+    def name(self) -> str:
+        return f"server {self.index} ({self.base_url})"
+
+
+def _check_shape(o) -> None:
+    urls = o.base_url if isinstance(o.base_url, list) else None
+    if not o.base_url and not o.serve:
+        raise ConfigError("openai: set base_url (a running server) or serve (a command that launches one)")
+    if o.serve is not None and (not o.serve or not all(isinstance(a, str) for a in o.serve)):
+        raise ConfigError("openai: serve must be a non-empty list of strings (argv, no shell)")
+    if o.servers < 1 or (o.servers > 1 and not o.serve):
+        raise ConfigError("openai: servers = N (>= 1) is the number of copies of serve to launch; "
+                          "for several running servers give base_url as a list")
+    if urls is not None and (o.serve or not urls):
+        raise ConfigError("openai: base_url as a list names running servers (connect mode): "
+                          "give it without serve, with at least one URL; to launch several use servers = N")
+    if o.servers > 1 and not any("{port}" in a for a in o.serve):
+        raise ConfigError("openai: with servers > 1 put {port} in serve, so each copy listens on its own port")
+    if o.retries < 0 or o.retries > 10:
+        raise ConfigError("openai: retries must be between 0 and 10")
+    for name in ("startup_timeout_s", "request_timeout_s", "stop_timeout_s"):
+        if getattr(o, name) <= 0:
+            raise ConfigError(f"openai: {name} must be > 0")
+
+
+def arm_servers(o, env: Mapping[str, str], base_dir: Path) -> list[Server]:
+    """The servers named by an arm's OpenAIOptions `o` (nothing launched yet); ConfigError for a
+    shape that cannot work."""
+    _check_shape(o)
+    urls = o.base_url if isinstance(o.base_url, list) else [o.base_url] * o.servers
+    templates = [*(u or "" for u in urls), o.health_url or "", *(o.serve or [])]
+    ports = free_ports(len(urls)) if any("{port}" in t for t in templates) else [None] * len(urls)
+    return [_server(o, env, base_dir, i, port, url) for i, (port, url) in enumerate(zip(ports, urls))]
+
+
+def _server(o, env: Mapping[str, str], base_dir: Path, i: int, port: int | None, base_template: str | None) -> Server:
+    def sub(s: str) -> str:
+        s = s.replace("{server}", str(i))
+        return s.replace("{port}", str(port)) if port is not None else s
+
+    if base_template:
+        base = sub(base_template).rstrip("/")
+    elif port is not None:
+        base = f"http://127.0.0.1:{port}"
+    else:
+        raise ConfigError(
+            "openai: with serve and no base_url, put {port} in the serve command "
+            "(e.g. \"--port\", \"{port}\") so the engine knows where the server listens"
+        )
+    base = base.removesuffix("/v1")
+    if not base.startswith(("http://", "https://")):
+        raise ConfigError(f"openai: base_url {base_template!r} must start with http:// or https://")
+    process = None
+    if o.serve:
+        argv = [resolve_model(a, base_dir) if a.startswith(BUNDLED_PREFIX) else a for a in map(sub, o.serve)]
+        process = ServerProcess(argv, {k: sub(str(v)) for k, v in env.items()}, str(base_dir), o.stop_timeout_s)
+    client = OpenAIClient(base, o.api_key_env, o.request_timeout_s, o.retries,
+                          alive=process.check_alive if process else None)
+    return Server(i, base, port, client, process, sub(o.health_url) if o.health_url else None)
