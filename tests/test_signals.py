@@ -154,6 +154,21 @@ def test_engine_ignoring_sigterm_is_killed(tmp_path):
     _assert_gone(_pids(tmp_path / "cand.pid"), out)
 
 
+def test_an_engine_never_closed_is_stopped_at_exit(tmp_path):
+    """The atexit net: a script that starts an engine and exits without close() leaves nothing."""
+    code = (
+        "import sys\n"
+        "from strict_gate.engines.command import CommandEngine, CommandOptions\n"
+        f"eng = CommandEngine(CommandOptions(command=[sys.executable, {str(FAKE)!r}, '--ignore-term', '--shutdown-delay', '120', "
+        f"'--pidfile', {str(tmp_path / 'cand.pid')!r}]))\n"
+        "eng.start()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    _assert_gone(_pids(tmp_path / "cand.pid"), out.stderr)
+
+
 def _serve_arm(tmp_path: Path, *flags: str, stop_timeout_s: float = 30) -> str:
     argv = [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--spawn-child",
             "--pidfile", str(tmp_path / "cand.pid"), "--events", str(tmp_path / "cand.events"), *flags]
