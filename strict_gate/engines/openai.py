@@ -203,16 +203,19 @@ class OpenAIEngine(Engine):
             return [self._redact(v) for v in obj]
         return obj
 
+    def _describe(self, s: Server) -> dict:
+        if s.process is None:
+            return {"base_url": s.base_url}
+        log = s.process.log_path or self._log_for(s)
+        return {"base_url": s.base_url, "serve": s.process.argv, "log": None if log is None else str(log)}
+
     def info(self) -> EngineInfo:
         opts = asdict(self.options)
         opts["resolved_base_url"] = self.base_url
         if self.servers[0].process is not None:
             opts["resolved_serve"] = list(self.servers[0].process.argv)
         if len(self.servers) > 1:
-            opts["resolved_servers"] = [
-                {"base_url": s.base_url, **({"serve": s.process.argv, "log": str(self._log_for(s))} if s.process else {})}
-                for s in self.servers
-            ]
+            opts["resolved_servers"] = [self._describe(s) for s in self.servers]
         opts["served_model"] = self._model
         versions = dict(self._versions or {})
         versions.setdefault("client", "strict-gate openai (urllib)")
