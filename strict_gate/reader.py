@@ -19,7 +19,20 @@ import numpy as np
 
 from strict_gate.audit import StepTable, audit_manifest, audit_records, vocab_size
 from strict_gate.errors import IncompleteRunError, InputError
-from strict_gate.records import MANIFEST, PARTIAL, RECORDS, RUN_SCHEMA, EngineInfo, Manifest, Record, Run, Sampling, Timing, TopSteps
+from strict_gate.records import (
+    MANIFEST,
+    PARTIAL,
+    RECORDS,
+    RUN_SCHEMA,
+    EngineInfo,
+    Manifest,
+    Record,
+    Run,
+    Sampling,
+    Timing,
+    TopSteps,
+    sort_topk,
+)
 
 FAST_PATH_BYTES = 8 << 20  # below this, msgspec line by line is faster than starting pyarrow
 
@@ -231,11 +244,15 @@ def _build(cols: _Columns, spath: str, line_of, *, max_tokens: int | None, vocab
 
 
 def parse_record(obj: object, where: str, line: int | None, *, max_tokens: int | None = None) -> Record:
-    """One record given as a decoded JSON object (an engine's reply), audited like a file's."""
+    """One record given as a decoded JSON object (an engine's reply), audited like a file's.
+    The engine protocol lets an engine list a step's pairs in any order: they are sorted
+    here, and every other rule applies as written."""
     try:
         raw = msgspec.convert(obj, _Record)
     except msgspec.ValidationError as e:
         raise InputError(f"invalid record: {e}", path=where, line=line) from None
+    if raw.top_logprobs is not None:
+        raw.top_logprobs = [list(sort_topk(step)) for step in raw.top_logprobs]
     cols = _columns([(raw, line)], where)
     return _build(cols, where, lambda _i: line, max_tokens=max_tokens, vocab_size=None)[raw.id]
 
