@@ -211,7 +211,7 @@ def diagnose(
     from strict_gate.config import load_gate_config
     from strict_gate.errors import InputError
     from strict_gate.gate import judge
-    from strict_gate.records import load_run
+    from strict_gate.reader import load_run
     from strict_gate.report import write_reports
     import json
 

@@ -7,14 +7,49 @@ say the two tokens are within the band; missing logprobs never make a near-tie.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
+from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
 from strict_gate.records import Record, TopK
 
-STATUSES = ("match", "near_tie", "divergent", "length_mismatch", "tokenization_mismatch", "missing", "error")
+
+class Status(StrEnum):
+    """A prompt's outcome; the value is how reports spell it."""
+
+    MATCH = "match"
+    NEAR_TIE = "near_tie"
+    DIVERGENT = "divergent"
+    LENGTH_MISMATCH = "length_mismatch"
+    TOKENIZATION_MISMATCH = "tokenization_mismatch"
+    NOT_GREEDY = "not_greedy"
+    MISSING = "missing"
+    ERROR = "error"
+
+
+STATUSES = tuple(Status)
+UNCOMPARED = (Status.MISSING, Status.ERROR)
 DEFAULT_BAND = 0.5
+BAND_EPS = 1e-9  # a gap equal to the band up to float representation is within it
+
+
+def fmt_vs(x: float, limit: float) -> tuple[str, str]:
+    """Both numbers with just enough decimals to tell them apart ("0.50001 > band 0.5")."""
+    for digits in range(4, 18):
+        a, b = f"{x:.{digits}f}", f"{limit:.{digits}f}"
+        if a != b:
+            return a, f"{limit:g}" if float(f"{limit:g}") == limit else b
+    return repr(x), repr(limit)
+
+
+def check_band(band: float) -> float:
+    """The near-tie band must be a finite number >= 0 (nats)."""
+    if not isinstance(band, (int, float)) or isinstance(band, bool) or not math.isfinite(band) or band < 0:
+        raise ValueError(f"band must be a finite number >= 0 (nats), got {band!r}")
+    return float(band)
 
 
 @dataclass(frozen=True)
@@ -35,7 +70,7 @@ class Divergence:
 @dataclass(frozen=True)
 class PromptComparison:
     id: str
-    status: str
+    status: Status
     first_divergence: Divergence | None
     matched_positions: int  # positionwise matches over the common length
     prefix_length: int  # tokens equal before the first divergence
@@ -97,29 +132,41 @@ def _step(rec: Record, i: int) -> TopK | None:
     return rec.top_logprobs[i]
 
 
-def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple[str, Divergence]:
-    """near_tie iff both gaps exist and both are <= band; otherwise divergent, with the reason."""
+def _gap_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float) -> str | None:
+    """Why one side's gap does not make a near-tie, or None when it does (0 <= gap <= band)."""
+    if top is None:
+        return f"the {label} run has no logprobs at this step"
+    if gap is None:
+        return f"the {other} token is outside the {label}'s top-{len(top)}"
+    if not math.isfinite(gap):
+        return f"{label} gap {gap} is not a finite number"
+    if gap < 0:
+        return (f"{label} gap {gap:.6g} < 0: the {label}'s own logprobs rank the other token higher, "
+                "so its choice was not its own argmax")
+    if gap > band + BAND_EPS:
+        g, b = fmt_vs(gap, band)
+        return f"{label} gap {g} > band {b}"
+    return None
+
+
+def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple[Status, Divergence]:
+    """near_tie iff both gaps exist, are finite and lie in [0, band]; otherwise divergent, with the reason."""
     r, c = ref.token_ids[d], cand.token_ids[d]
     rtop, ctop = _step(ref, d), _step(cand, d)
     lr_r, lr_c = _lp(rtop, r), _lp(rtop, c)
     lc_c, lc_r = _lp(ctop, c), _lp(ctop, r)
     ref_gap = lr_r - lr_c if lr_r is not None and lr_c is not None else None
     cand_gap = lc_c - lc_r if lc_c is not None and lc_r is not None else None
-    reasons = []
-    if rtop is None:
-        reasons.append("the reference run has no logprobs at this step")
-    elif ref_gap is None:
-        reasons.append(f"the candidate's token is outside the reference's top-{len(rtop)}")
-    elif ref_gap > band:
-        reasons.append(f"reference gap {ref_gap:.4f} > band {band}")
-    if ctop is None:
-        reasons.append("the candidate run has no logprobs at this step")
-    elif cand_gap is None:
-        reasons.append(f"the reference's token is outside the candidate's top-{len(ctop)}")
-    elif cand_gap > band:
-        reasons.append(f"candidate gap {cand_gap:.4f} > band {band}")
-    status = "divergent" if reasons else "near_tie"
-    reason = "; ".join(reasons) if reasons else f"both gaps <= band {band}"
+    reasons = [
+        p
+        for p in (
+            _gap_problem("reference", ref_gap, rtop, "candidate's", band),
+            _gap_problem("candidate", cand_gap, ctop, "reference's", band),
+        )
+        if p is not None
+    ]
+    status = Status.DIVERGENT if reasons else Status.NEAR_TIE
+    reason = "; ".join(reasons) if reasons else f"both gaps within [0, band {band:g}]"
     div = Divergence(
         position=d,
         reference_token=r,
@@ -134,7 +181,37 @@ def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple
     return status, div
 
 
-def compare_prompt(pid: str, ref: Record | None, cand: Record | None, band: float) -> PromptComparison:
+def _not_greedy(pid: str, ref: Record, cand: Record, tolerance: float, rlen: int, clen: int) -> PromptComparison | None:
+    for label, rec in (("candidate", cand), ("reference", ref)):
+        v = greedy_violation(rec, tolerance)
+        if v is not None:
+            g, t = fmt_vs(v.gap, tolerance)
+            detail = (
+                f"the {label} chose token {v.chosen} at position {v.position}, {g} nats below its own top-1 "
+                f"{v.top1} (greedy tolerance {t}): not greedy decoding"
+            )
+            div = Divergence(
+                position=v.position,
+                reference_token=ref.token_ids[v.position] if v.position < len(ref.token_ids) else None,
+                candidate_token=cand.token_ids[v.position] if v.position < len(cand.token_ids) else None,
+                reference_gap=None,
+                candidate_gap=None,
+                reference_margin=_margin(_step(ref, v.position)),
+                reason=detail,
+                reference_top=_step(ref, v.position),
+                candidate_top=_step(cand, v.position),
+            )
+            return PromptComparison(pid, Status.NOT_GREEDY, div, 0, 0, rlen, clen, detail)
+    return None
+
+
+def compare_prompt(
+    pid: str,
+    ref: Record | None,
+    cand: Record | None,
+    band: float,
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+) -> PromptComparison:
     rlen = len(ref.token_ids) if ref is not None and ref.error is None else 0
     clen = len(cand.token_ids) if cand is not None and cand.error is None else 0
 
@@ -145,25 +222,29 @@ def compare_prompt(pid: str, ref: Record | None, cand: Record | None, band: floa
         side = "reference" if ref is None else "candidate"
         if ref is None and cand is None:
             side = "both runs"
-        return bare("missing", f"no record in the {side}")
+        return bare(Status.MISSING, f"no record in the {side}")
     if ref.error is not None or cand.error is not None:
         side, err = ("reference", ref.error) if ref.error is not None else ("candidate", cand.error)
-        return bare("error", f"{side} failed: {err}")
+        return bare(Status.ERROR, f"{side} failed: {err}")
     if ref.prompt_token_ids != cand.prompt_token_ids:
         a, b = ref.prompt_token_ids, cand.prompt_token_ids
         k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return bare(
-            "tokenization_mismatch",
+            Status.TOKENIZATION_MISMATCH,
             f"prompt token ids differ at index {k} (reference {len(a)} ids, candidate {len(b)} ids; "
             f"reference {list(a[k:k + 3])} vs candidate {list(b[k:k + 3])})",
         )
+    bad = _not_greedy(pid, ref, cand, greedy_tolerance, rlen, clen)
     R, C = ref.token_ids, cand.token_ids
     common = min(len(R), len(C))
     matched = sum(1 for i in range(common) if R[i] == C[i])
+    if bad is not None:
+        prefix = next((i for i in range(common) if R[i] != C[i]), common)
+        return replace(bad, matched_positions=matched, prefix_length=prefix)
     d = next((i for i in range(common) if R[i] != C[i]), None)
     if d is None:
         if len(R) == len(C):
-            return PromptComparison(pid, "match", None, matched, common, rlen, clen)
+            return PromptComparison(pid, Status.MATCH, None, matched, common, rlen, clen)
         shorter = "candidate" if len(C) < len(R) else "reference"
         div = Divergence(
             position=common,
@@ -177,7 +258,7 @@ def compare_prompt(pid: str, ref: Record | None, cand: Record | None, band: floa
             reference_top=_step(ref, common),
             candidate_top=_step(cand, common),
         )
-        return PromptComparison(pid, "length_mismatch", div, matched, common, rlen, clen)
+        return PromptComparison(pid, Status.LENGTH_MISMATCH, div, matched, common, rlen, clen)
     status, div = classify_divergence(ref, cand, d, band)
     return PromptComparison(pid, status, div, matched, d, rlen, clen)
 
@@ -187,11 +268,11 @@ def summarize(prompts: Iterable[PromptComparison]) -> Summary:
     counts = Counter(p.status for p in prompts)
     return Summary(
         prompts_total=len(prompts),
-        prompts_exact=counts.get("match", 0),
+        prompts_exact=counts.get(Status.MATCH, 0),
         positions_total=sum(p.positions for p in prompts),
         positions_matched=sum(p.matched_positions for p in prompts),
         prefix_positions=sum(p.prefix_length for p in prompts),
-        counts={s: counts.get(s, 0) for s in STATUSES},
+        counts={str(s): counts.get(s, 0) for s in STATUSES},
     )
 
 
@@ -201,12 +282,16 @@ def compare_runs(
     *,
     band: float = DEFAULT_BAND,
     prompt_ids: list[str] | None = None,
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
 ) -> Comparison:
     """Compare two runs' records by prompt id. prompt_ids fixes the order and the expected set;
     without it, every id seen in either run is expected (reference order first)."""
-    if band < 0:
-        raise ValueError("band must be >= 0")
+    band = check_band(band)
+    if not math.isfinite(greedy_tolerance) or greedy_tolerance < 0:
+        raise ValueError(f"greedy_tolerance must be a finite number >= 0, got {greedy_tolerance!r}")
     if prompt_ids is None:
         prompt_ids = list(reference) + [i for i in candidate if i not in reference]
-    prompts = tuple(compare_prompt(i, reference.get(i), candidate.get(i), band) for i in prompt_ids)
+    prompts = tuple(
+        compare_prompt(i, reference.get(i), candidate.get(i), band, greedy_tolerance) for i in prompt_ids
+    )
     return Comparison(band=band, prompts=prompts, summary=summarize(prompts))

@@ -6,20 +6,22 @@ are checked against the engine's own Options before any model is loaded.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strict_gate.compare import DEFAULT_BAND
+from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE
+from strict_gate.compare import DEFAULT_BAND, check_band
 from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.options import did_you_mean, parse_options
 from strict_gate.policy import check_policy
 
 GATE_KEYS = {
-    "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "output_dir",
+    "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "greedy_tolerance", "output_dir",
     "diagnose", "reference", "candidate", "rescorer",
 }
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
@@ -53,6 +55,7 @@ class GateConfig:
     reference: ArmConfig
     candidate: ArmConfig | None
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
 
 
 class _Lines:
@@ -152,8 +155,17 @@ def parse_gate_config(
             path=path,
             line=lines.find("top_logprobs"),
         )
-    if band < 0:
-        raise ConfigError("band must be >= 0 (nats)", path=path, line=lines.find("band"))
+    try:
+        check_band(band)
+    except ValueError as e:
+        raise ConfigError(str(e), path=path, line=lines.find("band")) from None
+    greedy_tolerance = float(_get(data, "greedy_tolerance", (int, float), DEFAULT_GREEDY_TOLERANCE, lines))
+    if not math.isfinite(greedy_tolerance) or greedy_tolerance < 0:
+        raise ConfigError(
+            f"greedy_tolerance must be a finite number >= 0 (nats), got {greedy_tolerance!r}",
+            path=path,
+            line=lines.find("greedy_tolerance"),
+        )
     policy = _get(data, "policy", str, "auto", lines)
     try:
         check_policy(policy)
@@ -168,6 +180,7 @@ def parse_gate_config(
         top_logprobs=top_logprobs,
         policy=policy,
         band=band,
+        greedy_tolerance=greedy_tolerance,
         output_dir=Path(_get(data, "output_dir", str, "reports", lines)),
         diagnose=_get(data, "diagnose", bool, True, lines),
         reference=_arm("reference", data["reference"], lines, base_dir),

@@ -14,14 +14,16 @@ from datetime import datetime
 from pathlib import Path
 
 from strict_gate.audit import check_comparable
-from strict_gate.compare import DEFAULT_BAND, compare_runs
+from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE
+from strict_gate.compare import DEFAULT_BAND, check_band, compare_runs
 from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
-from strict_gate.errors import EngineError, IncompleteRunError, InputError
+from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
-from strict_gate.records import Run, Sampling, load_run, now_iso
+from strict_gate.reader import load_run
+from strict_gate.records import Run, Sampling, now_iso
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
 
@@ -43,6 +45,14 @@ def new_report_dir(output_dir: Path, name: str) -> Path:
         path = Path(f"{base}-{n}")
     path.mkdir(parents=True)
     return path
+
+
+def valid_band(band: float) -> float:
+    """A band given on the command line or by a caller: finite and >= 0, else bad input."""
+    try:
+        return check_band(band)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
@@ -70,13 +80,17 @@ def judge(
     rescorer: Engine | None = None,
     config: dict | None = None,
     diagnose_wanted: bool = False,
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
 ) -> GateResult:
     """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
     check_policy(policy)
+    band = valid_band(band)
     for label, run in (("reference", ref), ("candidate", cand)):
         if not run.complete and not any(p.startswith(label) for p in problems):
             problems.append(f"{label} run is {run.manifest.status}: {run.manifest.error or 'not finished'}")
-    comparison = compare_runs(ref.records, cand.records, band=band, prompt_ids=prompt_ids)
+    comparison = compare_runs(
+        ref.records, cand.records, band=band, prompt_ids=prompt_ids, greedy_tolerance=greedy_tolerance
+    )
     verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
     diagnoses = {}
     notes: list[str] = []
@@ -126,6 +140,7 @@ def compare_run_dirs(
     `prompts` names the prompt set whose ids are expected, so a prompt missing from both runs
     is reported as missing rather than silently absent."""
     ref_dir, cand_dir = Path(reference), Path(candidate)
+    band = valid_band(band)
     ref = load_run(ref_dir, allow_incomplete=True)
     cand = load_run(cand_dir, allow_incomplete=True)
     check_comparable(ref, cand)
@@ -159,7 +174,9 @@ def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, b
         return reference
     if cfg.rescorer is None:
         return None
-    diverged = compare_runs(ref_run.records, cand_run.records, band=band).summary.counts
+    diverged = compare_runs(
+        ref_run.records, cand_run.records, band=band, greedy_tolerance=cfg.greedy_tolerance
+    ).summary.counts
     if not (diverged.get("divergent") or diverged.get("near_tie")):
         return None
     return cfg.rescorer.build()
@@ -202,7 +219,7 @@ def run_gate(
     ps = load_prompts(cfg.prompts)
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     policy = check_policy(policy or cfg.policy)
-    band = cfg.band if band is None else band
+    band = cfg.band if band is None else valid_band(band)
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
@@ -225,7 +242,7 @@ def run_gate(
             result = judge(
                 cfg.name, ps_info, sampling, ref_run, cand_run,
                 prompt_ids=ps.ids, policy=policy, band=band, problems=problems, rescorer=rescorer,
-                diagnose_wanted=cfg.diagnose,
+                diagnose_wanted=cfg.diagnose, greedy_tolerance=cfg.greedy_tolerance,
                 config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
             )
         finally:

@@ -10,27 +10,41 @@ auto            strict where the reference's samples agree (or none were capture
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from strict_gate.compare import Comparison
+from strict_gate.compare import UNCOMPARED, Comparison, Status
 from strict_gate.errors import ConfigError
 from strict_gate.records import Record
 
-POLICIES = ("strict", "near-tie", "distributional", "auto")
-UNCOMPARED = ("missing", "error")
+
+class Policy(StrEnum):
+    STRICT = "strict"
+    NEAR_TIE = "near-tie"
+    DISTRIBUTIONAL = "distributional"
+    AUTO = "auto"
+
+
+class VerdictKind(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCOMPLETE = "incomplete"
+
+
+POLICIES = tuple(p.value for p in Policy)
 
 
 @dataclass(frozen=True)
 class PromptVerdict:
     id: str
     passed: bool
-    rule: str  # the rule applied to this prompt: strict | near-tie | distributional
+    rule: Policy  # the rule applied to this prompt: strict | near-tie | distributional
     reason: str
 
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str  # pass | fail | incomplete
-    policy: str
+    verdict: VerdictKind
+    policy: Policy
     band: float
     prompts: tuple[PromptVerdict, ...]
     reasons: tuple[str, ...]  # why it passed or failed, in words, most important first
@@ -38,13 +52,13 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        return {"pass": 0, "fail": 1}.get(self.verdict, 3)
+        return {VerdictKind.PASS: 0, VerdictKind.FAIL: 1}.get(self.verdict, 3)
 
 
-def check_policy(policy: str) -> str:
+def check_policy(policy: str) -> Policy:
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
-    return policy
+    return Policy(policy)
 
 
 def _samples_agree(rec: Record | None) -> bool | None:
@@ -64,8 +78,8 @@ def apply_policy(
 ) -> Verdict:
     """Judge a comparison. run_problems (an arm that failed or stopped early) force incomplete:
     a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge."""
-    check_policy(policy)
-    if policy == "distributional":
+    policy = check_policy(policy)
+    if policy == Policy.DISTRIBUTIONAL:
         lacking = [p.id for p in comparison.prompts if reference.get(p.id) is not None and reference[p.id].samples is None]
         if lacking:
             raise ConfigError(
@@ -78,18 +92,21 @@ def apply_policy(
     unsampled = 0
     for pc in comparison.prompts:
         rule = policy
-        if policy == "auto":
+        if policy == Policy.AUTO:
             agree = _samples_agree(reference.get(pc.id))
             if agree is None:
                 unsampled += 1
-            rule = "distributional" if agree is False else "strict"
+            rule = Policy.DISTRIBUTIONAL if agree is False else Policy.STRICT
         if pc.status in UNCOMPARED:
             verdicts.append(PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}"))
             continue
-        if pc.status == "tokenization_mismatch":
+        if pc.status == Status.TOKENIZATION_MISMATCH:
             verdicts.append(PromptVerdict(pc.id, False, rule, f"tokenization mismatch: {pc.detail}"))
             continue
-        if rule == "distributional":
+        if pc.status == Status.NOT_GREEDY:  # fails every policy: the arm did not decode greedily
+            verdicts.append(PromptVerdict(pc.id, False, rule, f"not greedy: {pc.detail}"))
+            continue
+        if rule == Policy.DISTRIBUTIONAL:
             rec, cand = reference[pc.id], candidate[pc.id]
             hit = next((k for k, s in enumerate(rec.samples or ()) if s == cand.token_ids), None)
             if hit is None:
@@ -99,9 +116,9 @@ def apply_policy(
             else:
                 verdicts.append(PromptVerdict(pc.id, True, rule, f"equals reference sample {hit}"))
             continue
-        if pc.status == "match":
+        if pc.status == Status.MATCH:
             verdicts.append(PromptVerdict(pc.id, True, rule, "exact match"))
-        elif pc.status == "near_tie" and rule == "near-tie":
+        elif pc.status == Status.NEAR_TIE and rule == Policy.NEAR_TIE:
             d = pc.first_divergence
             verdicts.append(
                 PromptVerdict(pc.id, True, rule, f"near-tie at position {d.position}: {d.reason}")
@@ -110,16 +127,16 @@ def apply_policy(
             d = pc.first_divergence
             where = f" at position {d.position}" if d else ""
             why = f": {d.reason}" if d else ""
-            extra = " (a near-tie fails under strict)" if pc.status == "near_tie" else ""
+            extra = " (a near-tie fails under strict)" if pc.status == Status.NEAR_TIE else ""
             verdicts.append(PromptVerdict(pc.id, False, rule, f"{pc.status}{where}{why}{extra}"))
-    if policy == "auto":
+    if policy == Policy.AUTO:
         if unsampled == len(comparison.prompts) and comparison.prompts:
             notes.append(
                 "auto: the reference has no repeated samples, so its determinism is unmeasured; strict applied"
             )
         elif unsampled:
             notes.append(f"auto: {unsampled} prompt(s) without reference samples were judged strictly")
-        nd = sum(1 for v in verdicts if v.rule == "distributional")
+        nd = sum(1 for v in verdicts if v.rule == Policy.DISTRIBUTIONAL)
         if nd:
             notes.append(f"auto: {nd} prompt(s) where the reference disagrees with itself were judged distributionally")
 
@@ -129,26 +146,29 @@ def apply_policy(
     failing = [v for v in failed if v.id not in {pc.id for pc in uncompared}]
     reasons: list[str] = []
     if run_problems:
-        verdict = "incomplete"
+        verdict = VerdictKind.INCOMPLETE
         reasons += list(run_problems)
         reasons.append(f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared")
         reasons += [f"{v.id}: {v.reason}" for v in failing[:20]]
     elif failing:
-        verdict = "fail"
-        reasons.append(f"{len(failing)} of {s.prompts_total} prompt(s) fail policy {policy!r}")
+        verdict = VerdictKind.FAIL
+        reasons.append(f"{len(failing)} of {s.prompts_total} prompt(s) fail policy {policy.value!r}")
         reasons += [f"{v.id}: {v.reason}" for v in failing[:20]]
         if len(failing) > 20:
             reasons.append(f"... and {len(failing) - 20} more")
     elif s.prompts_total == 0:
-        verdict = "incomplete"
+        verdict = VerdictKind.INCOMPLETE
         reasons.append("zero prompts were compared: an empty gate proves nothing")
     elif uncompared:
-        verdict = "incomplete"
+        verdict = VerdictKind.INCOMPLETE
         reasons.append(f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared")
         reasons += [f"{pc.id}: {pc.status}: {pc.detail}" for pc in uncompared[:20]]
+    elif s.positions_total == 0:
+        verdict = VerdictKind.INCOMPLETE
+        reasons.append("zero token positions were compared (every record is empty): an empty gate proves nothing")
     else:
-        verdict = "pass"
-        reasons.append(f"all {s.prompts_total} prompts pass policy {policy!r}")
-    if uncompared and verdict == "fail":
+        verdict = VerdictKind.PASS
+        reasons.append(f"all {s.prompts_total} prompts pass policy {policy.value!r}")
+    if uncompared and verdict == VerdictKind.FAIL:
         reasons.append(f"also {len(uncompared)} prompt(s) not compared (missing or errored)")
     return Verdict(verdict, policy, comparison.band, tuple(verdicts), tuple(reasons), tuple(notes))

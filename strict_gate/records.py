@@ -9,17 +9,16 @@ rewritten atomically at the start ("running") and at the end ("complete" or
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import jsonlines
-
-from strict_gate.errors import IncompleteRunError, InputError
+import numpy as np
 
 RUN_SCHEMA = "strict-gate/run@1"
 MANIFEST = "manifest.json"
@@ -28,6 +27,40 @@ PARTIAL = "records.jsonl.partial"
 FINISH_REASONS = ("stop", "length")
 
 TopK = tuple[tuple[int, float], ...]
+
+
+class TopSteps(Sequence[TopK]):
+    """One record's per-step top-k as a view over a run's columnar arrays.
+
+    A run read from disk keeps its top-k as padded numpy matrices (ids padded with -1,
+    logprobs with -inf, `width` real entries per row); a record's steps are rows
+    [start, stop). Reading 1,000 x 512 x 20 pairs as Python tuples is what made runs
+    slow to read, so a step becomes tuples only when someone looks at it.
+    """
+
+    __slots__ = ("ids", "lps", "width")
+
+    def __init__(self, ids: np.ndarray, lps: np.ndarray, width: np.ndarray):
+        self.ids, self.lps, self.width = ids, lps, width
+
+    def __len__(self) -> int:
+        return len(self.width)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        w = int(self.width[i])
+        return tuple(zip(self.ids[i, :w].tolist(), self.lps[i, :w].tolist()))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return NotImplemented if not isinstance(other, Sequence) else False
+        return all(a == tuple(map(tuple, b)) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TopSteps({len(self)} steps)"
 
 
 @dataclass(frozen=True)
@@ -49,7 +82,7 @@ class Record:
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
-    top_logprobs: tuple[TopK, ...] | None = None
+    top_logprobs: Sequence[TopK] | None = None  # tuples from live engines, TopSteps when read
     samples: tuple[tuple[int, ...], ...] | None = None
     error: str | None = None
     timing: Timing | None = None
@@ -263,181 +296,3 @@ class RunWriter:
             self.fail(f"{exc_type.__name__}: {exc}")
         else:
             self.finish()
-
-
-# ---------------------------------------------------------------- reading
-
-
-def _req(d: dict, key: str, types, path: str, line: int | None):
-    if key not in d:
-        raise InputError(f'missing "{key}"', path=path, line=line)
-    v = d[key]
-    if not isinstance(v, types) or isinstance(v, bool):
-        raise InputError(f'"{key}" has the wrong type ({type(v).__name__})', path=path, line=line)
-    return v
-
-
-def _int_list(v, what: str, path: str, line: int) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise InputError(f'"{what}" must be a list of integers', path=path, line=line)
-    return tuple(v)
-
-
-def parse_record(d: object, path: str, line: int | None) -> Record:
-    """Validate one records.jsonl object; errors name file and line."""
-    if not isinstance(d, dict):
-        raise InputError("each record must be a JSON object", path=path, line=line)
-    rid = _req(d, "id", str, path, line)
-    prompt_ids = _int_list(d.get("prompt_token_ids"), "prompt_token_ids", path, line)
-    error = d.get("error")
-    if error is not None and not isinstance(error, str):
-        raise InputError('"error" must be a string', path=path, line=line)
-    token_ids = _int_list(d.get("token_ids", []), "token_ids", path, line)
-    finish = d.get("finish_reason")
-    if error is None and finish not in FINISH_REASONS:
-        raise InputError(f'"finish_reason" must be one of {FINISH_REASONS}, got {finish!r}', path=path, line=line)
-    tl = d.get("top_logprobs")
-    top: tuple[TopK, ...] | None = None
-    if tl is not None:
-        if not isinstance(tl, list):
-            raise InputError('"top_logprobs" must be a list (one entry per generated step) or null', path=path, line=line)
-        if len(tl) != len(token_ids):
-            raise InputError(
-                f'"top_logprobs" has {len(tl)} steps but "token_ids" has {len(token_ids)}', path=path, line=line
-            )
-        steps = []
-        for i, step in enumerate(tl):
-            if not isinstance(step, list):
-                raise InputError(f'"top_logprobs"[{i}] must be a list of [token_id, logprob] pairs', path=path, line=line)
-            pairs = []
-            for pair in step:
-                ok = (
-                    isinstance(pair, list)
-                    and len(pair) == 2
-                    and isinstance(pair[0], int)
-                    and not isinstance(pair[0], bool)
-                    and isinstance(pair[1], (int, float))
-                    and not isinstance(pair[1], bool)
-                )
-                if not ok:
-                    raise InputError(
-                        f'"top_logprobs"[{i}] holds {pair!r}; expected [token_id, logprob]', path=path, line=line
-                    )
-                lp = float(pair[1])
-                if math.isnan(lp) or lp > 1e-6:
-                    raise InputError(f'"top_logprobs"[{i}] has an invalid logprob {pair[1]!r}', path=path, line=line)
-                pairs.append((pair[0], lp))
-            steps.append(sort_topk(pairs))
-        top = tuple(steps)
-    samples = None
-    if d.get("samples") is not None:
-        raw = d["samples"]
-        if not isinstance(raw, list) or not raw:
-            raise InputError('"samples" must be a non-empty list of token-id lists', path=path, line=line)
-        samples = tuple(_int_list(s, "samples[]", path, line) for s in raw)
-        if error is None and samples[0] != token_ids:
-            raise InputError('"samples"[0] must equal "token_ids" (the first run is the golden)', path=path, line=line)
-    timing = None
-    if isinstance(d.get("timing"), dict):
-        t = d["timing"]
-        timing = Timing(ttft_s=t.get("ttft_s"), total_s=t.get("total_s"))
-    return Record(
-        id=rid,
-        prompt_token_ids=prompt_ids,
-        token_ids=token_ids,
-        finish_reason=finish,
-        top_logprobs=top,
-        samples=samples,
-        error=error,
-        timing=timing,
-    )
-
-
-def read_records(path: Path, *, tolerate_torn_tail: bool = False) -> dict[str, Record]:
-    spath = str(path)
-    out: dict[str, Record] = {}
-    lines = path.read_text(encoding="utf-8").split("\n")
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            if tolerate_torn_tail and lineno >= len(lines) - 1:
-                break  # the writer died mid-line: the torn record is not a record
-            raise InputError(f"invalid JSON: {e.msg} (column {e.colno})", path=spath, line=lineno) from None
-        rec = parse_record(obj, spath, lineno)
-        if rec.id in out:
-            raise InputError(f"duplicate record id {rec.id!r}", path=spath, line=lineno)
-        out[rec.id] = rec
-    return out
-
-
-def read_manifest(directory: Path) -> Manifest:
-    mpath = directory / MANIFEST
-    spath = str(mpath)
-    if not directory.is_dir():
-        raise InputError("run directory not found", path=str(directory))
-    if not mpath.exists():
-        raise InputError("not a run directory: manifest.json is missing", path=str(directory))
-    try:
-        d = json.loads(mpath.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON: {e.msg}", path=spath, line=e.lineno) from None
-    if not isinstance(d, dict):
-        raise InputError("manifest must be a JSON object", path=spath)
-    if d.get("schema") != RUN_SCHEMA:
-        raise InputError(f'"schema" is {d.get("schema")!r}; this version reads {RUN_SCHEMA!r}', path=spath)
-    for key in ("engine", "prompt_set", "sampling"):
-        if not isinstance(d.get(key), dict):
-            raise InputError(f'missing or invalid "{key}"', path=spath)
-    s = d["sampling"]
-    try:
-        sampling = Sampling(int(s["max_tokens"]), int(s["top_logprobs"]), float(s.get("temperature", 0.0)))
-    except (KeyError, TypeError, ValueError):
-        raise InputError('"sampling" needs integer "max_tokens" and "top_logprobs"', path=spath) from None
-    status = d.get("status")
-    if status not in ("running", "complete", "failed"):
-        raise InputError(f'"status" must be running, complete or failed, got {status!r}', path=spath)
-    return Manifest(
-        engine=EngineInfo.from_json(d["engine"]),
-        prompt_set=d["prompt_set"],
-        sampling=sampling,
-        created=str(d.get("created", "")),
-        status=status,
-        finished=d.get("finished"),
-        records=int(d.get("records", 0)),
-        runs=int(d.get("runs", 1)),
-        determinism=d.get("determinism"),
-        error=d.get("error"),
-        failed_prompt=d.get("failed_prompt"),
-    )
-
-
-def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
-    """Read a run directory. An unfinished run is refused unless allow_incomplete."""
-    d = Path(directory)
-    manifest = read_manifest(d)
-    if manifest.status == "running":
-        if not allow_incomplete:
-            raise IncompleteRunError(
-                "run is not finished (status running: its writer stopped or is still going); "
-                "re-run the arm, it cannot be compared as complete",
-                path=str(d),
-            )
-        path = d / PARTIAL if (d / PARTIAL).exists() else d / RECORDS
-        records = read_records(path, tolerate_torn_tail=True) if path.exists() else {}
-        return Run(str(d), manifest, records)
-    if manifest.status == "failed" and not allow_incomplete:
-        raise IncompleteRunError(
-            f"run failed: {manifest.error} (on prompt {manifest.failed_prompt})", path=str(d)
-        )
-    rpath = d / RECORDS
-    if not rpath.exists():
-        raise InputError("records.jsonl is missing", path=str(d))
-    records = read_records(rpath)
-    if manifest.status == "complete" and len(records) != manifest.records:
-        raise InputError(
-            f"manifest says {manifest.records} records, records.jsonl holds {len(records)}", path=str(d)
-        )
-    return Run(str(d), manifest, records)

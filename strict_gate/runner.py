@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from strict_gate.audit import audit_record, vocab_size
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, StrictGateError
 from strict_gate.prompts import PromptSet
-from strict_gate.records import Manifest, Record, Run, RunWriter, Sampling, Timing, load_run, now_iso
+from strict_gate.reader import load_run
+from strict_gate.records import Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
 
 OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
 
@@ -129,7 +131,11 @@ def run_arm(
             engine.start()
             # Describe the engine again once started: versions and server facts are known now.
             writer.manifest = replace(writer.manifest, engine=engine.info())
+            vocab = vocab_size(writer.manifest.engine)
             for rec, seconds in _generate(engine, inputs, sampling, runs):
+                problem = None if rec.error is not None else audit_record(rec, sampling.max_tokens, vocab)
+                if problem is not None:  # the engine broke the run format: an engine failure
+                    raise EngineError(f"{engine.kind} engine broke the run format on prompt {rec.id!r}: {problem}")
                 if rec.id in pending:
                     pending.remove(rec.id)
                 current = pending[0] if pending else None

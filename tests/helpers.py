@@ -25,7 +25,7 @@ def rec(pid: str, tokens, *, prompt=(1, 2, 3), tops=None, finish=None, samples=N
         id=pid,
         prompt_token_ids=tuple(prompt),
         token_ids=tokens if error is None else (),
-        finish_reason=None if error else (finish or "length"),
+        finish_reason=None if error else (finish or "stop"),
         top_logprobs=None if tops is None else tuple(tops),
         samples=None if samples is None else tuple(tuple(s) for s in samples),
         error=error,

@@ -138,7 +138,8 @@ def test_batch_option_reaches_the_engine(tmp_path):
     """batch = 4 sends four prompts per generate() (left-padded); records stay per prompt, in order."""
     from strict_gate.engines.hf import HFEngine, HFOptions
     from strict_gate.prompts import load_prompts
-    from strict_gate.records import Sampling, load_run
+    from strict_gate.reader import load_run
+    from strict_gate.records import Sampling
     from strict_gate.runner import prompt_inputs, run_arm
 
     ps = load_prompts(SMOKE)

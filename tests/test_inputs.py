@@ -11,7 +11,8 @@ from strict_gate.cli import app
 from strict_gate.config import parse_gate_config
 from strict_gate.errors import ConfigError, IncompleteRunError, InputError
 from strict_gate.prompts import load_prompts
-from strict_gate.records import EngineInfo, Manifest, RunWriter, Sampling, load_run, now_iso
+from strict_gate.reader import load_run
+from strict_gate.records import EngineInfo, Manifest, RunWriter, Sampling, now_iso
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -95,7 +96,7 @@ def test_unfinished_run_never_reads_as_complete(tmp_path):
 
 
 def test_failed_run_keeps_done_prompts(tmp_path):
-    m = Manifest(EngineInfo("hand"), {"name": "x", "sha256": "0", "count": 3}, Sampling(4, 5), now_iso())
+    m = Manifest(EngineInfo("hand"), {"name": "x", "sha256": "0" * 64, "count": 3}, Sampling(4, 5), now_iso())
     w = RunWriter(tmp_path / "run", m)
     w.add(rec("a", [1]))
     w.fail("server died", failed_prompt="b")
@@ -107,12 +108,12 @@ def test_failed_run_keeps_done_prompts(tmp_path):
 
 BAD_RECORDS = [
     ('{"id": "a"', "invalid JSON"),
-    ('{"prompt_token_ids": [1], "token_ids": [2], "finish_reason": "length", "top_logprobs": null}', 'missing "id"'),
-    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "eos", "top_logprobs": null}', "finish_reason"),
-    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2, 3], "finish_reason": "length", "top_logprobs": [[[2, -0.1]]]}', "has 1 steps"),
-    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "length", "top_logprobs": [[[2, 0.5]]]}', "invalid logprob"),
-    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "length", "top_logprobs": [[["x", -1]]]}', "expected [token_id, logprob]"),
-    ('{"id": "a", "prompt_token_ids": "1 2", "token_ids": [2], "finish_reason": "length", "top_logprobs": null}', "list of integers"),
+    ('{"prompt_token_ids": [1], "token_ids": [2], "finish_reason": "stop", "top_logprobs": null}', "missing required field `id`"),
+    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "eos", "top_logprobs": null}', "rule finish-reason"),
+    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2, 3], "finish_reason": "stop", "top_logprobs": [[[2, -0.1]]]}', "has 1 steps"),
+    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "stop", "top_logprobs": [[[2, 0.5]]]}', "rule finite-logprobs"),
+    ('{"id": "a", "prompt_token_ids": [1], "token_ids": [2], "finish_reason": "stop", "top_logprobs": [[["x", -1]]]}', "$.top_logprobs[0][0][0]"),
+    ('{"id": "a", "prompt_token_ids": "1 2", "token_ids": [2], "finish_reason": "stop", "top_logprobs": null}', "$.prompt_token_ids"),
 ]
 
 
@@ -170,7 +171,7 @@ def test_config_parses_env_and_defaults():
         (("kind = \"hf\"\nmodel = \"m\"\ndtype", "kind = \"hff\"\nmodel = \"m\"\ndtype"), 8, "unknown engine kind 'hff'"),
         (("name = \"t\"", "name = \"t\"\npolicy = \"lenient\""), 3, "unknown policy"),
         (("name = \"t\"", "name = \"t\"\nmax_tokens = \"16\""), 3, "wrong type"),
-        (("dtype = \"bfloat16\"", "dtype = 16"), 10, "expected str"),
+        (("dtype = \"bfloat16\"", "dtype = 16"), 10, "expected one of 'float32'"),
         (("name = \"t\"", "name = [t"), 2, "invalid TOML"),
     ],
 )

@@ -26,7 +26,9 @@ from pathlib import Path
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
 from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
 from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtraError
-from strict_gate.records import EngineInfo, Record, Sampling, Timing, parse_record, sort_topk
+from strict_gate.options import Seconds
+from strict_gate.reader import parse_record
+from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
 
 PROTOCOL = "strict-gate/engine@1"
 QUOTE_CHARS = 200  # how much of a bad line an error quotes
@@ -44,8 +46,8 @@ class CommandOptions:
     command: list[str]
     tokenizer: str | None = None  # tokenizer.json or a model dir holding one (for text prompts)
     model: str | None = None  # informational: what the binary serves (the hello may say it too)
-    timeout_s: float = 120.0  # per request
-    startup_timeout_s: float = 300.0  # until the hello line
+    timeout_s: Seconds = 120.0  # per request
+    startup_timeout_s: Seconds = 300.0  # until the hello line
     cwd: str | None = None  # default: the config's directory
     log: str | None = None  # stderr log; default: the run directory's engine.log, else a temp file
 

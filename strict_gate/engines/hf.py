@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from strict_gate.engines.base import (
     Engine,
@@ -19,6 +20,7 @@ from strict_gate.engines.base import (
     resolve_model,
 )
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
+from strict_gate.options import Device, PositiveInt
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -27,12 +29,12 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 @dataclass(frozen=True)
 class HFOptions:
     model: str
-    dtype: str = "float32"
-    device: str = "cpu"
-    batch: int = 1
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: Device = "cpu"
+    batch: PositiveInt = 1
     trust_remote_code: bool = False
     attn_implementation: str | None = None
-    threads: int | None = None
+    threads: PositiveInt | None = None
 
 
 class HFEngine(Engine):

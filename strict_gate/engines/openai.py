@@ -33,6 +33,7 @@ from strict_gate.engines.openai_client import (
 from strict_gate.engines.openai_pool import ServerFailed, dispatch
 from strict_gate.engines.openai_server import Server, arm_servers
 from strict_gate.errors import ConfigError, EngineError
+from strict_gate.options import PositiveInt
 from strict_gate.records import EngineInfo, Record, Sampling, Timing
 
 # Sent with every completion so that the server's greedy choice is the raw argmax, whatever
@@ -46,7 +47,7 @@ class OpenAIOptions:
     model: str | None = None  # the served model name; None: the first of GET /v1/models
     api_key_env: str | None = None  # NAME of the env var that holds the key (never the key)
     serve: list[str] | None = None  # command that launches the server (argv, no shell)
-    servers: int = 1  # copies of `serve` to launch, each on its own {port}
+    servers: PositiveInt = 1  # copies of `serve` to launch, each on its own {port}
     health_url: str | None = None  # default: base_url/health, then base_url/v1/models
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 120.0

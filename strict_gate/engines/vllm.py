@@ -59,13 +59,14 @@ import gc
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 from enum import Enum
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.vllm_args import unknown_llm_args
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
-from strict_gate.options import did_you_mean
+from strict_gate.options import Fraction, PositiveInt, did_you_mean
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -91,20 +92,20 @@ _LLM_ARGS = (
 @dataclass(frozen=True)
 class VLLMOptions:
     model: str
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     enforce_eager: bool | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
+    gpu_memory_utilization: Fraction | None = None
+    kv_cache_memory_bytes: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    tensor_parallel_size: PositiveInt | None = None
+    pipeline_parallel_size: PositiveInt | None = None
     distributed_executor_backend: str | None = None
     seed: int | None = None
     trust_remote_code: bool = False
     tokenizer: str | None = None
-    batch: int = 1  # prompts per LLM.generate() call; 1 is the reference setting
+    batch: PositiveInt = 1  # prompts per LLM.generate() call; 1 is the reference setting
     warmup: bool = True  # one short request in start(), so the first prompt's timing is warm
     engine_args: dict = field(default_factory=dict)  # any other vllm.LLM / EngineArgs keyword
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from strict_gate.compare import Comparison, Divergence
+from strict_gate.compare import Comparison, Divergence, Status
 from strict_gate.diagnose import Diagnosis
 from strict_gate.policy import Verdict
 from strict_gate.records import EngineInfo, Record, Sampling
@@ -90,6 +90,35 @@ def _div_json(d: Divergence | None) -> dict | None:
     }
 
 
+def _prompt_json(p, v, r: GateResult) -> dict:
+    """Full detail for a prompt a reviewer must look at; a matching one in a few fields, so a
+    10,000-prompt report stays small (there is no divergence to show)."""
+    if p.status == Status.MATCH and v is not None and p.id not in r.diagnoses:
+        return {
+            "id": p.id,
+            "status": p.status,
+            "passed": v.passed,
+            "rule": v.rule,
+            "matched_positions": p.matched_positions,
+            "reference_length": p.reference_length,
+            "candidate_length": p.candidate_length,
+        }
+    return {
+        "id": p.id,
+        "status": p.status,
+        "passed": v.passed if v else False,
+        "rule": v.rule if v else None,
+        "reason": v.reason if v else p.detail,
+        "detail": p.detail or None,
+        "first_divergence": _div_json(p.first_divergence),
+        "matched_positions": p.matched_positions,
+        "prefix_length": p.prefix_length,
+        "reference_length": p.reference_length,
+        "candidate_length": p.candidate_length,
+        "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
+    }
+
+
 def to_json(r: GateResult) -> dict:
     pv = {v.id: v for v in r.verdict.prompts}
     speeds = {arm: arm_speed(recs) for arm, recs in (("reference", r.reference_records), ("candidate", r.candidate_records))}
@@ -112,21 +141,5 @@ def to_json(r: GateResult) -> dict:
         "determinism": r.determinism,
         "rescored_by": r.rescored_by,
         "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
-        "prompts": [
-            {
-                "id": p.id,
-                "status": p.status,
-                "passed": pv[p.id].passed if p.id in pv else False,
-                "rule": pv[p.id].rule if p.id in pv else None,
-                "reason": pv[p.id].reason if p.id in pv else p.detail,
-                "detail": p.detail or None,
-                "first_divergence": _div_json(p.first_divergence),
-                "matched_positions": p.matched_positions,
-                "prefix_length": p.prefix_length,
-                "reference_length": p.reference_length,
-                "candidate_length": p.candidate_length,
-                "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
-            }
-            for p in r.comparison.prompts
-        ],
+        "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
     }

@@ -1,0 +1,129 @@
+"""Scale benchmark: how long `strict-gate compare` (read, audit, compare, every report) takes
+and how much memory it peaks at, on synthetic runs of N prompts x T tokens x top-K.
+
+    python benchmarks/scale.py --prompts 1000 --tokens 512 --top 20      # one point
+    python benchmarks/scale.py --grid                                    # the growth table
+
+It writes two honest runs (greedy, sorted, finite, 10% of prompts diverging from some
+position on, the candidate then picking the reference's runner-up) into a scratch
+directory, runs `strict-gate compare` in a child process, and prints a markdown row:
+wall seconds (median of --repeat), peak RSS of the child, and the JSONL size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import msgspec
+
+VOCAB = 151_000
+
+
+def _manifest(n: int, tokens: int, top: int, kind: str) -> dict:
+    return {
+        "schema": "strict-gate/run@1",
+        "status": "complete",
+        "engine": {"kind": kind, "model": "synthetic", "options": {}, "env": {}, "versions": {}, "tokenizer": None},
+        "prompt_set": {"name": "synthetic", "sha256": "5" * 64, "count": n, "ids": [f"p{i:06d}" for i in range(n)]},
+        "sampling": {"max_tokens": tokens, "top_logprobs": top, "temperature": 0.0},
+        "created": "2026-11-30T00:00:00+00:00",
+        "finished": "2026-11-30T00:00:01+00:00",
+        "records": n,
+        "runs": 1,
+    }
+
+
+def write_runs(out: Path, n: int, tokens: int, top: int, diverge: float = 0.1, seed: int = 0) -> tuple[Path, Path]:
+    """Reference and candidate run directories; returns their paths."""
+    rng = np.random.default_rng(seed)
+    ref, cand = out / "reference", out / "candidate"
+    for d in (ref, cand):
+        d.mkdir(parents=True, exist_ok=True)
+    with open(ref / "records.jsonl", "wb") as fr, open(cand / "records.jsonl", "wb") as fc:
+        for i in range(n):
+            base = rng.integers(0, VOCAB - 7 * top, size=tokens)
+            ids = base[:, None] + 7 * np.arange(top)[None, :]
+            lps = -np.cumsum(rng.exponential(1.0, size=(tokens, top)), axis=1) + 1e-9
+            lps[:, 0] = np.minimum(lps[:, 0], 0.0)
+            prompt = rng.integers(0, VOCAB, size=64).tolist()
+            cids = ids.copy()
+            if rng.random() < diverge:  # from position d on, the candidate prefers the runner-up
+                d = int(rng.integers(0, tokens))
+                cids[d:, [0, 1]] = cids[d:, [1, 0]]
+            for f, run_ids in ((fr, ids), (fc, cids)):
+                il, ll = run_ids.tolist(), lps.tolist()
+                top_json = [[[a, b] for a, b in zip(ir, lr)] for ir, lr in zip(il, ll)]
+                rec = {
+                    "id": f"p{i:06d}", "prompt_token_ids": prompt, "token_ids": run_ids[:, 0].tolist(),
+                    "finish_reason": "length", "top_logprobs": top_json, "timing": {"ttft_s": 0.01, "total_s": 1.0},
+                }
+                f.write(msgspec.json.encode(rec) + b"\n")
+    for d, kind in ((ref, "synthetic-reference"), (cand, "synthetic-candidate")):
+        (d / "manifest.json").write_text(json.dumps(_manifest(n, tokens, top, kind)))
+    return ref, cand
+
+
+def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, float, int]:
+    """Median wall seconds and peak RSS (MB) of `strict-gate compare` in a child process."""
+    times, peak = [], 0.0
+    for _ in range(repeat):
+        shutil.rmtree(reports, ignore_errors=True)
+        code = (
+            "import resource, sys, time\n"
+            "from strict_gate.cli import app\n"
+            "t = time.perf_counter()\n"
+            f"try:\n    app([ 'compare', {str(ref)!r}, {str(cand)!r}, '--out', {str(reports)!r}], standalone_mode=False)\n"
+            "except SystemExit:\n    pass\n"
+            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr)\n"
+        )
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        inner, rss = (float(x) for x in p.stderr.strip().splitlines()[-1].split())
+        if not (reports / "report.json").exists():
+            raise SystemExit(f"compare wrote no report.json (exit {p.returncode}): {p.stderr[-2000:]}")
+        times.append(wall)
+        peak = max(peak, rss)
+    size = (ref / "records.jsonl").stat().st_size + (cand / "records.jsonl").stat().st_size
+    return statistics.median(times), peak, size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=1000)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--grid", action="store_true", help="the growth table: prompts and tokens varied")
+    ap.add_argument("--keep", type=Path, help="write the runs here and keep them")
+    args = ap.parse_args()
+    points = [(args.prompts, args.tokens, args.top)]
+    if args.grid:
+        points = [(n, 512, 20) for n in (125, 250, 500, 1000, 2000)] + [(1000, t, 20) for t in (64, 128, 256)]
+    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print("| prompts | tokens | top-k | JSONL MB (both runs) | compare + reports s (median) | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for n, t, k in points:
+        scratch = args.keep or Path(tempfile.mkdtemp(prefix="sg-scale-"))
+        try:
+            ref, cand = write_runs(scratch / f"{n}x{t}x{k}", n, t, k)
+            wall, rss, size = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
+            print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} |", flush=True)
+        finally:
+            if args.keep is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
