@@ -107,7 +107,7 @@ def test_gate_with_a_dying_server_records_an_error_not_a_failed_run(fakes, tmp_p
     from typer.testing import CliRunner
 
     from strict_gate.cli import app
-    from strict_gate.records import load_run
+    from strict_gate.reader import load_run
 
     _, ref = fakes()
     _, good = fakes()
