@@ -82,8 +82,9 @@ def _rejudge(cfg: GateConfig, state: GateState, ps: PromptSet, sampling: Samplin
 
 def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None) -> ResumeOutcome:
     """Continue the gate in report_dir. Bad input (no gate state, a changed config or prompt
-    set, a run that does not fit, a record that fails validation) exits 2 before any engine
-    is built."""
+    set, a run that does not fit, a record that fails validation, prompts now tokenized
+    differently) is refused, exit 2, before any engine starts; an engine whose versions
+    changed is refused once started."""
     report_dir = Path(report_dir)
     state = read_gate_state(report_dir)
     cfg = load_gate_config(report_dir / "gate.toml", base_dir=Path(state.base_dir))
