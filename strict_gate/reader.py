@@ -312,6 +312,7 @@ def read_manifest(directory: Path) -> Manifest:
         determinism=d.get("determinism"),
         error=d.get("error"),
         failed_prompt=d.get("failed_prompt"),
+        resumed=tuple(r for r in d.get("resumed") or () if isinstance(r, dict)),
     )
     audit_manifest(manifest, spath)
     return manifest
