@@ -117,9 +117,13 @@ def audit_steps(table: StepTable, chosen: np.ndarray, vocab_size: int | None) ->
     return None
 
 
-def _ids_out_of_range(ids: np.ndarray, vocab_size: int | None) -> bool:
+def _ids_out_of_range(ids: Sequence[int], vocab_size: int | None) -> bool:
     top = vocab_size - 1 if vocab_size else MAX_TOKEN_ID
-    return bool(len(ids)) and bool(((ids < 0) | (ids > top)).any())
+    try:
+        arr = np.asarray(ids, dtype=np.int64)
+    except OverflowError:
+        return True
+    return bool(len(arr)) and bool(((arr < 0) | (arr > top)).any())
 
 
 def audit_records(
@@ -135,9 +139,7 @@ def audit_records(
     ntok = np.fromiter((len(r.token_ids) for r in raws), dtype=np.int64, count=len(raws))
     for i, r in enumerate(raws):
         where = f"record {r.id!r}: "
-        if _ids_out_of_range(np.asarray(r.prompt_token_ids, dtype=np.int64), vocab_size) or _ids_out_of_range(
-            np.asarray(r.token_ids, dtype=np.int64), vocab_size
-        ):
+        if any(_ids_out_of_range(ids, vocab_size) for ids in (r.prompt_token_ids, r.token_ids, *(r.samples or ()))):
             limit = f"below the vocabulary size {vocab_size}" if vocab_size else f"in 0..{MAX_TOKEN_ID}"
             return i, f"rule token-range: {where}token ids must be {limit}"
         if r.error is not None:
@@ -176,10 +178,13 @@ def audit_records(
 
 def audit_record(rec: Record, max_tokens: int, vocab_size: int | None = None) -> str | None:
     """The same rules for one live record; the violation's message or None."""
-    table = None if rec.top_logprobs is None else StepTable.from_steps(rec.top_logprobs)
     if rec.top_logprobs is not None and len(rec.top_logprobs) != len(rec.token_ids):
         return (f"rule steps-match-tokens: record {rec.id!r}: {len(rec.top_logprobs)} top-k steps for "
                 f"{len(rec.token_ids)} tokens")
+    try:
+        table = None if rec.top_logprobs is None else StepTable.from_steps(rec.top_logprobs)
+    except OverflowError:
+        return f"rule token-range: record {rec.id!r}: a top-k token id does not fit in 64 bits"
     found = audit_records([rec], table, np.array([rec.top_logprobs is not None]), max_tokens=max_tokens,
                           vocab_size=vocab_size)
     return None if found is None else found[1]

@@ -105,8 +105,23 @@ def gate(
     policy: PolicyOpt = None,
     band: BandOpt = None,
     output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="where reports go")] = None,
+    resume: Annotated[
+        Optional[Path],
+        typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
+    ] = None,
 ) -> None:
     """Run both arms per the config, compare them, and write the report."""
+    if resume is not None:
+        if config is not None or policy is not None or band is not None or output_dir is not None:
+            raise StrictGateError("--resume runs the gate under its own REPORT_DIR/gate.toml: "
+                                  "give no CONFIG, --policy, --band or -o with it")
+        from strict_gate.resume import resume_gate
+
+        progress, hook = _progress()
+        with progress:
+            resumed = resume_gate(resume, progress=hook)
+        err.print(resumed.describe())
+        return _finish(resumed.outcome.result, resumed.outcome.report_dir)
     from strict_gate.config import load_gate_config
     from strict_gate.gate import run_gate
 

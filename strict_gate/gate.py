@@ -20,6 +20,7 @@ from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
+from strict_gate.gate_state import write_gate_state
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
 from strict_gate.reader import load_run
@@ -28,6 +29,7 @@ from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
+ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,17 @@ def valid_band(band: float) -> float:
 
 
 def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
-         progress: ProgressHook | None, problems: list[str]) -> Run:
-    """Run an arm; an engine failure keeps the prompts done and becomes a stated problem."""
-    on_record = progress(label, len(inputs)) if progress else None
+         progress: ProgressHook | None, problems: list[str], prior: Run | None = None) -> Run:
+    """Run an arm (or what an interrupted one left); an engine failure keeps the prompts done
+    and becomes a stated problem."""
+    on_record = None
+    if progress:
+        done = {r.id for r in prior.records.values() if r.error is None} if prior else set()
+        left = sum(1 for p in inputs if p.id not in done)
+        on_record = progress(f"{label} (resumed, {len(inputs) - left} kept)" if prior else label, left)
     try:
-        return run_arm(engine, inputs, sampling, out, prompt_set=ps, runs=runs, on_record=on_record)
+        return run_arm(engine, inputs, sampling, out, prompt_set=ps, runs=runs, on_record=on_record,
+                       resume_from=prior)
     except (EngineError, IncompleteRunError) as e:
         problems.append(f"{label} engine failed: {e}")
         return load_run(out, allow_incomplete=True)
@@ -104,6 +112,7 @@ def judge(
             "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`"
         )
     sampled = [r for r in ref.records.values() if r.samples]
+    resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
         name=name,
         created=now_iso(),
@@ -122,6 +131,7 @@ def judge(
         config=config,
         notes=tuple(notes),
         rescored_by=rescored_by,
+        resumed={label: entries for label, entries in resumed.items() if entries},
     )
 
 
@@ -165,19 +175,23 @@ def compare_run_dirs(
     return result
 
 
-def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float) -> Engine | None:
-    """The engine that re-scores divergences: the live reference, else the [rescorer] arm,
-    built only when something diverged (a nightly against a baseline loads nothing when green)."""
+def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float,
+              *, reference_live: bool = True) -> Engine | None:
+    """The engine that re-scores divergences: the live reference, else the [rescorer] arm.
+    One not already loaded (a baseline's rescorer, the reference of a resumed gate whose
+    reference arm had finished) is used only when something diverged."""
     if not ref_run.complete:
         return None
-    if reference.can_score:
+    if reference.can_score and reference_live:
         return reference
-    if cfg.rescorer is None:
-        return None
     diverged = compare_runs(
         ref_run.records, cand_run.records, band=band, greedy_tolerance=cfg.greedy_tolerance
     ).summary.counts
     if not (diverged.get("divergent") or diverged.get("near_tie")):
+        return None
+    if reference.can_score:
+        return reference
+    if cfg.rescorer is None:
         return None
     return cfg.rescorer.build()
 
@@ -227,31 +241,69 @@ def run_gate(
     inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
     shutil.copyfile(cfg.path, report_dir / "gate.toml")
+    write_gate_state(report_dir, cfg, ps, policy=policy, band=band)  # what `gate --resume` needs
+    result = play_gate(
+        cfg, ps, inputs, report_dir, reference=reference, candidate=candidate, owned=set(ROLES) - set(given),
+        policy=policy, band=band, progress=progress,
+        config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
+    )
+    return GateOutcome(result, report_dir)
+
+
+def play_gate(
+    cfg: GateConfig,
+    ps: PromptSet,
+    inputs,
+    report_dir: Path,
+    *,
+    reference: Engine,
+    candidate: Engine,
+    owned: set[str],
+    policy: str,
+    band: float,
+    progress: ProgressHook | None,
+    config: dict,
+    prior: dict[str, Run] | None = None,
+) -> GateResult:
+    """Run both arms into report_dir (candidate first), judge, diagnose and write the reports.
+
+    `prior` holds the runs an interrupted gate left: a complete one is kept as it is (its
+    engine is not started), an unfinished one is continued. Engines in `owned` are closed."""
+    prior = prior or {}
+    sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     problems: list[str] = []
+    done = {role: run for role, run in prior.items() if run.complete}
     try:
         try:
-            cand_run = _arm(candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems)
+            cand_run = done.get("candidate") or _arm(
+                candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems,
+                prior.get("candidate"),
+            )
         finally:
-            if "candidate" not in given:
+            if "candidate" in owned:
                 candidate.close()
-        ref_run = _arm(reference, "reference", inputs, sampling, report_dir / "reference", ps,
-                       cfg.reference.runs, progress, problems)
+        ref_run = done.get("reference") or _arm(
+            reference, "reference", inputs, sampling, report_dir / "reference", ps, cfg.reference.runs,
+            progress, problems, prior.get("reference"),
+        )
         ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
-        rescorer = _rescorer(cfg, reference, ref_run, cand_run, band) if cfg.diagnose else None
+        rescorer = (
+            _rescorer(cfg, reference, ref_run, cand_run, band, reference_live="reference" not in done)
+            if cfg.diagnose else None
+        )
         try:
             result = judge(
                 cfg.name, ps_info, sampling, ref_run, cand_run,
                 prompt_ids=ps.ids, policy=policy, band=band, problems=problems, rescorer=rescorer,
-                diagnose_wanted=cfg.diagnose, greedy_tolerance=cfg.greedy_tolerance,
-                config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
+                diagnose_wanted=cfg.diagnose, greedy_tolerance=cfg.greedy_tolerance, config=config,
             )
         finally:
             if rescorer is not None and rescorer is not reference:
                 rescorer.close()
     finally:
-        if "reference" not in given:
+        if "reference" in owned:
             reference.close()
     from strict_gate.report import write_reports
 
     write_reports(result, report_dir)
-    return GateOutcome(result, report_dir)
+    return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -42,13 +43,16 @@ class _Timing(msgspec.Struct):
     total_s: float | None = None
 
 
+TokenId = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64; the audit narrows it
+
+
 class _Record(msgspec.Struct):
     id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int] = []
+    prompt_token_ids: list[TokenId]
+    token_ids: list[TokenId] = []
     finish_reason: str | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    samples: list[list[int]] | None = None
+    top_logprobs: list[list[tuple[TokenId, float]]] | None = None
+    samples: list[list[TokenId]] | None = None
     error: str | None = None
     timing: _Timing | None = None
 
@@ -71,6 +75,8 @@ def _decode_error(e: Exception, line: bytes) -> str:
     if any(lit in line for lit in (b"NaN", b"Infinity")):
         return f"rule finite-logprobs: a logprob is NaN or Infinity (not JSON; write a finite number) ({msg})"
     if isinstance(e, msgspec.ValidationError):
+        if msg.startswith("Expected `int` >=") or msg.startswith("Expected `int` <="):
+            return f"rule token-range: a token id does not fit in 64 bits ({msg})"
         return f"invalid record: {msg}"
     return f"invalid JSON: {msg}"
 
@@ -306,6 +312,7 @@ def read_manifest(directory: Path) -> Manifest:
         determinism=d.get("determinism"),
         error=d.get("error"),
         failed_prompt=d.get("failed_prompt"),
+        resumed=tuple(r for r in d.get("resumed") or () if isinstance(r, dict)),
     )
     audit_manifest(manifest, spath)
     return manifest

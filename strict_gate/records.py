@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +19,8 @@ from typing import Any
 
 import jsonlines
 import numpy as np
+
+from strict_gate.errors import InputError
 
 RUN_SCHEMA = "strict-gate/run@1"
 MANIFEST = "manifest.json"
@@ -176,6 +178,7 @@ class Manifest:
     determinism: dict | None = None
     error: str | None = None
     failed_prompt: str | None = None
+    resumed: tuple[dict, ...] = ()  # one entry per resume of an interrupted run: {"at", "kept", "remaining"}
     schema: str = RUN_SCHEMA
 
     @property
@@ -201,6 +204,8 @@ class Manifest:
         if self.error is not None:
             out["error"] = self.error
             out["failed_prompt"] = self.failed_prompt
+        if self.resumed:
+            out["resumed"] = list(self.resumed)
         return out
 
 
@@ -250,22 +255,48 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 class RunWriter:
-    """Writes a run directory incrementally. Use as a context manager or call finish()/fail()."""
+    """Writes a run directory incrementally. Use as a context manager or call finish()/fail().
 
-    def __init__(self, directory: str | Path, manifest: Manifest):
+    `keep` continues an interrupted run in place (`strict-gate gate --resume`): the stored
+    records of those prompts stay byte for byte, every other stored line (an error record,
+    a torn tail) is dropped, and new records are appended after them. Without `keep` the
+    directory's old records are removed.
+    """
+
+    def __init__(self, directory: str | Path, manifest: Manifest, *, keep: Collection[str] = ()):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in (RECORDS, PARTIAL):
-            if (self.dir / stale).exists():
-                (self.dir / stale).unlink()
-        self.manifest = replace(manifest, status="running", records=0)
+        kept = self._kept_lines(manifest, set(keep)) if keep else []
+        self.manifest = replace(
+            manifest, status="running", records=len(kept), finished=None, error=None, failed_prompt=None
+        )
+        # Order matters for a crash in between: the manifest says "running" before the records
+        # file changes, and a reader of a running run prefers the .partial file.
         write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
-        self._f = open(self.dir / PARTIAL, "w", encoding="utf-8")
+        write_text_atomic(self.dir / PARTIAL, "".join(kept))
+        (self.dir / RECORDS).unlink(missing_ok=True)
+        self._f = open(self.dir / PARTIAL, "a", encoding="utf-8")
         # flush=True: each finished prompt is on disk before the next one starts.
         self._lines = jsonlines.Writer(self._f, flush=True, dumps=lambda o: json.dumps(o, ensure_ascii=False))
-        self._count = 0
+        self._count = len(kept)
         self._closed = False
 
+    def _kept_lines(self, stored: Manifest, keep: set[str]) -> list[str]:
+        """The stored lines of the prompts to keep, read from the file load_run reads."""
+        partial = self.dir / PARTIAL
+        source = partial if stored.status == "running" and partial.exists() else self.dir / RECORDS
+        lines = []
+        for line in source.read_text(encoding="utf-8").split("\n") if source.exists() else ():
+            try:
+                rid = json.loads(line).get("id")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a torn tail or a blank line: not a record
+            if rid in keep:
+                keep.discard(rid)
+                lines.append(line + "\n")
+        if keep:
+            raise InputError(f"records of {sorted(keep)[:5]} vanished while resuming the run", path=str(source))
+        return lines
 
     def add(self, record: Record) -> None:
         self._lines.write(record.to_json())

@@ -2,7 +2,8 @@
 
 The runner owns everything engines should not: env scoping, run files written as they
 go, wall-clock timing, repeated capture runs, and turning an engine failure into a
-failed (never complete-looking) run that keeps the prompts already done.
+failed (never complete-looking) run that keeps the prompts already done, and continuing
+such a run where it stopped.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 
 from strict_gate.audit import audit_record, vocab_size
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.errors import EngineError, StrictGateError
+from strict_gate.errors import ConfigError, EngineError, InputError, StrictGateError
 from strict_gate.prompts import PromptSet
 from strict_gate.reader import load_run
-from strict_gate.records import Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
+from strict_gate.records import EngineInfo, Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
 
 OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
 
@@ -95,6 +96,33 @@ def _generate(engine: Engine, inputs: Sequence[PromptInput], sampling: Sampling,
         yield (first if first.error else replace(first, samples=tuple(samples))), seconds
 
 
+def _resumable(run: Run, inputs: Sequence[PromptInput]) -> set[str]:
+    """The prompts an interrupted run already did: valid, non-error records of this prompt set,
+    fed the very ids the gate feeds now (else the tokenizer changed and the run cannot go on)."""
+    want = {p.id: p.token_ids for p in inputs}
+    keep = set()
+    for rec in run.records.values():
+        if rec.error is not None or rec.id not in want:
+            continue
+        if rec.prompt_token_ids != want[rec.id]:
+            raise InputError(
+                f"prompt {rec.id!r} was fed other token ids than the prompt set tokenizes to now; "
+                "the tokenizer changed, so this run cannot be continued",
+                path=run.path,
+            )
+        keep.add(rec.id)
+    return keep
+
+
+def _check_same_versions(before: EngineInfo, now: EngineInfo, path: str) -> None:
+    """A run is what one engine produced: a resumed run must come from the same versions."""
+    if before.versions and now.versions and before.versions != now.versions:
+        changed = sorted(k for k in before.versions.keys() | now.versions.keys()
+                         if before.versions.get(k) != now.versions.get(k))
+        what = ", ".join(f"{k} {before.versions.get(k)} -> {now.versions.get(k)}" for k in changed)
+        raise ConfigError(f"the engine changed since this run was interrupted ({what}); start a new gate", path=path)
+
+
 def run_arm(
     engine: Engine,
     inputs: Sequence[PromptInput],
@@ -104,9 +132,12 @@ def run_arm(
     prompt_set: PromptSet,
     runs: int = 1,
     on_record: OnRecord | None = None,
+    resume_from: Run | None = None,
 ) -> Run:
     """Generate every prompt (K times when runs > 1) and write the run directory.
 
+    `resume_from` (the interrupted run in out_dir) keeps the prompts it already did and
+    generates only the rest, appending to it; with nothing left the engine is not started.
     On an engine failure the run is closed as failed with the prompt it died on and the
     records done so far, and the EngineError propagates (exit 3).
     """
@@ -114,34 +145,45 @@ def run_arm(
     if engine.writes_log:
         out.mkdir(parents=True, exist_ok=True)
         engine.set_log_path(out / "engine.log")
-    manifest = Manifest(
-        engine=engine.info(),
-        prompt_set={
-            "name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set), "ids": prompt_set.ids,
-        },
-        sampling=sampling,
-        created=now_iso(),
-        runs=runs,
-    )
-    writer = RunWriter(out, manifest)
+    keep: set[str] = set()
+    if resume_from is None:
+        manifest = Manifest(
+            engine=engine.info(),
+            prompt_set={
+                "name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set), "ids": prompt_set.ids,
+            },
+            sampling=sampling,
+            created=now_iso(),
+            runs=runs,
+        )
+    else:
+        keep = _resumable(resume_from, inputs)
+        inputs = [p for p in inputs if p.id not in keep]
+        entry = {"at": now_iso(), "kept": len(keep), "remaining": len(inputs)}
+        manifest = replace(resume_from.manifest, resumed=(*resume_from.manifest.resumed, entry))
+    writer = RunWriter(out, manifest, keep=keep)
     pending = [p.id for p in inputs]  # pending[0] is the prompt in flight when an engine dies
     current = pending[0] if pending else None
     try:
-        with engine.scoped_env():
-            engine.start()
-            # Describe the engine again once started: versions and server facts are known now.
-            writer.manifest = replace(writer.manifest, engine=engine.info())
-            vocab = vocab_size(writer.manifest.engine)
-            for rec, seconds in _generate(engine, inputs, sampling, runs):
-                problem = None if rec.error is not None else audit_record(rec, sampling.max_tokens, vocab)
-                if problem is not None:  # the engine broke the run format: an engine failure
-                    raise EngineError(f"{engine.kind} engine broke the run format on prompt {rec.id!r}: {problem}")
-                if rec.id in pending:
-                    pending.remove(rec.id)
-                current = pending[0] if pending else None
-                writer.add(rec)
-                if on_record is not None:
-                    on_record(rec, seconds)
+        if inputs or resume_from is None:
+            with engine.scoped_env():
+                engine.start()
+                # Describe the engine again once started: versions and server facts are known now.
+                info = engine.info()
+                if resume_from is not None:
+                    _check_same_versions(resume_from.manifest.engine, info, str(out))
+                writer.manifest = replace(writer.manifest, engine=info)
+                vocab = vocab_size(info)
+                for rec, seconds in _generate(engine, inputs, sampling, runs):
+                    problem = None if rec.error is not None else audit_record(rec, sampling.max_tokens, vocab)
+                    if problem is not None:  # the engine broke the run format: an engine failure
+                        raise EngineError(f"{engine.kind} engine broke the run format on prompt {rec.id!r}: {problem}")
+                    if rec.id in pending:
+                        pending.remove(rec.id)
+                    current = pending[0] if pending else None
+                    writer.add(rec)
+                    if on_record is not None:
+                        on_record(rec, seconds)
     except StrictGateError as e:
         writer.fail(str(e), failed_prompt=current)
         if isinstance(e, EngineError) and current and current not in str(e):

@@ -55,6 +55,9 @@ def render(r: GateResult) -> str:
     for status, n in s.counts.items():
         if n and status != "match":
             out.append(f"| {status.replace('_', ' ')} | {n} |")
+    for arm, entries in r.resumed.items():
+        done = "; ".join(f"at {e.get('at')}, {e.get('kept')} prompts kept" for e in entries)
+        out.append(f"| {arm} run resumed | {md(done)} |")
     first = next((p for p in r.comparison.prompts if p.first_divergence is not None), None)
     if first is not None:
         d = first.first_divergence

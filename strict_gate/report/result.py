@@ -68,6 +68,7 @@ class GateResult:
     config: dict | None = None  # {"path", "base_dir"} of the gate config, for `strict-gate diagnose`
     notes: tuple[str, ...] = ()  # what the gate could not do (e.g. no engine to re-score with)
     rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
+    resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
 
     @property
     def exit_code(self) -> int:
@@ -140,6 +141,7 @@ def to_json(r: GateResult) -> dict:
         "config": r.config,
         "determinism": r.determinism,
         "rescored_by": r.rescored_by,
+        "resumed": r.resumed,
         "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
     }
