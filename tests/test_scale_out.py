@@ -77,7 +77,10 @@ def test_a_server_dying_mid_run_fails_its_prompt_and_the_rest_goes_on(fakes):
     _, dying = fakes("die", die_after=2)
     eng = OpenAIEngine(OpenAIOptions(base_url=[good, dying], retries=0, request_timeout_s=5))
     t0 = time.monotonic()
-    recs = list(eng.generate(PROMPTS, SAMPLING))
+    recs = []
+    with pytest.raises(EngineError, match=rf"server 1 \({dying}\) failed; the other servers answered .*--resume"):
+        for r in eng.generate(PROMPTS, SAMPLING):  # every prompt is tried, then the arm fails
+            recs.append(r)
     assert time.monotonic() - t0 < 10
     assert [r.id for r in recs] == [p.id for p in PROMPTS]
     errors = [r for r in recs if r.error]
@@ -103,7 +106,9 @@ def test_every_server_dying_fails_the_arm_after_the_records_done(fakes):
     assert [r.id for r in got] == sorted((r.id for r in got), key=lambda i: int(i[1:]))
 
 
-def test_gate_with_a_dying_server_records_an_error_not_a_failed_run(fakes, tmp_path):
+def test_gate_with_a_dying_server_then_resume(fakes, tmp_path):
+    """The failed server's prompt is an error record in a failed run (exit 3); once the server is
+    back, `gate --resume` re-runs exactly that prompt and the gate passes."""
     from typer.testing import CliRunner
 
     from strict_gate.cli import app
@@ -111,7 +116,7 @@ def test_gate_with_a_dying_server_records_an_error_not_a_failed_run(fakes, tmp_p
 
     _, ref = fakes()
     _, good = fakes()
-    _, dying = fakes("die", die_after=1)
+    dead, dying = fakes("die", die_after=1)
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": p.id, "token_ids": list(p.token_ids)}) + "\n" for p in PROMPTS))
     gate = tmp_path / "gate.toml"
     gate.write_text(
@@ -122,10 +127,18 @@ def test_gate_with_a_dying_server_records_an_error_not_a_failed_run(fakes, tmp_p
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 3, result.output  # an errored prompt is never a pass
     (report_dir,) = (tmp_path / "r").iterdir()
+    run = load_run(report_dir / "candidate", allow_incomplete=True)
+    assert run.manifest.status == "failed" and list(run.records) == [p.id for p in PROMPTS]
+    (errored,) = [r.id for r in run.records.values() if r.error]
+    statuses = {p["id"]: p["status"] for p in json.loads((report_dir / "report.json").read_text())["prompts"]}
+    assert statuses.pop(errored) == "error" and set(statuses.values()) == {"match"}
+
+    fakes(port=dead.server_address[1])  # the server is back, on its address
+    result = CliRunner().invoke(app, ["gate", "--resume", str(report_dir)])
+    assert result.exit_code == 0, result.output
     run = load_run(report_dir / "candidate")
-    assert run.complete and list(run.records) == [p.id for p in PROMPTS]
-    statuses = [p["status"] for p in json.loads((report_dir / "report.json").read_text())["prompts"]]
-    assert statuses.count("error") == 1 and statuses.count("match") == 7
+    assert run.complete and run.manifest.resumed[-1]["kept"] == 7 and run.manifest.resumed[-1]["remaining"] == 1
+    assert run.records[errored].error is None
 
 
 def test_launch_shape_checks():

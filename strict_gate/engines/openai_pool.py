@@ -3,10 +3,12 @@
 Every prompt goes to exactly one server, one request at a time per server, so the records
 are those a single server gives (greedy, batch 1) whichever server answered. They are
 yielded in prompt-set order. A server that fails (it exits, stops answering, answers 5xx
-past its retries) is retired: the prompt it failed on gets an error record naming it (a
-`strict-gate gate --resume` re-runs it), and the other servers take the remaining prompts.
-When no server is left, the records done are yielded and the arm fails (EngineError); the
-prompts never run stay missing.
+past its retries) is retired: the prompt it failed on gets an error record naming it, and
+the other servers take the remaining prompts. Once every prompt has been tried, a failed
+server still fails the arm (EngineError), so that the run is closed as failed, not complete:
+`strict-gate gate --resume` re-runs exactly its error records and missing prompts. When no
+server is left, the records done are yielded and the arm fails at once; the prompts never
+run stay missing.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def dispatch(servers: Sequence[S], prompts: Sequence[PromptInput],
     todo: queue.SimpleQueue = queue.SimpleQueue()
     for item in enumerate(prompts):
         todo.put(item)
-    done: queue.SimpleQueue = queue.SimpleQueue()  # (index, Record | BaseException) or (None, failed server | None)
+    done: queue.SimpleQueue = queue.SimpleQueue()  # (index, Record | BaseException), or (None, None): a worker ended
     stop = threading.Event()
+    failed: list[S] = []  # filled by the workers before they hand over the error record
+    errored: list[str] = []
 
     def work(server: S) -> None:
         while not stop.is_set():
@@ -50,9 +54,10 @@ def dispatch(servers: Sequence[S], prompts: Sequence[PromptInput],
             try:
                 done.put((i, run_one(server, p)))
             except ServerFailed as e:
+                failed.append(server)
+                errored.append(p.id)
                 done.put((i, Record(id=p.id, prompt_token_ids=p.token_ids, error=str(e))))
-                done.put((None, server))
-                return
+                break
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
                 done.put((i, e))
                 break
@@ -61,7 +66,6 @@ def dispatch(servers: Sequence[S], prompts: Sequence[PromptInput],
     for s in servers:
         threading.Thread(target=work, args=(s,), daemon=True, name=f"strict-gate-{name(s)}").start()
     ready: dict[int, Record] = {}
-    failed: list[S] = []
     running = len(servers)
     nxt = 0
     try:
@@ -78,8 +82,6 @@ def dispatch(servers: Sequence[S], prompts: Sequence[PromptInput],
                 continue
             if i is None:
                 running -= 1
-                if item is not None:
-                    failed.append(item)
             elif isinstance(item, BaseException):
                 raise item
             else:
@@ -91,6 +93,11 @@ def dispatch(servers: Sequence[S], prompts: Sequence[PromptInput],
             raise EngineError(
                 f"openai: every server failed ({'; '.join(name(s) for s in failed)}); "
                 f"{not_run} prompts were not run (the error records name each failure)"
+            )
+        if failed:
+            raise EngineError(
+                f"openai: {'; '.join(name(s) for s in failed)} failed; the other servers answered every other "
+                f"prompt; error records for {', '.join(map(repr, errored))} (`strict-gate gate --resume` re-runs them)"
             )
     finally:
         stop.set()
