@@ -199,3 +199,13 @@ def test_signal_while_a_launched_server_ignores_sigterm(tmp_path):
     assert code == 3, out
     assert time.monotonic() - t0 < 10
     _assert_gone(_pids(tmp_path / "cand.pid"), out)
+
+
+def test_signal_while_a_launched_server_starts(tmp_path):
+    gate = Gate(tmp_path, _serve_arm(tmp_path, "--slow-start"))
+    _wait_for(lambda: (tmp_path / "cand.pid").exists(), 60, "the server's launch")
+    gate.signal(signal.SIGTERM)
+    code, out = gate.exit()
+    assert code == 3, out
+    assert "request" not in _events(tmp_path / "cand.events")  # it was stopped before any prompt
+    _assert_gone(_pids(tmp_path / "cand.pid"), out)

@@ -83,14 +83,11 @@ def signals_deferred() -> Iterator[None]:
             signal.raise_signal(first)  # e.g. KeyboardInterrupt under the CLI, once cleanup is done
 
 
-def wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait up to timeout_s for proc to exit, less if a signal arrives meanwhile; True if it did."""
+def wait_exit(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait up to timeout_s for proc to exit, less if a signal arrives meanwhile."""
     deadline = time.monotonic() + timeout_s
-    while proc.poll() is None:
-        if interrupted() or time.monotonic() >= deadline:
-            return False
+    while proc.poll() is None and not interrupted() and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    return True
 
 
 def group_alive(pgid: int) -> bool:
