@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,15 @@ def test_compare_committed_baselines_writes_every_report(bare, tmp_path):
     assert "FAIL" in (out / "report.html").read_text()
     assert "<failure" in (out / "junit.xml").read_text()
 
+
+def test_python_api_without_torch(bare, tmp_path):
+    fp32 = str(BASELINES / "tiny-llama-vllm-fp32")
+    code = (
+        "import sys, strict_gate\n"
+        f"r = strict_gate.compare_run_dirs({fp32!r}, {fp32!r})\n"
+        "assert r.verdict.verdict == 'pass' and r.exit_code == 0, r.verdict\n"
+        f"assert not [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print(strict_gate.__version__)\n"
+    )
+    version = _ok(_run(bare / "python", "-c", code, cwd=tmp_path)).strip()
+    assert version == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
