@@ -18,6 +18,7 @@ from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate import GateOutcome, judge
 from strict_gate.records import load_run
+from strict_gate.report import write_reports
 
 
 def _old_report(report_dir: Path) -> dict:
@@ -74,7 +75,5 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
         )
     finally:
         engine.close()
-    from strict_gate.report import write_reports
-
     write_reports(result, report_dir)
     return GateOutcome(result, report_dir)
