@@ -216,40 +216,10 @@ def diagnose(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
 ) -> None:
     """Re-score a finished gate's divergences with its reference engine and rewrite the report."""
-    from strict_gate.config import load_gate_config
-    from strict_gate.errors import InputError
-    from strict_gate.gate import judge
-    from strict_gate.reader import load_run
-    from strict_gate.report import write_reports
-    import json
+    from strict_gate.rescore import rediagnose
 
-    cfg_path = report_dir / "gate.toml"
-    if not cfg_path.exists():
-        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
-    old = json.loads((report_dir / "report.json").read_text()) if (report_dir / "report.json").exists() else {}
-    source = old.get("config") or {}
-    cfg = load_gate_config(cfg_path, base_dir=Path(source["base_dir"]) if source.get("base_dir") else None)
-    ref = load_run(report_dir / "reference", allow_incomplete=True)
-    cand = load_run(report_dir / "candidate", allow_incomplete=True)
-    engine = cfg.reference.build()
-    if not engine.can_score:
-        if cfg.rescorer is None:
-            raise StrictGateError(
-                f"the reference engine ({engine.kind}) cannot re-score; add a [rescorer] engine "
-                "(hf, vllm, openai or command on the reference's model) to the gate config"
-            )
-        engine = cfg.rescorer.build()
-    try:
-        result = judge(
-            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
-            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
-            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
-            rescorer=engine,
-        )
-    finally:
-        engine.close()
-    write_reports(result, report_dir)
-    _finish(result, report_dir)
+    outcome = rediagnose(report_dir)
+    _finish(outcome.result, outcome.report_dir)
 
 
 @app.command()
