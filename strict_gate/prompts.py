@@ -55,6 +55,15 @@ def prompt_set_sha256(prompts: tuple[Prompt, ...] | list[Prompt]) -> str:
     return h.hexdigest()
 
 
+def _is_unicode(s: str) -> bool:
+    """False for a string JSON decoded with a lone surrogate: no report file could hold it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_line(obj: object, path: str, lineno: int) -> Prompt:
     if not isinstance(obj, dict):
         raise InputError("each line must be a JSON object", path=path, line=lineno)
@@ -66,6 +75,10 @@ def _parse_line(obj: object, path: str, lineno: int) -> Prompt:
     pid = obj.get("id")
     if not isinstance(pid, str) or not pid.strip():
         raise InputError('missing or empty "id" (a non-empty string)', path=path, line=lineno)
+    for key in ("id", "text"):
+        if isinstance(obj.get(key), str) and not _is_unicode(obj[key]):
+            raise InputError(f'"{key}" holds an unpaired surrogate (\\ud800-\\udfff): not valid Unicode',
+                             path=path, line=lineno)
     has_text, has_ids = "text" in obj, "token_ids" in obj
     if has_text == has_ids:
         raise InputError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -28,6 +29,7 @@ PARTIAL = "records.jsonl.partial"
 FINISH_REASONS = ("stop", "length")
 
 TopK = tuple[tuple[int, float], ...]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -186,13 +188,20 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _dumps(obj: Any, indent: int | None = None) -> str:
+    """JSON as UTF-8 text; ASCII escapes when a string holds a lone surrogate (an engine's
+    "\\ud800"), which no UTF-8 file can hold raw but an escape keeps exactly."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False)
+    return text if not _SURROGATE.search(text) else json.dumps(obj, indent=indent)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and rename, so readers see the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write(_dumps(obj, indent=2))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -229,7 +238,7 @@ class RunWriter:
         write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
         self._f = open(self.dir / PARTIAL, "w", encoding="utf-8")
         # flush=True: each finished prompt is on disk before the next one starts.
-        self._lines = jsonlines.Writer(self._f, flush=True, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+        self._lines = jsonlines.Writer(self._f, flush=True, dumps=_dumps)
         self._count = 0
         self._closed = False
 
