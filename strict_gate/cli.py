@@ -46,7 +46,11 @@ def _fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
+            from strict_gate.redact import scrub
+            from strict_gate.report.text import visible
+
+            message = visible(scrub(str(e)), keep_newlines=True)
+            err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted: the run directories written so far are marked failed")

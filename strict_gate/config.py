@@ -17,6 +17,7 @@ from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.options import did_you_mean, parse_options
 from strict_gate.policy import check_policy
+from strict_gate.redact import restore_env
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "output_dir",
@@ -104,7 +105,7 @@ def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
         raise ConfigError("only the [reference] arm captures repeated runs", path=lines.path, line=lines.find("runs", role))
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
     options = parse_options(cls.Options, opts, where=role, line_of=lines.finder(role))
-    env = {k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()}
+    env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()})
     return ArmConfig(role, kind, options, env, runs, base_dir)
 
 

@@ -7,7 +7,6 @@ exactly once per gate.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +20,8 @@ from strict_gate.engines.base import Engine
 from strict_gate.errors import EngineError, IncompleteRunError, InputError
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
-from strict_gate.records import Run, Sampling, load_run, now_iso
+from strict_gate.records import Run, Sampling, load_run, now_iso, write_text_atomic
+from strict_gate.redact import redact_toml, scrub_tree
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
 
@@ -210,7 +210,7 @@ def run_gate(
         reference.check_compatible(ps.sha256, sampling, reference.options.model)
     inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
-    shutil.copyfile(cfg.path, report_dir / "gate.toml")
+    write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     problems: list[str] = []
     try:
         try:
@@ -235,6 +235,7 @@ def run_gate(
     finally:
         if "reference" not in given:
             reference.close()
+        scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
     from strict_gate.report import write_reports
 
     write_reports(result, report_dir)

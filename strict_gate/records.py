@@ -21,6 +21,7 @@ from typing import Any
 import jsonlines
 
 from strict_gate.errors import IncompleteRunError, InputError
+from strict_gate.redact import redact_env, scrub, scrub_json
 
 RUN_SCHEMA = "strict-gate/run@1"
 MANIFEST = "manifest.json"
@@ -99,6 +100,13 @@ class EngineInfo:
     env: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        # The one place engine descriptions are made: every manifest, report and console line
+        # gets the redacted env (the engine keeps the real values in its own process env).
+        object.__setattr__(self, "env", redact_env(self.env))
+        for name in ("model", "options", "versions", "tokenizer"):
+            object.__setattr__(self, name, scrub_json(getattr(self, name)))
 
     def to_json(self) -> dict:
         return {
@@ -198,6 +206,7 @@ def _dumps(obj: Any, indent: int | None = None) -> str:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and rename, so readers see the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    obj = scrub_json(obj)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -213,6 +222,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -244,7 +254,7 @@ class RunWriter:
 
 
     def add(self, record: Record) -> None:
-        self._lines.write(record.to_json())
+        self._lines.write(scrub_json(record.to_json()))
         self._count += 1
 
     def _close(self, **changes) -> Manifest:

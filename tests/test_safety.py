@@ -1,12 +1,17 @@
-"""Distrust every engine: no id, token or engine error can break a report or a terminal."""
+"""Distrust every engine: secrets are never written, and no id, token or engine error can break a
+report or a terminal."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import secrets
 import sys
+import threading
+import tomllib
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -20,6 +25,7 @@ from typer.testing import CliRunner
 from strict_gate.cli import app
 from strict_gate.gate import judge
 from strict_gate.records import EngineInfo, Manifest, Run, Sampling, Timing, now_iso
+from strict_gate.redact import REDACTED, is_secret_name, redact_toml
 from strict_gate.report import write_reports
 from strict_gate.report.console import print_result
 
@@ -51,6 +57,113 @@ def gate_file(tmp_path: Path, reference: str, candidate: str, *, name="safety", 
         f"[reference]\n{reference}[candidate]\n{candidate}"
     )
     return g
+
+
+# ---------------------------------------------------------------- 3. secrets never written
+
+
+class _KeyEchoingServer(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that rejects every completion, quoting the key it was sent."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._send(200, {"data": [{"id": "echo-model"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send(400, {"error": {"message": f"invalid request with {self.headers.get('Authorization')}"}})
+
+
+@pytest.fixture
+def echo_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _KeyEchoingServer)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_secrets_never_reach_the_report_dir_or_the_console(tmp_path, echo_server, monkeypatch):
+    """A secret-named [reference.env] entry that the engine echoes back (hello versions), and an
+    openai key that the server quotes in every error: neither is in any file or on the console."""
+    env_secret = "hf_" + secrets.token_hex(12)
+    api_key = "sk-" + secrets.token_hex(12)
+    monkeypatch.setenv("SG_SAFETY_KEY", api_key)
+    prompts_file(tmp_path)
+    # The engine logs the token on stderr (into engine.log) and echoes it in its hello.
+    logs_it = ("import os, runpy, sys; print('token', os.environ['HF_TOKEN'], file=sys.stderr, flush=True); "
+               f"sys.argv = [{str(FAKE)!r}]; runpy.run_path({str(FAKE)!r}, run_name='__main__')")
+    reference = (f'kind = "command"\ncommand = {json.dumps([sys.executable, "-c", logs_it])}\n'
+                 f'[reference.env]\nHF_TOKEN = "{env_secret}"\nFAKE_ECHO_ENV = "HF_TOKEN"\nSHORT_AUTH = "on"\n')
+    candidate = f'kind = "openai"\nbase_url = "{echo_server}"\napi_key_env = "SG_SAFETY_KEY"\nretries = 0\n'
+    result = runner.invoke(app, ["gate", str(gate_file(tmp_path, reference, candidate))])
+    assert result.exit_code == 3, result.output  # every candidate prompt errored
+    (report_dir,) = (tmp_path / "reports").iterdir()
+    files = [f for f in report_dir.rglob("*") if f.is_file()]
+    assert {"report.json", "report.md", "report.html", "junit.xml", "gate.toml", "manifest.json"} <= {f.name for f in files}
+    for secret in (env_secret, api_key):
+        leaks = [str(f) for f in files if secret in f.read_text(errors="replace")]
+        assert leaks == [], leaks
+        assert secret not in console_text(result)
+    assert f"token {REDACTED}" in (report_dir / "reference" / "engine.log").read_text()
+    report = json.loads((report_dir / "report.json").read_text())
+    env = report["engines"]["reference"]["env"]
+    assert env == {"HF_TOKEN": REDACTED, "FAKE_ECHO_ENV": "HF_TOKEN", "SHORT_AUTH": REDACTED}
+    assert report["engines"]["reference"]["versions"]["HF_TOKEN"] == REDACTED  # the echoed value
+    assert any(REDACTED in p["reason"] for p in report["prompts"])  # the server's error, key scrubbed
+    copied = tomllib.loads((report_dir / "gate.toml").read_text())
+    assert copied["reference"]["env"]["HF_TOKEN"] == REDACTED and copied["candidate"]["api_key_env"] == "SG_SAFETY_KEY"
+
+
+def test_the_engine_still_gets_the_real_secret(tmp_path):
+    from strict_gate.engines.command import CommandEngine, CommandOptions
+
+    value = "ghp_" + secrets.token_hex(10)
+    eng = CommandEngine(CommandOptions(command=[sys.executable, str(FAKE)]), env={"GH_TOKEN": value, "FAKE_ECHO_ENV": "GH_TOKEN"},
+                        base_dir=tmp_path)
+    eng.log_path = tmp_path / "engine.log"
+    try:
+        eng.start()
+        assert eng.hello["versions"]["GH_TOKEN"] == value
+        assert eng.info().env["GH_TOKEN"] == REDACTED
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("name,secret", [
+    ("HF_TOKEN", True), ("openai_api_key", True), ("DB_PASSWD", True), ("AWS_SESSION_TOKEN", True),
+    ("MY_Auth_HEADER", True), ("GOOGLE_APPLICATION_CREDENTIALS", True), ("COOKIE", True),
+    ("DEVICE_KDA", False), ("KDA_CHUNK_PREFILL", False), ("CUDA_VISIBLE_DEVICES", False), ("VLLM_USE_V1", False),
+])
+def test_secret_name_rule(name, secret):
+    assert is_secret_name(name) is secret
+
+
+def test_redacted_gate_toml_is_valid_and_unchanged_without_secrets():
+    plain = '# comment\nname = "x"\n[reference]\nkind = "hf"\n[reference.env]\nDEVICE_KDA = "1"\n'
+    assert redact_toml(plain) == plain
+    text = ('name = "x"\n[candidate]\nkind = "command"\ncommand = ["a", "b\\"c"]\n'
+            'env = { API_KEY = "k\\u0000\\"y", N = 3, OK = true }\nextra_body = {a = [1.5, {b = "c"}]}\n')
+    out = redact_toml(text)
+    data = tomllib.loads(out)
+    assert data["candidate"]["env"] == {"API_KEY": REDACTED, "N": 3, "OK": True}
+    assert data["candidate"]["command"] == ["a", 'b"c'] and data["candidate"]["extra_body"] == {"a": [1.5, {"b": "c"}]}
 
 
 # ---------------------------------------------------------------- 6. escaping everywhere

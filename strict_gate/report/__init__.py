@@ -1,4 +1,9 @@
-"""Reports: one GateResult, one writer per format. Each file is written atomically."""
+"""Reports: one GateResult, one writer per format. Each file is written atomically.
+
+The guarantees every format shares are applied here, once: secrets scrubbed from the result
+before any renderer escapes its text, no raw control character in the text formats, and
+report.json strict JSON (a non-finite number, a NaN timing or an infinite gap, becomes null).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from strict_gate.records import write_text_atomic
+from strict_gate.redact import scrub_obj
 from strict_gate.report import html, junit, markdown
 from strict_gate.report.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report.text import visible
@@ -21,6 +27,7 @@ FILES = {"json": "report.json", "md": "report.md", "html": "report.html", "junit
 def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> dict[str, Path]:
     """Write the chosen formats; report.json goes last, so its presence means the set is whole."""
     out = Path(out_dir)
+    result = scrub_obj(result)
     written = {}
     renderers = {
         "md": lambda: markdown.render(result),

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from strict_gate.redact import scrub_obj
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import Decoder, show_token, visible
 
@@ -18,6 +19,7 @@ def _g(x: float | None) -> str:
 
 def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
     console = console or Console()
+    r = scrub_obj(r)
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
