@@ -17,12 +17,14 @@ from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.options import did_you_mean, parse_options
 from strict_gate.policy import check_policy
+from strict_gate.prompts import check_regular_file
 from strict_gate.redact import restore_env
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "output_dir",
     "diagnose", "reference", "candidate", "rescorer",
 }
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
 
 
@@ -181,6 +183,7 @@ def load_gate_config(
 ) -> GateConfig:
     p = Path(path)
     try:
+        check_regular_file(p, "gate config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("config not found", path=str(path)) from None
@@ -196,6 +199,7 @@ def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:
     """
     p = Path(path)
     try:
+        check_regular_file(p, "engine config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text)
     except FileNotFoundError:

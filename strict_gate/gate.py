@@ -18,6 +18,7 @@ from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
 from strict_gate.errors import EngineError, IncompleteRunError, InputError
+from strict_gate.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
 from strict_gate.records import Run, Sampling, load_run, now_iso, write_text_atomic
@@ -35,14 +36,15 @@ class GateOutcome:
 
 
 def new_report_dir(output_dir: Path, name: str) -> Path:
+    """A fresh directory for one gate's reports, named after the gate, always inside output_dir."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = output_dir / f"{name}-{stamp}"
+    base = output_dir / f"{safe_name(name)}-{stamp}"
     path, n = base, 1
     while path.exists():
         n += 1
         path = Path(f"{base}-{n}")
     path.mkdir(parents=True)
-    return path
+    return inside(path, output_dir)
 
 
 def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
@@ -172,20 +174,24 @@ def capture_baseline(
     runs: int,
     progress: ProgressHook | None = None,
     engine: Engine | None = None,
+    force: bool = False,
 ) -> Run:
     """Run the reference K times per prompt (one prompt per call) into a baseline run with
-    its determinism summary. A given `engine` is used as is and left open."""
+    its determinism summary. A given `engine` is used as is and left open. `out` is replaced
+    only by a finished capture, and a complete one there only with `force`."""
     ps = load_prompts(cfg.prompts)
-    reference = engine or cfg.reference.build()
-    try:
-        inputs = prompt_inputs(ps, reference)
-        return run_arm(
-            reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), out, prompt_set=ps, runs=runs,
-            on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
-        )
-    finally:
-        if engine is None:
-            reference.close()
+    with staged_run_dir(out, force=force) as staged:
+        reference = engine or cfg.reference.build()
+        try:
+            inputs = prompt_inputs(ps, reference)
+            run_arm(
+                reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), staged, prompt_set=ps, runs=runs,
+                on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
+            )
+        finally:
+            if engine is None:
+                reference.close()
+    return load_run(out)
 
 
 def run_gate(
@@ -203,6 +209,7 @@ def run_gate(
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     policy = check_policy(policy or cfg.policy)
     band = cfg.band if band is None else band
+    ensure_writable_dir(output_dir or cfg.output_dir)
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from strict_gate.errors import InputError
 
 _ALLOWED_KEYS = {"id", "text", "token_ids", "tags"}
+MAX_PROMPT_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,16 @@ def prompt_set_sha256(prompts: tuple[Prompt, ...] | list[Prompt]) -> str:
         h.update(json.dumps(p.canonical(), sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
         h.update(b"\n")
     return h.hexdigest()
+
+
+def check_regular_file(path: Path, what: str, limit: int) -> None:
+    """Stat before reading: /dev/zero or a FIFO would never end, a huge file would fill memory.
+    A missing file raises FileNotFoundError, for the caller to word."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"not a regular file; expected a {what}", path=str(path))
+    if st.st_size > limit:
+        raise InputError(f"{st.st_size} bytes; a {what} is at most {limit} bytes", path=str(path))
 
 
 def _is_unicode(s: str) -> bool:
@@ -107,6 +119,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     p = Path(path)
     spath = str(path)
     try:
+        check_regular_file(p, "prompt set (a .jsonl file)", MAX_PROMPT_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("prompt set not found", path=spath) from None

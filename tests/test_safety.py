@@ -1,10 +1,11 @@
-"""Distrust every engine: secrets are never written, and no id, token or engine error can break a
-report or a terminal."""
+"""Distrust every engine: secrets are never written, output is never half-replaced or written
+outside its directory, and no id, token or engine error can break a report or a terminal."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import secrets
 import sys
@@ -164,6 +165,134 @@ def test_redacted_gate_toml_is_valid_and_unchanged_without_secrets():
     data = tomllib.loads(out)
     assert data["candidate"]["env"] == {"API_KEY": REDACTED, "N": 3, "OK": True}
     assert data["candidate"]["command"] == ["a", 'b"c'] and data["candidate"]["extra_body"] == {"a": [1.5, {"b": "c"}]}
+
+
+# ---------------------------------------------------------------- 5. output safety
+
+
+def run_cmd(tmp_path: Path, out: Path, engine: str, *extra: str):
+    (tmp_path / "engine.toml").write_text(engine)
+    return runner.invoke(app, ["run", str(tmp_path / "engine.toml"), "--prompts", str(prompts_file(tmp_path)),
+                               "--out", str(out), "--max-tokens", "2", "--top-logprobs", "2", *extra])
+
+
+def manifest(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def test_run_out_refuses_a_complete_run_without_force(tmp_path):
+    out = tmp_path / "run"
+    assert run_cmd(tmp_path, out, fake_arm()).exit_code == 0
+    before = (out / "records.jsonl").read_text()
+    r = run_cmd(tmp_path, out, 'kind = "command"\ncommand = ["no-such-engine-binary"]\n')
+    assert r.exit_code == 2 and "--force" in r.output, r.output
+    assert manifest(out)["status"] == "complete" and (out / "records.jsonl").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".run", "run"))) == ["run"]
+
+
+def test_run_out_failure_keeps_the_previous_complete_run(tmp_path):
+    out = tmp_path / "run"
+    assert run_cmd(tmp_path, out, fake_arm()).exit_code == 0
+    r = run_cmd(tmp_path, out, 'kind = "command"\ncommand = ["no-such-engine-binary"]\n', "--force")
+    assert r.exit_code == 2, r.output
+    assert manifest(out)["status"] == "complete" and manifest(out)["records"] == 3
+    (failed,) = tmp_path.glob("run.failed-*")
+    assert manifest(failed)["status"] == "failed" and str(failed) in r.output.replace("\n", "")
+    r = run_cmd(tmp_path, out, fake_arm("exit", "--after", "1"), "--force")
+    assert r.exit_code == 3 and manifest(out)["records"] == 3
+    assert not list(tmp_path.glob(".run.*"))  # no staging directory left behind
+
+
+def test_run_out_force_replaces_and_a_failed_run_is_kept_when_nothing_was_there(tmp_path):
+    out = tmp_path / "run"
+    assert run_cmd(tmp_path, out, fake_arm("exit", "--after", "1")).exit_code == 3
+    assert manifest(out)["status"] == "failed" and manifest(out)["records"] == 1
+    assert run_cmd(tmp_path, out, fake_arm()).exit_code == 0  # a failed run is replaced without --force
+    first = manifest(out)["created"]
+    assert run_cmd(tmp_path, out, fake_arm(), "--force").exit_code == 0
+    assert manifest(out)["status"] == "complete" and (out / "records.jsonl").exists()
+    assert ".run.tmp-" not in (out / "manifest.json").read_text()  # the log is named where it ended up
+    assert first <= manifest(out)["created"]
+
+
+def test_capture_refuses_a_complete_baseline_without_force(tmp_path):
+    prompts_file(tmp_path)
+    g = tmp_path / "cap.toml"
+    g.write_text(f'name = "cap"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\n[reference]\n{fake_arm()}')
+    out = tmp_path / "base"
+    assert runner.invoke(app, ["capture", str(g), "--runs", "2", "--out", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["capture", str(g), "--runs", "2", "--out", str(out)])
+    assert r.exit_code == 2 and "--force" in r.output
+    assert runner.invoke(app, ["capture", str(g), "--runs", "2", "--out", str(out), "--force"]).exit_code == 0
+    assert manifest(out)["runs"] == 2
+
+
+def test_gate_name_cannot_leave_the_output_dir(tmp_path):
+    prompts_file(tmp_path)
+    out = tmp_path / "deep" / "reports"
+    r = runner.invoke(app, ["gate", str(gate_file(tmp_path, fake_arm(), fake_arm(), name="../../../escaped/x", out=out))])
+    assert r.exit_code == 0, r.output
+    (report_dir,) = out.iterdir()
+    assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", report_dir.name) and (report_dir / "report.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "gate.toml", "p.jsonl"]
+    assert json.loads((report_dir / "report.json").read_text())["name"] == "../../../escaped/x"
+
+
+def _marker_arm(marker: Path) -> str:
+    """An engine that leaves a marker file if it is ever started."""
+    code = f"import pathlib; pathlib.Path({str(marker)!r}).touch()"
+    return f'kind = "command"\ncommand = {json.dumps([sys.executable, "-c", code])}\nstartup_timeout_s = 5\n'
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "read_only"])
+def test_unwritable_output_dir_is_exit_2_before_any_engine_starts(tmp_path, where):
+    prompts_file(tmp_path)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    if where == "read_only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only directories")
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        out = ro / "reports"
+    else:
+        out = blocker if where == "file" else blocker / "reports"
+    marker = tmp_path / "started"
+    r = runner.invoke(app, ["gate", str(gate_file(tmp_path, _marker_arm(marker), _marker_arm(marker), out=out))])
+    assert r.exit_code == 2, r.output
+    assert str(out if where != "under_file" else out) in r.output.replace("\n", "") and "Traceback" not in r.output
+    assert not marker.exists()
+    r = run_cmd(tmp_path, blocker / "run", _marker_arm(marker))
+    assert r.exit_code == 2 and "Traceback" not in r.output and not marker.exists(), r.output
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "dir", "huge"])
+def test_prompt_file_must_be_a_bounded_regular_file(tmp_path, special, monkeypatch):
+    if special == "fifo":
+        path = tmp_path / "fifo.jsonl"
+        os.mkfifo(path)
+    elif special == "dir":
+        path = tmp_path
+    elif special == "huge":
+        import strict_gate.prompts
+
+        monkeypatch.setattr(strict_gate.prompts, "MAX_PROMPT_BYTES", 10)
+        path = prompts_file(tmp_path)
+    else:
+        path = Path(special)
+    r = runner.invoke(app, ["prompts", str(path)])  # a read would never end: the check comes first
+    assert r.exit_code == 2 and str(path) in r.output, r.output
+    marker = tmp_path / "started"
+    g = gate_file(tmp_path, _marker_arm(marker), _marker_arm(marker), prompts=str(path))
+    assert runner.invoke(app, ["gate", str(g)]).exit_code == 2 and not marker.exists()
+
+
+@pytest.mark.parametrize("command", ["gate", "capture", "run"])
+def test_config_file_must_be_a_regular_file(command):
+    args = ["--prompts", "p.jsonl", "--out", "never"] if command == "run" else []
+    r = runner.invoke(app, [command, "/dev/zero", *args])
+    assert r.exit_code == 2 and "/dev/zero" in r.output and "regular file" in r.output, r.output
 
 
 # ---------------------------------------------------------------- 6. escaping everywhere
