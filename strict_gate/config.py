@@ -183,7 +183,7 @@ def load_gate_config(
 ) -> GateConfig:
     p = Path(path)
     try:
-        check_regular_file(p, "gate config (a .toml file)", MAX_CONFIG_BYTES)
+        check_regular_file(p, "a gate config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("config not found", path=str(path)) from None
@@ -199,7 +199,7 @@ def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:
     """
     p = Path(path)
     try:
-        check_regular_file(p, "engine config (a .toml file)", MAX_CONFIG_BYTES)
+        check_regular_file(p, "an engine config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text)
     except FileNotFoundError:

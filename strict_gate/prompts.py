@@ -62,9 +62,9 @@ def check_regular_file(path: Path, what: str, limit: int) -> None:
     A missing file raises FileNotFoundError, for the caller to word."""
     st = path.stat()
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"not a regular file; expected a {what}", path=str(path))
+        raise InputError(f"not a regular file; expected {what}", path=str(path))
     if st.st_size > limit:
-        raise InputError(f"{st.st_size} bytes; a {what} is at most {limit} bytes", path=str(path))
+        raise InputError(f"{st.st_size} bytes; {what} is at most {limit} bytes", path=str(path))
 
 
 def _is_unicode(s: str) -> bool:
@@ -119,7 +119,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     p = Path(path)
     spath = str(path)
     try:
-        check_regular_file(p, "prompt set (a .jsonl file)", MAX_PROMPT_BYTES)
+        check_regular_file(p, "a prompt set (a .jsonl file)", MAX_PROMPT_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("prompt set not found", path=spath) from None

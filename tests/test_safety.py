@@ -167,6 +167,16 @@ def test_redacted_gate_toml_is_valid_and_unchanged_without_secrets():
     assert data["candidate"]["command"] == ["a", 'b"c'] and data["candidate"]["extra_body"] == {"a": [1.5, {"b": "c"}]}
 
 
+def test_a_redacted_entry_read_back_is_not_applied(tmp_path):
+    """strict-gate diagnose reloads the report's gate.toml: the engine inherits the real variable."""
+    from strict_gate.config import parse_gate_config
+
+    text = ('name = "x"\nprompts = "p.jsonl"\n[reference]\nkind = "recorded"\npath = "r"\n'
+            f'[reference.env]\nHF_TOKEN = "{REDACTED}"\nDEVICE_KDA = "1"\n')
+    cfg = parse_gate_config(text, str(tmp_path / "gate.toml"), require_candidate=False)
+    assert cfg.reference.env == {"DEVICE_KDA": "1"}
+
+
 # ---------------------------------------------------------------- 5. output safety
 
 
