@@ -46,6 +46,7 @@ from strict_gate.engines.base import (
 from strict_gate.engines.process import close_log, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.redact import register, scrub_json
 
 TOKEN_ID_PREFIX = "token_id:"
 # Sent with every completion so that the server's greedy choice is the raw argmax, whatever
@@ -184,6 +185,7 @@ class OpenAIEngine(Engine):
         self.startup_s: float | None = None  # launch mode: seconds from launch to healthy
         self._tok = None
         self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
+        register(self._api_key)
 
     # ---------------------------------------------------------------- paths
     def _resolve_arg(self, arg: str) -> str:
@@ -204,8 +206,11 @@ class OpenAIEngine(Engine):
     # ---------------------------------------------------------------- HTTP
     @property
     def _api_key(self) -> str | None:
-        """Read at each use from the variable named by api_key_env; never stored in options."""
-        return os.environ.get(self.options.api_key_env) or None if self.options.api_key_env else None
+        """Read at each use from the variable named by api_key_env; never stored in options, and
+        registered so that whatever the gate writes (an error echoing it) is scrubbed."""
+        key = os.environ.get(self.options.api_key_env) or None if self.options.api_key_env else None
+        register(key)
+        return key
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -418,16 +423,8 @@ class OpenAIEngine(Engine):
         return self._versions
 
     def _redact(self, obj):
-        key = self._api_key
-        if not key:
-            return obj
-        if isinstance(obj, str):
-            return obj.replace(key, "***")
-        if isinstance(obj, dict):
-            return {self._redact(k): self._redact(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [self._redact(v) for v in obj]
-        return obj
+        register(self._api_key)  # set after the engine was made: still scrubbed
+        return scrub_json(obj)
 
     def info(self) -> EngineInfo:
         opts = asdict(self.options)

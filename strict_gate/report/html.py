@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from html import escape
+import html
 
 from strict_gate.report.result import GateResult
-from strict_gate.report.text import Decoder
+from strict_gate.report.text import Decoder, visible
 
 _COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "incomplete": "#9a6700"}
+
+
+def escape(text: str) -> str:
+    """HTML-escaped, control characters shown as escapes (a browser would drop or garble them)."""
+    return html.escape(visible(text))
 
 
 def _g(x: float | None) -> str:
