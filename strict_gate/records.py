@@ -9,6 +9,7 @@ rewritten atomically at the start ("running") and at the end ("complete" or
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -76,7 +77,9 @@ class Timing:
     total_s: float | None = None
 
     def to_json(self) -> dict:
-        return {"ttft_s": self.ttft_s, "total_s": self.total_s}
+        """Non-finite figures (a clock that failed) are written as unknown: run files are strict JSON."""
+        return {k: v if v is None or math.isfinite(v) else None
+                for k, v in (("ttft_s", self.ttft_s), ("total_s", self.total_s))}
 
 
 @dataclass(frozen=True)

@@ -260,12 +260,13 @@ def test_unwritable_output_dir_is_exit_2_before_any_engine_starts(tmp_path, wher
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a directory")
     if where == "read_only":
-        if os.geteuid() == 0:
-            pytest.skip("root writes into read-only directories")
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        ro.chmod(0o555)
-        out = ro / "reports"
+        if os.geteuid() == 0:  # root writes through mode bits; /proc refuses even root
+            out = Path("/proc/strict-gate-reports")
+        else:
+            ro = tmp_path / "ro"
+            ro.mkdir()
+            ro.chmod(0o555)
+            out = ro / "reports"
     else:
         out = blocker if where == "file" else blocker / "reports"
     marker = tmp_path / "started"
@@ -344,15 +345,22 @@ def test_control_characters_in_ids_and_engine_errors(tmp_path):
 def test_report_json_is_strict_with_non_finite_timings_and_logprobs(tmp_path):
     inf = float("inf")
     ref = [replace(rec("p0", [5, 6]), timing=Timing(ttft_s=float("nan"), total_s=inf)),
-           rec("p1", [7, 8], tops=[step((7, -0.1), (9, -inf)), step((8, -0.1), (3, -2.0))])]
-    cand = [rec("p0", [5, 6]), rec("p1", [9, 8], tops=[step((9, -0.1), (7, -inf)), step((8, -0.1), (3, -2.0))])]
+           rec("p1", [7, 8], tops=[step((7, -0.1), (9, -0.3)), step((8, -0.1), (3, -2.0))])]
+    cand = [rec("p0", [5, 6]), rec("p1", [9, 8], tops=[step((9, -0.1), (7, -0.2)), step((8, -0.1), (3, -2.0))])]
     write_run(tmp_path / "ref", ref, max_tokens=2)
     write_run(tmp_path / "cand", cand, max_tokens=2)
+    # Run files are strict JSON too: a clock that failed is written as unknown.
+    assert strict_json((tmp_path / "ref" / "records.jsonl").read_text().splitlines()[0])["timing"] == {
+        "ttft_s": None, "total_s": None}
     r = runner.invoke(app, ["compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--out", str(tmp_path / "out")])
     assert r.exit_code == 1, r.output
-    report = strict_json((tmp_path / "out" / "report.json").read_text())
-    assert report["prompts"][1]["first_divergence"]["reference_gap"] is None  # inf -> null
+    strict_json((tmp_path / "out" / "report.json").read_text())
     assert_reports_safe(tmp_path / "out", console_text(r))
+    # A -inf logprob in a stored run is refused by the audit before any report is written.
+    bad = [rec("p1", [9, 8], tops=[step((9, -0.1), (7, -inf)), step((8, -0.1), (3, -2.0))])]
+    write_run(tmp_path / "bad", bad, max_tokens=2)
+    r = runner.invoke(app, ["compare", str(tmp_path / "ref"), str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "finite-logprobs" in r.output
 
 
 def _result(name: str, pid: str, error: str, problem: str):
