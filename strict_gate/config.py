@@ -19,11 +19,14 @@ from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.options import did_you_mean, parse_options
 from strict_gate.policy import check_policy
+from strict_gate.prompts import check_regular_file
+from strict_gate.redact import restore_env
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "greedy_tolerance", "output_dir",
     "diagnose", "reference", "candidate", "rescorer",
 }
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
 
 
@@ -108,7 +111,7 @@ def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
     options = parse_options(cls.Options, opts, where=role, line_of=lines.finder(role))
     cls.check_options(options, where=role, line_of=lines.finder(role))
-    env = {k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()}
+    env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()})
     return ArmConfig(role, kind, options, env, runs, base_dir)
 
 
@@ -194,6 +197,7 @@ def load_gate_config(
 ) -> GateConfig:
     p = Path(path)
     try:
+        check_regular_file(p, "a gate config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("config not found", path=str(path)) from None
@@ -209,6 +213,7 @@ def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:
     """
     p = Path(path)
     try:
+        check_regular_file(p, "an engine config (a .toml file)", MAX_CONFIG_BYTES)
         text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text)
     except FileNotFoundError:

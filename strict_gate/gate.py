@@ -7,7 +7,6 @@ exactly once per gate.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,10 +20,12 @@ from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.gate_state import write_gate_state
+from strict_gate.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
 from strict_gate.reader import load_run
-from strict_gate.records import Run, Sampling, now_iso
+from strict_gate.records import Run, Sampling, now_iso, write_text_atomic
+from strict_gate.redact import redact_toml, scrub_tree
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
 
@@ -39,14 +40,15 @@ class GateOutcome:
 
 
 def new_report_dir(output_dir: Path, name: str) -> Path:
+    """A fresh directory for one gate's reports, named after the gate, always inside output_dir."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = output_dir / f"{name}-{stamp}"
+    base = output_dir / f"{safe_name(name)}-{stamp}"
     path, n = base, 1
     while path.exists():
         n += 1
         path = Path(f"{base}-{n}")
     path.mkdir(parents=True)
-    return path
+    return inside(path, output_dir)
 
 
 def valid_band(band: float) -> float:
@@ -203,20 +205,24 @@ def capture_baseline(
     runs: int,
     progress: ProgressHook | None = None,
     engine: Engine | None = None,
+    force: bool = False,
 ) -> Run:
     """Run the reference K times per prompt (one prompt per call) into a baseline run with
-    its determinism summary. A given `engine` is used as is and left open."""
+    its determinism summary. A given `engine` is used as is and left open. `out` is replaced
+    only by a finished capture, and a complete one there only with `force`."""
     ps = load_prompts(cfg.prompts)
-    reference = engine or cfg.reference.build()
-    try:
-        inputs = prompt_inputs(ps, reference)
-        return run_arm(
-            reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), out, prompt_set=ps, runs=runs,
-            on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
-        )
-    finally:
-        if engine is None:
-            reference.close()
+    with staged_run_dir(out, force=force) as staged:
+        reference = engine or cfg.reference.build()
+        try:
+            inputs = prompt_inputs(ps, reference)
+            run_arm(
+                reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), staged, prompt_set=ps, runs=runs,
+                on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
+            )
+        finally:
+            if engine is None:
+                reference.close()
+    return load_run(out)
 
 
 def run_gate(
@@ -234,13 +240,14 @@ def run_gate(
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     policy = check_policy(policy or cfg.policy)
     band = cfg.band if band is None else valid_band(band)
+    ensure_writable_dir(output_dir or cfg.output_dir)
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
     reference.check_compatible(ps.sha256, sampling)
     inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
-    shutil.copyfile(cfg.path, report_dir / "gate.toml")
+    write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     write_gate_state(report_dir, cfg, ps, policy=policy, band=band)  # what `gate --resume` needs
     result = play_gate(
         cfg, ps, inputs, report_dir, reference=reference, candidate=candidate, owned=set(ROLES) - set(given),
@@ -303,6 +310,7 @@ def play_gate(
     finally:
         if "reference" in owned:
             reference.close()
+        scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
     from strict_gate.report import write_reports
 
     write_reports(result, report_dir)

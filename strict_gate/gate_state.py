@@ -19,6 +19,7 @@ from strict_gate.config import GateConfig
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.prompts import PromptSet
 from strict_gate.records import now_iso, write_json_atomic
+from strict_gate.redact import is_secret_name
 
 STATE = "gate-state.json"
 STATE_SCHEMA = "strict-gate/gate-state@1"
@@ -65,7 +66,9 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
         values[f"[{role}] kind"] = arm.kind
         values[f"[{role}] runs"] = arm.runs
         values.update({f"[{role}] {k}": v for k, v in asdict(arm.options).items()})
-        values.update({f"[{role}.env] {k}": v for k, v in arm.env.items()})
+        # Secret-named entries are not fingerprinted: the report's gate.toml holds them as
+        # "<redacted>" (not applied on resume: the engine inherits the real value).
+        values.update({f"[{role}.env] {k}": v for k, v in arm.env.items() if not is_secret_name(k)})
     return {name: _digest(v) for name, v in values.items()}
 
 

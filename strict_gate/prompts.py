@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from strict_gate.errors import InputError
 
 _ALLOWED_KEYS = {"id", "text", "token_ids", "tags"}
+MAX_PROMPT_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,25 @@ def prompt_set_sha256(prompts: tuple[Prompt, ...] | list[Prompt]) -> str:
     return h.hexdigest()
 
 
+def check_regular_file(path: Path, what: str, limit: int) -> None:
+    """Stat before reading: /dev/zero or a FIFO would never end, a huge file would fill memory.
+    A missing file raises FileNotFoundError, for the caller to word."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"not a regular file; expected {what}", path=str(path))
+    if st.st_size > limit:
+        raise InputError(f"{st.st_size} bytes; {what} is at most {limit} bytes", path=str(path))
+
+
+def _is_unicode(s: str) -> bool:
+    """False for a string JSON decoded with a lone surrogate: no report file could hold it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_line(obj: object, path: str, lineno: int) -> Prompt:
     if not isinstance(obj, dict):
         raise InputError("each line must be a JSON object", path=path, line=lineno)
@@ -66,6 +87,10 @@ def _parse_line(obj: object, path: str, lineno: int) -> Prompt:
     pid = obj.get("id")
     if not isinstance(pid, str) or not pid.strip():
         raise InputError('missing or empty "id" (a non-empty string)', path=path, line=lineno)
+    for key in ("id", "text"):
+        if isinstance(obj.get(key), str) and not _is_unicode(obj[key]):
+            raise InputError(f'"{key}" holds an unpaired surrogate (\\ud800-\\udfff): not valid Unicode',
+                             path=path, line=lineno)
     has_text, has_ids = "text" in obj, "token_ids" in obj
     if has_text == has_ids:
         raise InputError(
@@ -94,6 +119,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     p = Path(path)
     spath = str(path)
     try:
+        check_regular_file(p, "a prompt set (a .jsonl file)", MAX_PROMPT_BYTES)
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("prompt set not found", path=spath) from None

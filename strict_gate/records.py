@@ -9,7 +9,9 @@ rewritten atomically at the start ("running") and at the end ("complete" or
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import tempfile
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +23,7 @@ import jsonlines
 import numpy as np
 
 from strict_gate.errors import InputError
+from strict_gate.redact import redact_env, scrub, scrub_json
 
 RUN_SCHEMA = "strict-gate/run@1"
 MANIFEST = "manifest.json"
@@ -29,6 +32,7 @@ PARTIAL = "records.jsonl.partial"
 FINISH_REASONS = ("stop", "length")
 
 TopK = tuple[tuple[int, float], ...]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TopSteps(Sequence[TopK]):
@@ -73,7 +77,9 @@ class Timing:
     total_s: float | None = None
 
     def to_json(self) -> dict:
-        return {"ttft_s": self.ttft_s, "total_s": self.total_s}
+        """Non-finite figures (a clock that failed) are written as unknown: run files are strict JSON."""
+        return {k: v if v is None or math.isfinite(v) else None
+                for k, v in (("ttft_s", self.ttft_s), ("total_s", self.total_s))}
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,13 @@ class EngineInfo:
     env: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        # The one place engine descriptions are made: every manifest, report and console line
+        # gets the redacted env (the engine keeps the real values in its own process env).
+        object.__setattr__(self, "env", redact_env(self.env))
+        for name in ("model", "options", "versions", "tokenizer"):
+            object.__setattr__(self, name, scrub_json(getattr(self, name)))
 
     def to_json(self) -> dict:
         return {
@@ -224,13 +237,21 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _dumps(obj: Any, indent: int | None = None) -> str:
+    """JSON as UTF-8 text; ASCII escapes when a string holds a lone surrogate (an engine's
+    "\\ud800"), which no UTF-8 file can hold raw but an escape keeps exactly."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False)
+    return text if not _SURROGATE.search(text) else json.dumps(obj, indent=indent)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and rename, so readers see the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    obj = scrub_json(obj)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write(_dumps(obj, indent=2))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -242,6 +263,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -277,7 +299,7 @@ class RunWriter:
         (self.dir / RECORDS).unlink(missing_ok=True)
         self._f = open(self.dir / PARTIAL, "a", encoding="utf-8")
         # flush=True: each finished prompt is on disk before the next one starts.
-        self._lines = jsonlines.Writer(self._f, flush=True, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+        self._lines = jsonlines.Writer(self._f, flush=True, dumps=_dumps)
         self._count = len(kept)
         self._closed = False
 
@@ -299,7 +321,7 @@ class RunWriter:
         return lines
 
     def add(self, record: Record) -> None:
-        self._lines.write(record.to_json())
+        self._lines.write(scrub_json(record.to_json()))
         self._count += 1
 
     def _close(self, **changes) -> Manifest:

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from strict_gate.errors import ConfigError
 from strict_gate.records import EngineInfo, Record, Sampling, TopK
+from strict_gate.redact import register_env
 
 BUNDLED_PREFIX = "bundled:"
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -56,6 +57,7 @@ class Engine(ABC):
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options
         self.env = dict(env or {})
+        register_env(self.env)  # from now on, secret-looking values are scrubbed from what is written
         self.base_dir = Path(base_dir)
         self.log_path: str | Path | None = None  # where a writes_log engine logs; None: a temp file
 

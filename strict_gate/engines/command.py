@@ -29,6 +29,7 @@ from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtr
 from strict_gate.options import Seconds
 from strict_gate.reader import parse_record
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.redact import scrub
 
 PROTOCOL = "strict-gate/engine@1"
 QUOTE_CHARS = 200  # how much of a bad line an error quotes
@@ -119,7 +120,7 @@ class CommandEngine(Engine):
         else:
             log_path = self.log_path
         self._log_file, self._log_used, temp_log = open_log(
-            log_path, "strict-gate-command-", f"--- strict-gate: starting {self.argv!r} in {self.cwd}"
+            log_path, "strict-gate-command-", scrub(f"--- strict-gate: starting {self.argv!r} in {self.cwd}")
         )
         try:
             # its own group: close() kills the binary and all it started

@@ -35,6 +35,7 @@ from strict_gate.engines.openai_server import Server, arm_servers
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.options import PositiveInt
 from strict_gate.records import EngineInfo, Record, Sampling, Timing
+from strict_gate.redact import register, scrub_json
 
 # Sent with every completion so that the server's greedy choice is the raw argmax, whatever
 # defaults the model's generation_config carries (vLLM's server applies them to requests).
@@ -82,6 +83,7 @@ class OpenAIEngine(Engine):
         self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
         self._tok = None
         self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
+        register(self._api_key)  # scrubbed from whatever is written, from now on
 
     # ---------------------------------------------------------------- configuration
     def _resolve_tokenizer(self, spec: str) -> str:
@@ -193,16 +195,8 @@ class OpenAIEngine(Engine):
         return {"server": str(v["version"])} if isinstance(v, dict) and v.get("version") else {}
 
     def _redact(self, obj):
-        key = self._api_key
-        if not key:
-            return obj
-        if isinstance(obj, str):
-            return obj.replace(key, "***")
-        if isinstance(obj, dict):
-            return {self._redact(k): self._redact(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [self._redact(v) for v in obj]
-        return obj
+        register(self._api_key)  # set after the engine was made: still scrubbed
+        return scrub_json(obj)
 
     def _describe(self, s: Server) -> dict:
         if s.process is None:

@@ -24,6 +24,7 @@ from http.client import HTTPException
 from strict_gate.engines.base import PromptInput, ScoredStep
 from strict_gate.errors import EngineError
 from strict_gate.records import Record, Timing, sort_topk
+from strict_gate.redact import register
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -102,7 +103,11 @@ class OpenAIClient:
 
     @property
     def api_key(self) -> str | None:
-        return (os.environ.get(self.api_key_env) or None) if self.api_key_env else None
+        """Read at each use from the variable named by api_key_env; never stored, and registered
+        so that whatever the gate writes (an error echoing it) is scrubbed."""
+        key = (os.environ.get(self.api_key_env) or None) if self.api_key_env else None
+        register(key)
+        return key
 
     def _open(self, method: str, path: str, body: dict | None, timeout: float):
         headers = {"Content-Type": "application/json", "Accept": "application/json"}

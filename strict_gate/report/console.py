@@ -6,8 +6,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from strict_gate.redact import scrub_obj
 from strict_gate.report.result import GateResult
-from strict_gate.report.text import Decoder, show_token
+from strict_gate.report.text import Decoder, show_token, visible
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow"}
 
@@ -18,10 +19,11 @@ def _g(x: float | None) -> str:
 
 def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
     console = console or Console()
+    r = scrub_obj(r)
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
-    table = Table(title=Text(f"strict-gate: {r.name}"), show_lines=False)
+    table = Table(title=Text(visible(f"strict-gate: {r.name}")), show_lines=False)
     # One line per prompt: on a narrow terminal the last column is cut, the report has it whole.
     widths = {"prompt": 10, "status": 9, "pos": 3, "ref gap": 7, "cand gap": 8}
     for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
@@ -41,7 +43,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             "" if d is None else _g(d.candidate_gap),
             dg.short if dg else (p.detail[:60] if p.detail else ""),
         )
-        table.add_row(*(Text(c) for c in cells))  # model text is never read as rich markup
+        table.add_row(*(Text(visible(c)) for c in cells))  # never read as rich markup, never raw control chars
     if bad:
         console.print(table)
         if len(bad) > 40:
@@ -56,6 +58,6 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         )
     )
     for reason in v.reasons[:6]:
-        console.print(Text(f"  {reason}"))
+        console.print(Text(f"  {visible(reason)}"))
     if report_dir:
-        console.print(Text(f"  report: {report_dir}/report.md"))
+        console.print(Text(visible(f"  report: {report_dir}/report.md")))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from html import escape
+import html
 
 from strict_gate.report.result import GateResult
-from strict_gate.report.text import Decoder
+from strict_gate.report.text import Decoder, visible
 
 _COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "incomplete": "#9a6700"}
+
+
+def escape(text: str) -> str:
+    """HTML-escaped, control characters shown as escapes (a browser would drop or garble them)."""
+    return html.escape(visible(text))
 
 
 def _g(x: float | None) -> str:
@@ -20,8 +25,9 @@ def render(r: GateResult) -> str:
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     tok = lambda t: "(end)" if t is None else f"“{escape(dec.token(t))}” ({t})"  # noqa: E731
     rows = []
-    # Non-matching prompts first: they are what a reviewer opened the page for.
-    for p in sorted(r.comparison.prompts, key=lambda p: p.status == "match"):
+    # Non-matching prompts in full; matching ones as one count (a 10,000-prompt gate stays readable).
+    matching = [p for p in r.comparison.prompts if p.status == "match"]
+    for p in (p for p in r.comparison.prompts if p.status != "match"):
         d = p.first_divergence
         dg = r.diagnoses.get(p.id)
         rows.append(
@@ -59,5 +65,7 @@ candidate: {escape(r.candidate.kind)} {escape(str(r.candidate.model))}</p>
 <table><tr><th>prompt</th><th>status</th><th>pos</th><th>reference</th><th>candidate</th><th>ref gap</th>
 <th>cand gap</th><th>matched</th><th>why</th></tr>
 {''.join(rows)}
+<tr class='ok'><td colspan='9'>{len(matching)} prompt(s) match token for token
+({sum(p.matched_positions for p in matching)} positions); their ids are in report.json</td></tr>
 </table></body></html>
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -108,8 +109,25 @@ _MD_SPECIAL = str.maketrans(
 
 
 def md(text: str) -> str:
-    """Escape model text for a markdown table cell: no pipes, code spans, HTML or newlines survive."""
-    return html.escape(text, quote=False).translate(_MD_SPECIAL)
+    """Escape model text for a markdown table cell: no pipes, code spans, HTML, newlines or
+    control characters survive."""
+    return visible(html.escape(text, quote=False).translate(_MD_SPECIAL))
+
+
+# C0 (but newline, where asked), DEL, C1, lone surrogates and the two non-characters XML forbids.
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_INVISIBLE_OR_NEWLINE = re.compile("[\n" + _INVISIBLE.pattern[1:])
+
+
+def _escape_char(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def visible(text: str, *, keep_newlines: bool = False) -> str:
+    """Control characters as visible escapes (ESC -> \\x1b), so ids, model text and engine
+    errors can neither drive a terminal nor break a report; newlines stay when they are structure."""
+    return (_INVISIBLE if keep_newlines else _INVISIBLE_OR_NEWLINE).sub(_escape_char, text)
 
 
 def show_token(dec: Decoder, token_id: int | None) -> str:

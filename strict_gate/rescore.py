@@ -1,0 +1,79 @@
+"""Teacher-forced re-scoring of a finished gate, from its report directory alone.
+
+A gate run without diagnosis (diagnose = false, a stored reference with no [rescorer],
+a failed scorer) can be diagnosed later: the report directory holds the config
+(gate.toml), both arms' runs and report.json, which says the policy, band and prompt
+ids the gate judged with, so the new verdict is judged exactly as the old one was.
+
+Named rescore, not rediagnose, so that `strict_gate.rediagnose` stays the function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from strict_gate.config import GateConfig, load_gate_config
+from strict_gate.engines.base import Engine
+from strict_gate.errors import ConfigError, InputError
+from strict_gate.gate import GateOutcome, judge
+from strict_gate.reader import load_run
+from strict_gate.report import write_reports
+
+
+def _old_report(report_dir: Path) -> dict:
+    """The gate's report.json, or {} when the gate died before writing it."""
+    path = report_dir / "report.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read the report: {e}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("not a strict-gate report (expected a JSON object)", path=str(path))
+    return data
+
+
+def _scorer(cfg: GateConfig) -> Engine:
+    """The reference engine when it can score, else the [rescorer] arm (built, not started)."""
+    engine = cfg.reference.build()
+    if engine.can_score:
+        return engine
+    engine.close()
+    if cfg.rescorer is None:
+        raise ConfigError(
+            f"the reference engine ({engine.kind}) cannot re-score; add a [rescorer] engine "
+            "(hf, vllm, openai or command on the reference's model) to the gate config",
+            path=cfg.path,
+        )
+    return cfg.rescorer.build()
+
+
+def rediagnose(report_dir: str | Path) -> GateOutcome:
+    """Re-score a finished gate's divergent prompts and rewrite its reports in place.
+
+    The scoring engine starts only if something diverged. Raises InputError when the
+    directory is not a gate report, ConfigError when no engine can score."""
+    report_dir = Path(report_dir)
+    cfg_path = report_dir / "gate.toml"
+    if not cfg_path.exists():
+        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
+    old = _old_report(report_dir)
+    config = old.get("config") or None
+    base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
+    cfg = load_gate_config(cfg_path, base_dir=base_dir)
+    ref = load_run(report_dir / "reference", allow_incomplete=True)
+    cand = load_run(report_dir / "candidate", allow_incomplete=True)
+    engine = _scorer(cfg)
+    try:
+        result = judge(
+            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
+            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
+            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
+            rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
+        )
+    finally:
+        engine.close()
+    write_reports(result, report_dir)
+    return GateOutcome(result, report_dir)
