@@ -33,7 +33,7 @@ from strict_gate.engines.openai_client import (
 from strict_gate.engines.openai_pool import ServerFailed, dispatch
 from strict_gate.engines.openai_server import Server, arm_servers
 from strict_gate.errors import ConfigError, EngineError
-from strict_gate.options import PositiveInt
+from strict_gate.options import NonNegativeInt, PositiveInt, Seconds
 from strict_gate.records import EngineInfo, Record, Sampling, Timing
 from strict_gate.redact import register, scrub_json
 
@@ -50,9 +50,9 @@ class OpenAIOptions:
     serve: list[str] | None = None  # command that launches the server (argv, no shell)
     servers: PositiveInt = 1  # copies of `serve` to launch, each on its own {port}
     health_url: str | None = None  # default: base_url/health, then base_url/v1/models
-    startup_timeout_s: float = 600.0
-    request_timeout_s: float = 120.0
-    retries: int = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
+    startup_timeout_s: Seconds = 600.0
+    request_timeout_s: Seconds = 120.0
+    retries: NonNegativeInt = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
     tokenizer: str | None = None  # tokenizer.json or a model dir; None: the server's /tokenize
     prompt_logprobs: bool = True  # teacher-forced scoring through prompt_logprobs
     stream_timing: bool = False  # stream each request to measure time to first token
@@ -60,7 +60,7 @@ class OpenAIOptions:
     # frequency penalties 0, repetition_penalty 1: vLLM's server otherwise takes defaults such as
     # a repetition penalty from the model's generation_config). A key set to null is not sent.
     extra_body: dict = field(default_factory=dict)
-    stop_timeout_s: float = 30.0  # SIGTERM grace period before SIGKILL
+    stop_timeout_s: Seconds = 30.0  # SIGTERM grace period before SIGKILL
 
 
 class OpenAIEngine(Engine):
