@@ -103,6 +103,8 @@ def _prompt_json(p, v, r: GateResult) -> dict:
             "matched_positions": p.matched_positions,
             "reference_length": p.reference_length,
             "candidate_length": p.candidate_length,
+            "first_divergence": None,
+            "diagnosis": None,
         }
     return {
         "id": p.id,
