@@ -33,6 +33,28 @@ def _engine_rows(label: str, info) -> list[str]:
     return [f"| {label} | {md(info.kind)} | {md(str(info.model))} | {md(opts)} | {md(env)} | {md(versions)} |"]
 
 
+def trend(history) -> list[str]:
+    """The last nights of this gate (history.jsonl), oldest first, tonight last."""
+    if len(history) < 2:
+        return []
+    drift = any(isinstance(e.get("drift"), dict) for e in history)
+    out = [f"## Trend (last {len(history)} nights)", ""]
+    out.append("| night | verdict | exact | positions | near-tie | divergent |" + (" min ref margin |" if drift else ""))
+    out.append("|---|---|---|---|---|---|" + ("---|" if drift else ""))
+    for e in history:
+        p, pos, c = e.get("prompts") or {}, e.get("positions") or {}, e.get("counts") or {}
+        row = (
+            f"| {md(str(e.get('time')))} | {md(str(e.get('verdict')))} | {p.get('exact')}/{p.get('total')} "
+            f"| {pos.get('matched')}/{pos.get('total')} | {c.get('near_tie', 0)} | {c.get('divergent', 0)} |"
+        )
+        if drift:
+            m = (e.get("drift") or {}).get("min_reference_margin")
+            row += f" {'–' if m is None else _gap(m)} |"
+        out.append(row)
+    out.append("")
+    return out
+
+
 def render(r: GateResult) -> str:
     s = r.comparison.summary
     v = r.verdict
@@ -73,6 +95,7 @@ def render(r: GateResult) -> str:
     for note in (*v.notes, *r.notes):
         out.append(f"- note: {md(note)}")
     out.append("")
+    out += trend(r.history)
     bad = [p for p in r.comparison.prompts if p.status != "match"]
     if bad:
         out.append("## Prompts that do not match")
