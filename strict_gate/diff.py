@@ -247,9 +247,9 @@ def diff_reports(old: dict, new: dict, *, fail_on=DEFAULT_FAIL_ON, old_path="old
                                       newly_failing))
     worse = [c for c in changes if c.worse]
     if worse:
-        regressions.append(Regression(Rule.STATUS_WORSE, ", ".join(
-            f"{c.id} {c.old_status} -> {c.new_status}" for c in worse[:20]) + (" ..." if len(worse) > 20 else ""),
-            tuple(c.id for c in worse)))
+        regressions.append(Regression(Rule.STATUS_WORSE, f"{len(worse)} prompt(s) moved to a worse status "
+                                      "(match < near_tie < divergent, length_mismatch < not_greedy, "
+                                      "tokenization_mismatch < missing, error)", tuple(c.id for c in worse)))
     if positions[1] < positions[0]:
         dropped = tuple(c.id for c in changes if c.new_matched < c.old_matched)
         regressions.append(Regression(
@@ -258,7 +258,7 @@ def diff_reports(old: dict, new: dict, *, fail_on=DEFAULT_FAIL_ON, old_path="old
             dropped))
     if any(d.worse for d in drift):
         regressions.append(Regression(Rule.DRIFT_WORSE, ", ".join(
-            f"{d.metric} {d.old:.6g} -> {d.new:.6g}" for d in drift if d.worse)))
+            f"{d.metric} {d.old:.6g} → {d.new:.6g}" for d in drift if d.worse)))
     return ReportDiff(
         old=_night(Path(old_path), old), new=_night(Path(new_path), new), changes=tuple(changes),
         added=added, removed=removed, added_failing=added_failing, positions_common=positions,

@@ -68,7 +68,7 @@ def entry_from_report(report: dict, report_dir: str | Path | None = None) -> dic
         "candidate": _arm(engines.get("candidate") or {}),
         "prompt_set_sha256": (report.get("prompt_set") or {}).get("sha256"),
         "commit": git_commit(config.get("base_dir")),
-        "report_dir": None if report_dir is None else str(report_dir),
+        "report_dir": None if report_dir is None else Path(report_dir).name,  # beside history.jsonl
     }
     drift = drift_totals(report)
     if drift is not None:

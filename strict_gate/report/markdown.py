@@ -55,10 +55,21 @@ def trend(history) -> list[str]:
     return out
 
 
+def summary(r: GateResult) -> str:
+    """The head of report.md (verdict, figures, why, trend): what a CI job summary shows."""
+    return "\n".join(_head(r, Decoder(r.reference.tokenizer, r.candidate.tokenizer)))
+
+
 def render(r: GateResult) -> str:
+    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+    out = _head(r, dec)
+    out += _rest(r, dec)
+    return "\n".join(out)
+
+
+def _head(r: GateResult, dec: Decoder) -> list[str]:
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
@@ -96,6 +107,11 @@ def render(r: GateResult) -> str:
         out.append(f"- note: {md(note)}")
     out.append("")
     out += trend(r.history)
+    return out
+
+
+def _rest(r: GateResult, dec: Decoder) -> list[str]:
+    out: list[str] = []
     bad = [p for p in r.comparison.prompts if p.status != "match"]
     if bad:
         out.append("## Prompts that do not match")
@@ -186,4 +202,4 @@ def render(r: GateResult) -> str:
         for pr in r.problems:
             out.append(f"- {md(pr)}")
     out.append("")
-    return "\n".join(out)
+    return out
