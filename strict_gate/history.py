@@ -77,11 +77,14 @@ def entry_from_report(report: dict, report_dir: str | Path | None = None) -> dic
 
 
 def append_history(output_dir: str | Path, entry: dict) -> Path:
-    """Append one line to output_dir/history.jsonl: one write, flushed and synced."""
+    """Append one line to output_dir/history.jsonl: one write, flushed and synced; returns the file."""
     path = Path(output_dir) / HISTORY_FILE
     line = (json.dumps(entry, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":  # a torn last line must not swallow this one
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:
