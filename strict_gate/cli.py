@@ -99,14 +99,19 @@ def _progress():
     return progress, hook
 
 
-def _finish(result, report_dir: Path | None, summary: Path | None = None) -> None:
-    from strict_gate.nightly import summary_markdown, write_summary
+def _finish(result, report_dir: Path | None) -> None:
     from strict_gate.report.console import print_result
 
     print_result(result, console, report_dir=str(report_dir) if report_dir else None)
-    if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
-        write_summary(summary_markdown(result), summary)
     raise typer.Exit(result.exit_code)
+
+
+def _summarise(result, summary: Path | None) -> None:
+    """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
+    if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
+        from strict_gate.nightly import summary_markdown, write_summary
+
+        write_summary(summary_markdown(result), summary)
 
 
 def _fail_on(text: str | None):
@@ -139,7 +144,8 @@ def gate(
         with progress:
             resumed = resume_gate(resume, progress=hook)
         err.print(resumed.describe())
-        return _finish(resumed.outcome.result, resumed.outcome.report_dir, summary)
+        _summarise(resumed.outcome.result, summary)
+        return _finish(resumed.outcome.result, resumed.outcome.report_dir)
     from strict_gate.config import load_gate_config
     from strict_gate.gate import run_gate
 
@@ -152,7 +158,8 @@ def gate(
     progress, hook = _progress()
     with progress:
         outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
-    _finish(outcome.result, outcome.report_dir, summary)
+    _summarise(outcome.result, summary)
+    _finish(outcome.result, outcome.report_dir)
 
 
 @app.command()
