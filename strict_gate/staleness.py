@@ -8,6 +8,7 @@ says so (a note, in every format) and how to re-capture. Nothing here imports vL
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
@@ -22,15 +23,22 @@ DIGEST_PREFIX = "sha256-files:"
 def model_digest(model_dir: str | Path) -> str | None:
     """A digest of a model directory's files (names, sizes, contents), or None when it is not a
     directory. Weight files over 256 MiB are sampled (size, head, tail) so a 100 GB checkpoint
-    costs seconds: a fingerprint that catches a changed or re-converted checkpoint, not a proof."""
+    costs seconds: a fingerprint that catches a changed or re-converted checkpoint, not a proof.
+    Cached on the files' names, sizes and modification times (engines describe themselves often)."""
     root = Path(model_dir)
     if not root.is_dir():
         return None
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+    stamp = tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest(root, stamp)
+
+
+@lru_cache(maxsize=32)
+def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(root).as_posix()}\0{size}\0".encode())
-        with f.open("rb") as fh:
+    for name, size, _ in stamp:
+        h.update(f"{name}\0{size}\0".encode())
+        with (root / name).open("rb") as fh:
             if size <= WHOLE_FILE_BYTES:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)

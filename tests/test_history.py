@@ -126,3 +126,17 @@ def test_workflow_calls_the_script():
     order = [steps.index(uses["actions/cache/restore"]), steps.index(nightly), steps.index(uses["actions/cache/save"])]
     assert order == sorted(order)
     assert os.access(ROOT / "scripts" / "nightly.sh", os.X_OK)
+
+
+def test_gate_notes_a_stale_baseline(tmp_path, monkeypatch):
+    """A recorded reference captured with another vLLM than the installed one: a note, not a failure."""
+    g = gate_setup(tmp_path)
+    manifest = json.loads((tmp_path / "ref" / "manifest.json").read_text())
+    manifest["engine"]["versions"] = {"vllm": "0.1.0"}
+    (tmp_path / "ref" / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr("strict_gate.staleness.installed_vllm", lambda: "0.32.0")
+    assert runner.invoke(app, ["gate", str(g)]).exit_code == 0  # a note, not a failure
+    (d,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    (note,) = [n for n in json.loads((d / "report.json").read_text())["notes"] if "may be stale" in n]
+    assert "captured with vLLM 0.1.0 and vLLM 0.32.0 is installed here" in note and "--force" in note
+    assert "may be stale" in (d / "report.md").read_text()  # report.html and the console do not show result.notes yet
