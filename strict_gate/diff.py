@@ -202,9 +202,8 @@ def _flat_drift(totals: dict) -> dict[str, float]:
             flat |= {f"{key}.{k}": v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             flat[key] = value
-    if flat.get("positions"):
-        if "positions_within_band" in flat:
-            flat["within_band_rate"] = flat["positions_within_band"] / flat["positions"]
+    if flat.get("positions") and "positions_within_band" in flat:
+        flat["within_band_rate"] = flat["positions_within_band"] / flat["positions"]
     return flat
 
 
@@ -272,13 +271,16 @@ def diff_report_files(old: str | Path, new: str | Path, *, fail_on=DEFAULT_FAIL_
                         old_path=str(report_path(old)), new_path=str(report_path(new)))
 
 
+def _night_json(n: Night) -> dict:
+    return {"path": n.path, "name": n.name, "created": n.created, "verdict": n.verdict, "summary": n.summary}
+
+
 def to_json(d: ReportDiff) -> dict:
-    night = lambda n: {"path": n.path, "name": n.name, "created": n.created, "verdict": n.verdict,  # noqa: E731
-                       "summary": n.summary}
+    """diff.json (strict-gate/diff@1)."""
     return {
         "schema": DIFF_SCHEMA,
-        "old": night(d.old),
-        "new": night(d.new),
+        "old": _night_json(d.old),
+        "new": _night_json(d.new),
         "regression": bool(d.failing),
         "fail_on": [r.value for r in d.fail_on],
         "regressions": [{"rule": r.rule.value, "detail": r.detail, "prompts": list(r.prompts),
@@ -300,8 +302,9 @@ def to_json(d: ReportDiff) -> dict:
 
 
 def write_diff_json(d: ReportDiff, path: str | Path) -> Path:
-    from strict_gate.report import strict_json
+    """diff.json, strict JSON, written atomically."""
     from strict_gate.records import write_text_atomic
+    from strict_gate.report import strict_json
 
     path = Path(path)
     write_text_atomic(path, json.dumps(strict_json(to_json(d)), indent=2, ensure_ascii=False, allow_nan=False) + "\n")

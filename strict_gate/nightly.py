@@ -13,16 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.config import GateConfig
-from strict_gate.diff import DEFAULT_FAIL_ON, DIFF_FILE, ReportDiff, diff_reports, load_report, render_markdown
-from strict_gate.diff import report_path, write_diff_json
+from strict_gate.diff import (
+    DEFAULT_FAIL_ON, DIFF_FILE, ReportDiff, diff_reports, load_report, render_markdown, report_path, write_diff_json,
+)
 from strict_gate.gate import GateOutcome, ProgressHook, run_gate
 from strict_gate.history import DEFAULT_NIGHTS, read_history
 from strict_gate.records import write_text_atomic
 from strict_gate.report import GateResult
 
 SUMMARY_FILE = "summary.md"
-NO_PREVIOUS = "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, " \
+NO_PREVIOUS = (
+    "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, "
     "or the previous night's output directory was not restored), so there is nothing to diff against.\n"
+)
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,23 @@ def test_gate_notes_a_stale_baseline(tmp_path, monkeypatch):
     (note,) = [n for n in json.loads((d / "report.json").read_text())["notes"] if "may be stale" in n]
     assert "captured with vLLM 0.1.0 and vLLM 0.32.0 is installed here" in note and "--force" in note
     assert "may be stale" in (d / "report.md").read_text()  # report.html and the console do not show result.notes yet
+
+
+def test_nightly_offline_keep_and_bad_previous(tmp_path, monkeypatch):
+    """strict-gate nightly on stored runs: the second night diffs against the first through the
+    history, --keep bounds the report dirs, and a --previous that is not a report is exit 2
+    before the gate runs."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    g = gate_setup(tmp_path)
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["nightly", str(g), "--keep", "1"]).exit_code == 0
+    gate_setup(tmp_path, cand_tokens=(8, 11, 10))
+    r = runner.invoke(app, ["nightly", str(g), "--keep", "1", "--summary", str(tmp_path / "s.md")])
+    assert r.exit_code == 1, r.output
+    (d,) = [p for p in out.iterdir() if p.is_dir()]  # last night's directory was pruned
+    diff = json.loads((d / "diff.json").read_text())
+    assert diff["stopped_matching"] == ["p1"] and diff["regression"] is True
+    assert len(read_history(out)) == 2 and (d / "summary.md").read_text() == (tmp_path / "s.md").read_text()
+    r = runner.invoke(app, ["nightly", str(g), "--previous", str(tmp_path / "nowhere")])
+    assert r.exit_code == 2 and "nowhere" in r.output
+    assert len([p for p in out.iterdir() if p.is_dir()]) == 1 and len(read_history(out)) == 2
