@@ -307,7 +307,10 @@ def write_diff_json(d: ReportDiff, path: str | Path) -> Path:
     from strict_gate.report import strict_json
 
     path = Path(path)
-    write_text_atomic(path, json.dumps(strict_json(to_json(d)), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    try:
+        write_text_atomic(path, json.dumps(strict_json(to_json(d)), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    except OSError as e:
+        raise InputError(f"cannot write the diff: {e.strerror or e}", path=str(path)) from None
     return path
 
 

@@ -162,6 +162,8 @@ def test_bad_input_is_exit_2_with_the_path(tmp_path):
         assert f"{where}:" in r.output.replace("\n", "") and "Traceback" not in r.output
     r = runner.invoke(app, ["diff", str(good), str(tmp_path / "junk")])
     assert "report.json:3:" in r.output.replace("\n", "")
+    r = runner.invoke(app, ["diff", str(good), str(good), "--json", str(good / "report.json" / "d.json")])
+    assert r.exit_code == 2 and "cannot write the diff" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["diff", str(good), str(good), "--fail-on", "bogus"])
     assert r.exit_code == 2 and "unknown rule 'bogus'" in r.output
 
