@@ -16,6 +16,7 @@ from strict_gate.config import GateConfig
 from strict_gate.diff import (
     DEFAULT_FAIL_ON, DIFF_FILE, ReportDiff, diff_reports, load_report, render_markdown, report_path, write_diff_json,
 )
+from strict_gate.errors import InputError
 from strict_gate.gate import GateOutcome, ProgressHook, run_gate
 from strict_gate.history import DEFAULT_NIGHTS, read_history
 from strict_gate.records import write_text_atomic
@@ -53,13 +54,18 @@ def summary_markdown(result: GateResult) -> str:
 
 def write_summary(text: str, path: str | Path | None = None) -> None:
     """Write the summary to `path` and append it to $GITHUB_STEP_SUMMARY when that is set."""
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(Path(path), text)
     step = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step:
-        with open(step, "a", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
+    target = path
+    try:
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(Path(path), text)
+        if step:
+            target = step
+            with open(step, "a", encoding="utf-8") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        raise InputError(f"cannot write the summary: {e.strerror or e}", path=str(target)) from None
 
 
 def previous_report(output_dir: Path, gate: str) -> Path | None:
