@@ -34,8 +34,7 @@ def gate_setup(tmp_path: Path, cand_tokens=(8, 9, 10)) -> Path:
     return g
 
 
-def test_each_gate_appends_one_line_and_reports_show_the_trend(tmp_path, monkeypatch):
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+def test_each_gate_appends_one_line_and_reports_show_the_trend(tmp_path):
     g = gate_setup(tmp_path)
     assert runner.invoke(app, ["gate", str(g)]).exit_code == 0
     gate_setup(tmp_path, cand_tokens=(8, 11, 10))
@@ -142,11 +141,10 @@ def test_gate_notes_a_stale_baseline(tmp_path, monkeypatch):
     assert "may be stale" in (d / "report.md").read_text()  # report.html and the console do not show result.notes yet
 
 
-def test_nightly_offline_keep_and_bad_previous(tmp_path, monkeypatch):
+def test_nightly_offline_keep_and_bad_previous(tmp_path):
     """strict-gate nightly on stored runs: the second night diffs against the first through the
     history, --keep bounds the report dirs, and a --previous that is not a report is exit 2
     before the gate runs."""
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     g = gate_setup(tmp_path)
     out = tmp_path / "out"
     assert runner.invoke(app, ["nightly", str(g), "--keep", "1"]).exit_code == 0
