@@ -246,8 +246,7 @@ def run_gate(
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
-    if reference.kind == "recorded":
-        reference.check_compatible(ps.sha256, sampling, reference.options.model)
+    reference.check_compatible(ps.sha256, sampling)
     inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
     write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))

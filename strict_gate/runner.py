@@ -142,10 +142,9 @@ def run_arm(
     records done so far, and the EngineError propagates (exit 3).
     """
     out = Path(out_dir)
-    log_path = out / "engine.log"
-    if hasattr(engine, "log_path"):
+    if engine.writes_log:
         out.mkdir(parents=True, exist_ok=True)
-        engine.log_path = log_path
+        engine.set_log_path(out / "engine.log")
     keep: set[str] = set()
     if resume_from is None:
         manifest = Manifest(
