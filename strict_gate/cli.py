@@ -7,6 +7,7 @@ Heavy engines are imported only by the commands that run them; --help and compar
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from pathlib import Path
@@ -34,6 +35,15 @@ PolicyOpt = Annotated[
 ]
 BandOpt = Annotated[Optional[float], typer.Option("--band", help="near-tie band in nats (default 0.5)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]
+SummaryOpt = Annotated[
+    Optional[Path],
+    typer.Option("--summary", metavar="FILE", help="write the markdown summary here ($GITHUB_STEP_SUMMARY is appended to when set)"),
+]
+FailOnOpt = Annotated[
+    Optional[str],
+    typer.Option("--fail-on", help="regressions that exit 1, comma-separated: new-failure, status-worse, "
+                 "positions-drop, drift-worse, or none (default: the first three)"),
+]
 
 
 def _fail_cleanly(fn):
@@ -103,6 +113,20 @@ def _finish(result, report_dir: Path | None) -> None:
     raise typer.Exit(result.exit_code)
 
 
+def _summarise(result, summary: Path | None) -> None:
+    """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
+    if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
+        from strict_gate.nightly import summary_markdown, write_summary
+
+        write_summary(summary_markdown(result), summary)
+
+
+def _fail_on(text: str | None):
+    from strict_gate.diff import DEFAULT_FAIL_ON, parse_fail_on
+
+    return DEFAULT_FAIL_ON if text is None else parse_fail_on(text)
+
+
 @app.command()
 @_fail_cleanly
 def gate(
@@ -114,6 +138,7 @@ def gate(
         Optional[Path],
         typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
     ] = None,
+    summary: SummaryOpt = None,
 ) -> None:
     """Run both arms per the config, compare them, and write the report."""
     if resume is not None:
@@ -126,6 +151,7 @@ def gate(
         with progress:
             resumed = resume_gate(resume, progress=hook)
         err.print(resumed.describe())
+        _summarise(resumed.outcome.result, summary)
         return _finish(resumed.outcome.result, resumed.outcome.report_dir)
     from strict_gate.config import load_gate_config
     from strict_gate.gate import run_gate
@@ -139,6 +165,7 @@ def gate(
     progress, hook = _progress()
     with progress:
         outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
+    _summarise(outcome.result, summary)
     _finish(outcome.result, outcome.report_dir)
 
 
@@ -227,6 +254,56 @@ def compare(
 
     result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=band, prompts=prompts, out=out)
     _finish(result, out)
+
+
+@app.command()
+@_fail_cleanly
+def diff(
+    old_report: Annotated[Path, typer.Argument(help="last night's report directory or report.json")],
+    new_report: Annotated[Path, typer.Argument(help="tonight's report directory or report.json")],
+    fail_on: FailOnOpt = None,
+    json_out: Annotated[
+        Optional[Path], typer.Option("--json", help="where diff.json goes (default: beside the new report.json)")
+    ] = None,
+) -> None:
+    """What changed from one night's report to the next; exit 1 on a regression. No torch."""
+    from strict_gate.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
+
+    d = diff_report_files(old_report, new_report, fail_on=_fail_on(fail_on))
+    console.print(render_markdown(d))
+    write_diff_json(d, json_out or report_path(new_report).parent / DIFF_FILE)
+    raise typer.Exit(d.exit_code)
+
+
+@app.command()
+@_fail_cleanly
+def nightly(
+    config: Annotated[Path, typer.Argument(help="gate TOML (its reference usually a committed baseline)")],
+    previous: Annotated[
+        Optional[Path],
+        typer.Option("--previous", metavar="REPORT", help="last night's report (default: the newest in the output dir's history)"),
+    ] = None,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="kept from night to night")] = None,
+    fail_on: FailOnOpt = None,
+    keep: Annotated[int, typer.Option("--keep", help="report directories of this gate kept in the output dir")] = 14,
+    summary: SummaryOpt = None,
+) -> None:
+    """Run a gate, diff it against the previous night, write the summary; exit 1 on a failed
+    verdict or a regression, 3 on an incomplete gate."""
+    from strict_gate.config import load_gate_config
+    from strict_gate.diff import render_markdown
+    from strict_gate.nightly import NO_PREVIOUS, run_nightly, write_summary
+    from strict_gate.report.console import print_result
+
+    cfg = load_gate_config(config)
+    progress, hook = _progress()
+    with progress:
+        night = run_nightly(cfg, previous=previous, output_dir=output_dir, fail_on=_fail_on(fail_on), keep=keep,
+                            progress=hook)
+    print_result(night.gate.result, console, report_dir=str(night.gate.report_dir))
+    console.print(render_markdown(night.diff) if night.diff else NO_PREVIOUS)
+    write_summary(night.summary, summary)
+    raise typer.Exit(night.exit_code)
 
 
 @app.command()

@@ -8,7 +8,7 @@ exactly once per gate.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from strict_gate.diagnose import diagnose
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.gate_state import write_gate_state
+from strict_gate.history import append_history, with_history
 from strict_gate.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.policy import apply_policy, check_policy
 from strict_gate.prompts import PromptSet, load_prompts
@@ -28,6 +29,7 @@ from strict_gate.records import Run, Sampling, now_iso, write_text_atomic
 from strict_gate.redact import redact_toml, scrub_tree
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
+from strict_gate.staleness import baseline_staleness
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
 ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
@@ -313,5 +315,7 @@ def play_gate(
         scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
     from strict_gate.report import write_reports
 
+    result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)), report_dir)
     write_reports(result, report_dir)
+    append_history(report_dir.parent, night)
     return result

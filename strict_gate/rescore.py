@@ -11,6 +11,7 @@ Named rescore, not rediagnose, so that `strict_gate.rediagnose` stays the functi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.config import GateConfig, load_gate_config
@@ -75,5 +76,6 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
         )
     finally:
         engine.close()
+    result = replace(result, history=tuple(old.get("history") or ()))  # the trend as the gate wrote it
     write_reports(result, report_dir)
     return GateOutcome(result, report_dir)

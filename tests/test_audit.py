@@ -263,7 +263,7 @@ def _live_gate(tmp_path, canned: list[dict], max_tokens=2) -> tuple[int, str, Pa
     )
     result = runner.invoke(app, ["gate", str(tmp_path / "gate.toml")])
     assert "Traceback" not in result.output
-    (report,) = list((tmp_path / "reports").iterdir())
+    (report,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     return result.exit_code, result.output, report
 
 

@@ -414,7 +414,7 @@ def test_gate_catches_a_candidate_that_drops_the_bos(tmp_path):
     )
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 1, result.output
-    (report_dir,) = (tmp_path / "r").iterdir()
+    (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
     report = json.loads((report_dir / "report.json").read_text())
     assert {p["status"] for p in report["prompts"]} == {"tokenization_mismatch"}
     assert "index 0" in report["prompts"][0]["detail"]

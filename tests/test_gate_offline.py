@@ -42,7 +42,7 @@ def gate_toml(tmp_path, prompts, policy="strict", extra=""):
 
 
 def only_report(tmp_path) -> Path:
-    (d,) = list((tmp_path / "reports").iterdir())
+    (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     return d
 
 

@@ -316,7 +316,7 @@ def test_gate_with_a_server_dying_mid_run_exits_3_and_keeps_done_prompts(fake, t
     )
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 3, result.output
-    (report_dir,) = (tmp_path / "r").iterdir()
+    (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
     report = json.loads((report_dir / "report.json").read_text())
     assert report["verdict"] == "incomplete"
     assert any("prompt 'p2'" in p for p in report["problems"]), report["problems"]

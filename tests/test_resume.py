@@ -67,13 +67,13 @@ def interrupted(config: Path, out: Path, arm: str = "candidate", after: int = 2)
 
     with pytest.raises(KeyboardInterrupt):
         run_gate(load_gate_config(config), output_dir=out, progress=progress)
-    (d,) = out.iterdir()
+    (d,) = [p for p in out.iterdir() if p.is_dir()]
     return d
 
 
 def uninterrupted(config: Path, out: Path) -> tuple[int, dict]:
     r = runner.invoke(app, ["gate", str(config), "-o", str(out)])
-    (d,) = out.iterdir()
+    (d,) = [p for p in out.iterdir() if p.is_dir()]
     return r.exit_code, json.loads((d / "report.json").read_text())
 
 
@@ -146,7 +146,7 @@ def test_killed_run_drops_its_torn_tail_and_error_records(tmp_path):
 def test_a_finished_gate_is_rejudged_and_left_as_it_is(tmp_path):
     config = offline_gate(tmp_path)
     code, _ = uninterrupted(config, tmp_path / "u")
-    (d,) = (tmp_path / "u").iterdir()
+    (d,) = [p for p in (tmp_path / "u").iterdir() if p.is_dir()]
     stamps = {p.name: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
     r = runner.invoke(app, ["gate", "--resume", str(d)])
     assert r.exit_code == code == 1, r.output
@@ -276,7 +276,7 @@ def test_sigint_mid_candidate_then_resume_equals_an_uninterrupted_hf_gate(tmp_pa
     u = subprocess.run(cli("gate", str(config), "-o", str(tmp_path / "u")), cwd=tmp_path, env=env,
                        capture_output=True, text=True)
     assert r.returncode == u.returncode in (0, 1), r.stderr + u.stderr
-    (ud,) = (tmp_path / "u").iterdir()
+    (ud,) = [p for p in (tmp_path / "u").iterdir() if p.is_dir()]
     got, want = (json.loads((x / "report.json").read_text()) for x in (d, ud))
     assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}
     assert [(p["id"], p["status"], p["first_divergence"], p["diagnosis"]) for p in got["prompts"]] == [

@@ -115,7 +115,7 @@ def test_secrets_never_reach_the_report_dir_or_the_console(tmp_path, echo_server
     candidate = f'kind = "openai"\nbase_url = "{echo_server}"\napi_key_env = "SG_SAFETY_KEY"\nretries = 0\n'
     result = runner.invoke(app, ["gate", str(gate_file(tmp_path, reference, candidate))])
     assert result.exit_code == 3, result.output  # every candidate prompt errored
-    (report_dir,) = (tmp_path / "reports").iterdir()
+    (report_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     files = [f for f in report_dir.rglob("*") if f.is_file()]
     assert {"report.json", "report.md", "report.html", "junit.xml", "gate.toml", "manifest.json"} <= {f.name for f in files}
     for secret in (env_secret, api_key):
@@ -242,7 +242,7 @@ def test_gate_name_cannot_leave_the_output_dir(tmp_path):
     out = tmp_path / "deep" / "reports"
     r = runner.invoke(app, ["gate", str(gate_file(tmp_path, fake_arm(), fake_arm(), name="../../../escaped/x", out=out))])
     assert r.exit_code == 0, r.output
-    (report_dir,) = out.iterdir()
+    (report_dir,) = [p for p in out.iterdir() if p.is_dir()]
     assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", report_dir.name) and (report_dir / "report.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "gate.toml", "p.jsonl"]
     assert json.loads((report_dir / "report.json").read_text())["name"] == "../../../escaped/x"
@@ -333,7 +333,7 @@ def test_control_characters_in_ids_and_engine_errors(tmp_path):
     canned.write_text(json.dumps({"error": "engine says \x1b[2J\x00 boom ]]> \x07"}) + "\n")
     r = runner.invoke(app, ["gate", str(gate_file(tmp_path, fake_arm(), fake_arm("good", "--canned", str(canned))))])
     assert r.exit_code == 3, r.output  # one prompt errored: incomplete
-    (report_dir,) = (tmp_path / "reports").iterdir()
+    (report_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     assert_reports_safe(report_dir, console_text(r))
     report = json.loads((report_dir / "report.json").read_text())
     assert report["prompts"][0]["id"] == NASTY  # the data keeps the exact id; only renderings escape

@@ -126,7 +126,7 @@ def test_gate_with_a_dying_server_then_resume(fakes, tmp_path):
     )
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 3, result.output  # an errored prompt is never a pass
-    (report_dir,) = (tmp_path / "r").iterdir()
+    (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
     run = load_run(report_dir / "candidate", allow_incomplete=True)
     assert run.manifest.status == "failed" and list(run.records) == [p.id for p in PROMPTS]
     (errored,) = [r.id for r in run.records.values() if r.error]

@@ -22,6 +22,7 @@ from strict_gate.engines.base import (
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.options import Device, PositiveInt
 from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.staleness import model_digest
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -109,7 +110,7 @@ class HFEngine(Engine):
         return EngineInfo(
             kind=self.kind,
             model=self.options.model,
-            options=asdict(self.options) | {"resolved_model": self.model_path},
+            options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path)},
             env=self.env,
             versions=versions,
             tokenizer=portable_model_ref(self.options.model, self.model_path),

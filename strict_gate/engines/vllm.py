@@ -68,6 +68,7 @@ from strict_gate.engines.vllm_args import unknown_llm_args
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.options import Fraction, PositiveInt, did_you_mean
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.staleness import model_digest
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs
@@ -350,7 +351,9 @@ class VLLMEngine(Engine):
             d = _dist_version(name)
             if d:
                 versions[name] = d[1]
-        options = asdict(self.options) | {"resolved_model": self.model_path, "llm_kwargs": self.llm_kwargs()}
+        options = asdict(self.options) | {
+            "resolved_model": self.model_path, "llm_kwargs": self.llm_kwargs(), "model_digest": model_digest(self.model_path),
+        }
         if self._effective:
             options["effective"] = dict(self._effective)
         if self.start_s is not None:  # load time is part of what a reviewer of the oracle wants to see

@@ -33,10 +33,43 @@ def _engine_rows(label: str, info) -> list[str]:
     return [f"| {label} | {md(info.kind)} | {md(str(info.model))} | {md(opts)} | {md(env)} | {md(versions)} |"]
 
 
+def trend(history) -> list[str]:
+    """The last nights of this gate (history.jsonl), oldest first, tonight last."""
+    if len(history) < 2:
+        return []
+    drift = any(isinstance(e.get("drift"), dict) for e in history)
+    out = [f"## Trend (last {len(history)} nights)", ""]
+    out.append("| night | verdict | exact | positions | near-tie | divergent |" + (" min ref margin |" if drift else ""))
+    out.append("|---|---|---|---|---|---|" + ("---|" if drift else ""))
+    for e in history:
+        p, pos, c = e.get("prompts") or {}, e.get("positions") or {}, e.get("counts") or {}
+        row = (
+            f"| {md(str(e.get('time')))} | {md(str(e.get('verdict')))} | {p.get('exact')}/{p.get('total')} "
+            f"| {pos.get('matched')}/{pos.get('total')} | {c.get('near_tie', 0)} | {c.get('divergent', 0)} |"
+        )
+        if drift:
+            m = (e.get("drift") or {}).get("min_reference_margin")
+            row += f" {'–' if m is None else _gap(m)} |"
+        out.append(row)
+    out.append("")
+    return out
+
+
+def summary(r: GateResult) -> str:
+    """The head of report.md (verdict, figures, why, trend): what a CI job summary shows."""
+    return "\n".join(_head(r, Decoder(r.reference.tokenizer, r.candidate.tokenizer)))
+
+
 def render(r: GateResult) -> str:
+    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+    out = _head(r, dec)
+    out += _rest(r, dec)
+    return "\n".join(out)
+
+
+def _head(r: GateResult, dec: Decoder) -> list[str]:
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
@@ -73,6 +106,12 @@ def render(r: GateResult) -> str:
     for note in (*v.notes, *r.notes):
         out.append(f"- note: {md(note)}")
     out.append("")
+    out += trend(r.history)
+    return out
+
+
+def _rest(r: GateResult, dec: Decoder) -> list[str]:
+    out: list[str] = []
     bad = [p for p in r.comparison.prompts if p.status != "match"]
     if bad:
         out.append("## Prompts that do not match")
@@ -163,4 +202,4 @@ def render(r: GateResult) -> str:
         for pr in r.problems:
             out.append(f"- {md(pr)}")
     out.append("")
-    return "\n".join(out)
+    return out

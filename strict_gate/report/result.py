@@ -69,6 +69,7 @@ class GateResult:
     notes: tuple[str, ...] = ()  # what the gate could not do (e.g. no engine to re-score with)
     rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
     resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
+    history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
 
     @property
     def exit_code(self) -> int:
@@ -144,6 +145,7 @@ def to_json(r: GateResult) -> dict:
         "determinism": r.determinism,
         "rescored_by": r.rescored_by,
         "resumed": r.resumed,
+        "history": list(r.history),
         "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
     }
