@@ -119,6 +119,7 @@ class DriftReport:
     positions_within_band: int
     prompts: dict[str, PromptDrift]
     scored_by: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # {"start": candidate (re)load, "score": the pass}
 
     @property
     def same_top1_rate(self) -> float | None:
@@ -153,6 +154,7 @@ class DriftReport:
             "band": self.band,
             "top_logprobs": self.k,
             "scored_by": self.scored_by,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "prompts_scored": sum(1 for p in self.prompts.values() if p.error is None),
             "prompts_missing": self.missing,
             "positions": self.positions,

@@ -280,13 +280,16 @@ def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: Promp
                 on_record(ref, time.perf_counter() - t0)
 
     with candidate.scoped_env():
+        t0 = time.perf_counter()
         try:
             candidate.start()
         except Exception as e:
             notes.append(f"drift not measured: the candidate engine did not start: {type(e).__name__}: {e}")
             return None
-        name = f"{candidate.kind} {candidate.info().model}"
-        return measure_drift(ref_records, ps.ids, score, k=k, band=band, scored_by=name)
+        t1 = time.perf_counter()
+        drift = measure_drift(ref_records, ps.ids, score, k=k, band=band,
+                              scored_by=f"{candidate.kind} {candidate.info().model}")
+    return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
 
 
 def play_gate(

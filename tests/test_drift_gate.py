@@ -63,3 +63,41 @@ def test_same_engine_same_dtype_has_no_drift(tmp_path):
     assert drift["same_top1_rate"] == 1.0 and drift["positions"] == 64
     assert drift["abs_dlogprob"]["max"] < 1e-4  # prefill vs decode in float32: float noise only
     assert drift["kl"]["max"] < 1e-6
+
+
+def test_stored_reference_is_scored_by_the_still_loaded_candidate(tmp_path):
+    """A recorded reference (the nightly case): the pass runs right after generation, no reload."""
+    eng = tmp_path / "engine.toml"
+    eng.write_text('kind = "hf"\nmodel = "bundled:tiny-llama"\n')
+    r = runner.invoke(app, ["run", str(eng), "--prompts", str(SMOKE), "--out", str(tmp_path / "base"),
+                            "--max-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    g = tmp_path / "stored.toml"
+    g.write_text(
+        f'name = "stored"\nprompts = "{SMOKE}"\nmax_tokens = 8\npolicy = "strict"\ndrift = true\n'
+        f'output_dir = "{tmp_path / "reports"}"\n'
+        f'[reference]\nkind = "recorded"\npath = "{tmp_path / "base"}"\n'
+        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
+    )
+    r = runner.invoke(app, ["gate", str(g)])
+    assert r.exit_code == 0, r.output
+    (d,) = (tmp_path / "reports").iterdir()
+    drift = json.loads((d / "report.json").read_text())["drift"]
+    assert drift["prompts_scored"] == 8 and drift["same_top1_rate"] == 1.0
+    assert drift["abs_dlogprob"]["max"] < 1e-4
+    assert drift["seconds"]["start"] < 0.5  # the candidate was still loaded
+
+
+def test_without_drift_the_report_says_null(tmp_path):
+    g = tmp_path / "plain.toml"
+    g.write_text(
+        f'name = "plain"\nprompts = "{SMOKE}"\nmax_tokens = 4\npolicy = "strict"\n'
+        f'output_dir = "{tmp_path / "reports"}"\n'
+        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
+        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
+    )
+    r = runner.invoke(app, ["gate", str(g)])
+    assert r.exit_code == 0, r.output
+    (d,) = (tmp_path / "reports").iterdir()
+    assert json.loads((d / "report.json").read_text())["drift"] is None
+    assert "Drift before a flip" not in (d / "report.md").read_text() and "drift:" not in r.output
