@@ -55,6 +55,10 @@ class Stats:
     def to_json(self) -> dict:
         return {"mean": self.mean, "p99": self.p99, "max": self.max}
 
+    @classmethod
+    def from_json(cls, d: dict) -> "Stats":
+        return cls(d.get("mean"), d.get("p99"), d.get("max"))
+
 
 @dataclass(frozen=True)
 class PositionDrift:
@@ -103,6 +107,20 @@ class PromptDrift:
         if self.drift_before_divergence is not None:
             out["max_abs_dlogprob_before_divergence"] = self.drift_before_divergence
         return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PromptDrift":
+        """Back from report.json (no per-position arrays: those are not written)."""
+        if d.get("error") is not None:
+            return cls(str(d["id"]), error=str(d["error"]))
+        return cls(
+            id=str(d["id"]), positions=int(d["positions"]), same_top1=int(d["same_top1"]),
+            abs_dlogprob=Stats.from_json(d["abs_dlogprob"]), kl=Stats.from_json(d["kl"]),
+            min_reference_margin=d.get("min_reference_margin"),
+            positions_within_band=int(d["positions_within_band"]),
+            first_top1_difference=d.get("first_top1_difference"),
+            drift_before_divergence=d.get("max_abs_dlogprob_before_divergence"),
+        )
 
 
 @dataclass(frozen=True)
@@ -166,6 +184,18 @@ class DriftReport:
             "positions_within_band": self.positions_within_band,
             "prompts": {pid: p.to_json() for pid, p in self.prompts.items()},
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DriftReport":
+        """A stored report's drift, so `strict-gate diagnose` rewrites the reports without losing it."""
+        return cls(
+            band=float(d["band"]), k=int(d["top_logprobs"]), positions=int(d["positions"]),
+            same_top1=int(d["same_top1"]), abs_dlogprob=Stats.from_json(d["abs_dlogprob"]),
+            kl=Stats.from_json(d["kl"]), min_reference_margin=d.get("min_reference_margin"),
+            positions_within_band=int(d["positions_within_band"]),
+            prompts={str(pid): PromptDrift.from_json(p) for pid, p in d["prompts"].items()},
+            scored_by=d.get("scored_by"), seconds=dict(d.get("seconds") or {}),
+        )
 
 
 def _padded(tops: Sequence[TopK], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ import pytest
 from helpers import rec, step
 
 from strict_gate.config import parse_gate_config
-from strict_gate.drift import KL_ESTIMATOR, kl_topk_union, measure_drift, prompt_drift
+from strict_gate.drift import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
 from strict_gate.engines.base import ScoredStep
 from strict_gate.errors import ConfigError
 
@@ -109,6 +109,7 @@ def test_totals_and_missing_prompts_are_stated():
     assert j["prompts_scored"] == 1 and set(j["prompts_missing"]) == {"b", "c", "gone"}
     assert "scoring exploded" in j["prompts"]["b"]["error"] and "abs_dlogprob" not in j["prompts"]["b"]
     assert j["prompts"]["a"]["positions"] == 1 and j["min_reference_margin"] == pytest.approx(2.4)
+    assert DriftReport.from_json(j).to_json() == j  # what `strict-gate diagnose` keeps
 
 
 def test_quantisation_drift_before_a_flip():

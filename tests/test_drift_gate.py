@@ -54,6 +54,12 @@ def test_bf16_candidate_drift_figures(tmp_path):
     assert "## Drift before a flip" in md
     junit = (d / "junit.xml").read_text()
     assert 'name="drift_same_top1_rate"' in junit
+    # `strict-gate diagnose` rewrites the reports and keeps the gate's drift figures
+    (d / "report.md").unlink()
+    r = runner.invoke(app, ["diagnose", str(d)])
+    assert r.exit_code in (0, 1), r.output
+    assert json.loads((d / "report.json").read_text())["drift"] == drift
+    assert "## Drift before a flip" in (d / "report.md").read_text()
 
 
 def test_same_engine_same_dtype_has_no_drift(tmp_path):
