@@ -248,6 +248,8 @@ def prompt_drift(ref: Record, scored: Sequence[ScoredStep], k: int, band: float)
         return PromptDrift(ref.id, error="the reference record has no top-k logprobs for every token")
     if len(scored) != len(tokens):
         return PromptDrift(ref.id, error=f"the candidate scored {len(scored)} of {len(tokens)} reference tokens")
+    if any(not s.top for s in scored):
+        return PromptDrift(ref.id, error="the candidate's scoring gave a position without a top-k")
     n = len(tokens)
     if n == 0:
         return PromptDrift(ref.id)

@@ -112,6 +112,15 @@ def test_totals_and_missing_prompts_are_stated():
     assert DriftReport.from_json(j).to_json() == j  # what `strict-gate diagnose` keeps
 
 
+def test_a_short_or_empty_scoring_is_missing_not_zero():
+    tops = [step((1, -0.1), (2, -2.5)), step((1, -0.1), (2, -2.5))]
+    r = rec("a", [1, 1], tops=tops)
+    assert "scored 1 of 2" in prompt_drift(r, [scored(1, (1, -0.1), (2, -2.5))], k=2, band=0.5).error
+    empty = ScoredStep(token_id=1, logprob=-0.1, top=())
+    d = prompt_drift(r, [empty, empty], k=2, band=0.5)
+    assert d.error and d.to_json() == {"id": "a", "error": d.error}
+
+
 def test_quantisation_drift_before_a_flip():
     tops = [step((1, -0.1), (2, -2.5)), step((3, -0.6), (4, -0.65))]
     refs = {"noisy": rec("noisy", [1, 3], tops=tops), "clean": rec("clean", [1, 3], tops=tops)}
