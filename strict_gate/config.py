@@ -24,7 +24,7 @@ from strict_gate.redact import restore_env
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "greedy_tolerance", "output_dir",
-    "diagnose", "reference", "candidate", "rescorer",
+    "diagnose", "drift", "reference", "candidate", "rescorer",
 }
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
@@ -59,6 +59,7 @@ class GateConfig:
     candidate: ArmConfig | None
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
+    drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/drift.py)
 
 
 class _Lines:
@@ -186,6 +187,7 @@ def parse_gate_config(
         greedy_tolerance=greedy_tolerance,
         output_dir=Path(_get(data, "output_dir", str, "reports", lines)),
         diagnose=_get(data, "diagnose", bool, True, lines),
+        drift=_get(data, "drift", bool, False, lines),
         reference=_arm("reference", data["reference"], lines, base_dir),
         candidate=_arm("candidate", data["candidate"], lines, base_dir) if "candidate" in data else None,
         rescorer=_arm("rescorer", data["rescorer"], lines, base_dir) if "rescorer" in data else None,

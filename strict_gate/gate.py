@@ -8,6 +8,7 @@ exactly once per gate.
 from __future__ import annotations
 
 from collections.abc import Callable
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.compare import DEFAULT_BAND, check_band, compare_runs
 from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
+from strict_gate.drift import DriftReport, measure_drift
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.gate_state import write_gate_state
@@ -259,6 +261,38 @@ def run_gate(
     return GateOutcome(result, report_dir)
 
 
+def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: PromptSet, band: float,
+                progress: ProgressHook | None, notes: list[str]) -> DriftReport | None:
+    """Teacher-force every reference token sequence through the candidate (gate option `drift`).
+    A candidate that cannot score, or fails to start, gives no drift, stated in a note (drift
+    informs; it never changes the verdict)."""
+    if not candidate.can_score:
+        notes.append(f"drift not measured: the candidate engine ({candidate.kind}) cannot score")
+        return None
+    on_record = progress("drift (candidate scores the reference)", len(ps.ids)) if progress else None
+    k = cfg.top_logprobs
+
+    def score(ref):
+        t0 = time.perf_counter()
+        try:
+            return candidate.score(ref.prompt_token_ids, ref.token_ids, k)
+        finally:
+            if on_record is not None:
+                on_record(ref, time.perf_counter() - t0)
+
+    with candidate.scoped_env():
+        t0 = time.perf_counter()
+        try:
+            candidate.start()
+        except Exception as e:
+            notes.append(f"drift not measured: the candidate engine did not start: {type(e).__name__}: {e}")
+            return None
+        t1 = time.perf_counter()
+        drift = measure_drift(ref_records, ps.ids, score, k=k, band=band,
+                              scored_by=f"{candidate.kind} {candidate.info().model}")
+    return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
+
+
 def play_gate(
     cfg: GateConfig,
     ps: PromptSet,
@@ -282,12 +316,15 @@ def play_gate(
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     problems: list[str] = []
     done = {role: run for role, run in prior.items() if run.complete}
+    drift, drift_notes = None, []
     try:
         try:
             cand_run = done.get("candidate") or _arm(
                 candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems,
                 prior.get("candidate"),
             )
+            if cfg.drift and reference.kind == "recorded":  # the baseline's tokens are known: no extra load
+                drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
             if "candidate" in owned:
                 candidate.close()
@@ -309,6 +346,19 @@ def play_gate(
         finally:
             if rescorer is not None and rescorer is not reference:
                 rescorer.close()
+        if cfg.drift and reference.kind != "recorded":
+            if "reference" in owned:
+                reference.close()  # one engine loaded at a time: the candidate is started again
+            try:
+                drift = _drift_pass(candidate, ref_run.records, cfg, ps, band, progress, drift_notes)
+            finally:
+                if "candidate" in owned:
+                    candidate.close()
+        if drift is not None:
+            drift = drift.with_divergences(
+                {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
+            )
+        result = replace(result, drift=drift, notes=result.notes + tuple(drift_notes))
     finally:
         if "reference" in owned:
             reference.close()

@@ -58,7 +58,7 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
     values: dict[str, object] = {
         "name": cfg.name, PROMPT_SHA: ps.sha256, "max_tokens": cfg.max_tokens,
         "top_logprobs": cfg.top_logprobs, "policy": cfg.policy, "band": cfg.band, "diagnose": cfg.diagnose,
-        "greedy_tolerance": cfg.greedy_tolerance,
+        "greedy_tolerance": cfg.greedy_tolerance, "drift": cfg.drift,
     }
     for role, arm in (("reference", cfg.reference), ("candidate", cfg.candidate), ("rescorer", cfg.rescorer)):
         if arm is None:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.config import GateConfig, load_gate_config
+from strict_gate.drift import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate import GateOutcome, judge
@@ -77,5 +78,11 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     finally:
         engine.close()
     result = replace(result, history=tuple(old.get("history") or ()))  # the trend as the gate wrote it
+    if old.get("drift"):  # the gate's drift pass is not re-run: its figures are kept as they were
+        try:
+            result = replace(result, drift=DriftReport.from_json(old["drift"]))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise InputError(f"the report's drift object is malformed ({type(e).__name__}: {e})",
+                             path=str(report_dir / "report.json")) from None
     write_reports(result, report_dir)
     return GateOutcome(result, report_dir)

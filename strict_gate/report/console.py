@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.redact import scrub_obj
+from strict_gate.report.drift_view import console_line, status_label
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import Decoder, show_token, visible
 
@@ -35,7 +36,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         dg = r.diagnoses.get(p.id)
         cells = (
             p.id,
-            p.status,
+            status_label(r, p),
             "–" if d is None else str(d.position),
             "" if d is None else show_token(dec, d.reference_token),
             "" if d is None else show_token(dec, d.candidate_token),
@@ -57,6 +58,8 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             + (f"; {counts}" if counts else ""),
         )
     )
+    if r.drift is not None:
+        console.print(Text(f"  {visible(console_line(r.drift))}"))
     for reason in v.reasons[:6]:
         console.print(Text(f"  {visible(reason)}"))
     if report_dir:

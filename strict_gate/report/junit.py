@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import visible
 
@@ -35,6 +36,7 @@ def render(r: GateResult) -> str:
         ("policy", r.verdict.policy),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
+        *junit_properties(r.drift),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
     for p in r.comparison.prompts:

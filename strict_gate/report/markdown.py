@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from strict_gate.records import TopK
+from strict_gate.report.drift_view import markdown_section, status_label
 from strict_gate.report.result import GateResult, arm_speed
 from strict_gate.report.text import Decoder, md, show_token
 
@@ -124,11 +125,11 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         for p in bad:
             d = p.first_divergence
             if d is None:
-                out.append(f"| {md(p.id)} | {p.status} | – | {md(p.detail)} | | | | | | |")
+                out.append(f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |")
                 continue
             ref = r.reference_records[p.id]
             out.append(
-                f"| {md(p.id)} | {p.status} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
+                f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
                 f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
                 f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
                 f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
@@ -154,6 +155,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
             text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
             out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
         out.append("")
+    out += markdown_section(r)
     if r.determinism:
         det = r.determinism
         out.append("## Reference determinism")

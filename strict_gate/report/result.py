@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from strict_gate.compare import Comparison, Divergence, Status
 from strict_gate.diagnose import Diagnosis
+from strict_gate.drift import DriftReport
 from strict_gate.policy import Verdict
 from strict_gate.records import EngineInfo, Record, Sampling
 
@@ -70,6 +71,7 @@ class GateResult:
     rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
     resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
     history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
+    drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
 
     @property
     def exit_code(self) -> int:
@@ -148,4 +150,5 @@ def to_json(r: GateResult) -> dict:
         "history": list(r.history),
         "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
+        "drift": r.drift.to_json() if r.drift is not None else None,
     }
