@@ -61,8 +61,11 @@ def _fail_cleanly(fn):
 
 
 def _progress():
-    """A rich progress bar per arm: prompts done / total and generated tokens per second."""
+    """A rich progress bar per arm: prompts done / total and generated tokens per second. It is
+    drawn on the terminal itself, since an in-process arm points stdout and stderr at its engine.log."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from strict_gate.engine_log import terminal_stderr
 
     progress = Progress(
         TextColumn("{task.description:<10}"),
@@ -70,8 +73,10 @@ def _progress():
         MofNCompleteColumn(),
         TextColumn("{task.fields[tps]}"),
         TimeElapsedColumn(),
-        console=err,
+        console=Console(file=terminal_stderr(), markup=False, highlight=False),
         transient=False,
+        redirect_stdout=False,  # an engine's prints belong in its engine.log, not above the bar
+        redirect_stderr=False,
     )
 
     def hook(label: str, total: int):
@@ -107,8 +112,21 @@ def gate(
         Optional[Path],
         typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show vLLM's and transformers' logs on the console, not only in engine.log")
+    ] = False,
 ) -> None:
     """Run both arms per the config, compare them, and write the report."""
+    from contextlib import nullcontext
+
+    from strict_gate.engine_log import engine_logs_on_console
+
+    with engine_logs_on_console() if verbose else nullcontext():
+        _gate(config, policy, band, output_dir, resume)
+
+
+def _gate(config: Path | None, policy: str | None, band: float | None, output_dir: Path | None,
+          resume: Path | None) -> None:
     if resume is not None:
         if config is not None or policy is not None or band is not None or output_dir is not None:
             raise StrictGateError("--resume runs the gate under its own REPORT_DIR/gate.toml: "

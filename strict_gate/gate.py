@@ -7,6 +7,7 @@ exactly once per gate.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +18,7 @@ from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.compare import DEFAULT_BAND, check_band, compare_runs
 from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
+from strict_gate.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.gate_state import write_gate_state
@@ -106,7 +108,8 @@ def judge(
     notes: list[str] = []
     rescored_by = None
     if rescorer is not None and rescorer.can_score:
-        diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
+        with engine_log(Path(ref.path) / "engine.log", rescorer.log_libraries):  # a rescorer's start-up too
+            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
         rescored_by = f"{rescorer.kind} {rescorer.info().model}" if diagnoses else None
     elif diagnose_wanted and any(p.status in ("divergent", "near_tie") for p in comparison.prompts):
         notes.append(
@@ -246,8 +249,13 @@ def run_gate(
     candidate = given.get("candidate") or cfg.candidate.build()
     if reference.kind == "recorded":
         reference.check_compatible(ps.sha256, sampling, reference.options.model)
-    inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
+    try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
+        with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
+            inputs = prompt_inputs(ps, reference)
+    except BaseException:
+        shutil.rmtree(report_dir, ignore_errors=True)  # bad input: no half-made report directory
+        raise
     write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     write_gate_state(report_dir, cfg, ps, policy=policy, band=band)  # what `gate --resume` needs
     result = play_gate(
@@ -256,6 +264,12 @@ def run_gate(
         config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
     )
     return GateOutcome(result, report_dir)
+
+
+def _close(engine: Engine, run_dir: Path) -> None:
+    """Stop an engine; what it logs on the way out (vLLM's shutdown) goes to its engine.log."""
+    with engine_log(run_dir / "engine.log", engine.log_libraries):
+        engine.close()
 
 
 def play_gate(
@@ -289,7 +303,7 @@ def play_gate(
             )
         finally:
             if "candidate" in owned:
-                candidate.close()
+                _close(candidate, report_dir / "candidate")
         ref_run = done.get("reference") or _arm(
             reference, "reference", inputs, sampling, report_dir / "reference", ps, cfg.reference.runs,
             progress, problems, prior.get("reference"),
@@ -307,10 +321,10 @@ def play_gate(
             )
         finally:
             if rescorer is not None and rescorer is not reference:
-                rescorer.close()
+                _close(rescorer, report_dir / "reference")
     finally:
         if "reference" in owned:
-            reference.close()
+            _close(reference, report_dir / "reference")
         scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
     from strict_gate.report import write_reports
 
