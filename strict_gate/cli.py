@@ -254,6 +254,18 @@ def diagnose(
 
 @app.command()
 @_fail_cleanly
+def show(
+    report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="show this prompt (any status)")] = None,
+) -> None:
+    """Both continuations side by side in the terminal: tokens, top-k, gaps, diagnosis, text."""
+    from strict_gate.report.show import show as show_report
+
+    show_report(report_dir, prompt, console)
+
+
+@app.command()
+@_fail_cleanly
 def prompts(file: Annotated[Path, typer.Argument(help="prompt set .jsonl")]) -> None:
     """Validate a prompt set and print its size and sha256."""
     from strict_gate.prompts import load_prompts
