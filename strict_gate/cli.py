@@ -113,7 +113,8 @@ def gate(
         typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
     ] = None,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="leave vLLM's and transformers' logs on the console instead of the arms' engine.log")
+        bool,
+        typer.Option("--verbose", "-v", help="leave vLLM's and transformers' logs on the console, not in engine.log"),
     ] = False,
 ) -> None:
     """Run both arms per the config, compare them, and write the report."""
