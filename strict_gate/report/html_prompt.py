@@ -34,6 +34,12 @@ def _tokens(rec: Record | None) -> tuple[int, ...]:
     return () if rec is None or rec.error is not None else tuple(rec.token_ids)
 
 
+def shown(dec: Decoder, t: int) -> str:
+    """A token's text; one made only of spaces shows them as ␣, or its chip would look empty."""
+    text = dec.token(t)
+    return text.replace(" ", "␣") if text and not text.strip(" ") else text
+
+
 def _tok(dec: Decoder, t: int | None) -> str:
     return "(end)" if t is None else f"“{dec.token(t)}” ({t})"
 
@@ -65,7 +71,7 @@ def _chips(label: str, tokens: tuple[int, ...], rec: Record | None, p: PromptCom
     for i, t in enumerate(tokens):
         lp = rec.logprob_at(i, t) if rec is not None else None
         title = f"{i}: id {t}, logprob {num(lp)}"
-        out.append(f"<span class='chip {cell_class(p, i)}' title='{escape(title)}'>{escape(dec.token(t))}</span>")
+        out.append(f"<span class='chip {cell_class(p, i)}' title='{escape(title)}'>{escape(shown(dec, t))}</span>")
     if not tokens:
         out.append("<span class='none'>no tokens</span>")
     return f"<div class='chips'><b>{label}</b>{''.join(out)}</div>"
@@ -78,7 +84,7 @@ def topk_table(label: str, top: TopK | None, ref_tok: int | None, cand_tok: int 
     rows = []
     for t, lp in top:
         mark = "rt" if t == ref_tok else "ct" if t == cand_tok else ""
-        rows.append(f"<tr class='{mark}'><td>{escape(dec.token(t))}</td><td>{t}</td><td>{lp:.4f}</td></tr>")
+        rows.append(f"<tr class='{mark}'><td>{escape(shown(dec, t))}</td><td>{t}</td><td>{lp:.4f}</td></tr>")
     return (f"<div class='topk'><b>{label} top-{len(top)}</b><table><tr><th>token</th><th>id</th>"
             f"<th>logprob</th></tr>{''.join(rows)}</table></div>")
 
@@ -88,11 +94,8 @@ def _diagnosis(dg: Diagnosis | None, rescored_by: str | None) -> str:
         return ""
     if dg.error is not None:
         return f"<p class='diag'><b>teacher-forced:</b> re-scoring failed: {escape(dg.error)}</p>"
-    later = "every later token downstream of the flip" if dg.downstream_only else (
-        f"{len(dg.later_errors)} independent later error(s)")
     return (f"<p class='diag'><b>teacher-forced</b> ({escape(rescored_by or 'the reference')}): "
-            f"{escape(dg.verdict)}<br>re-scored gap {num(dg.rescored_gap)} (decode gap {num(dg.decode_gap)}); "
-            f"{later}</p>")
+            f"{escape(dg.verdict)} (decode gap {num(dg.decode_gap)})</p>")
 
 
 def _drift(figures: dict | None) -> str:
