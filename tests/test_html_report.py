@@ -130,6 +130,7 @@ def test_drift_and_trend_are_drawn_when_present_and_omitted_when_not(report, mon
     assert svg.count("<circle") == 4 and "#cf222e" in svg and "#1a7f37" in svg and "nightly&lt;b&gt;" in svg
     assert "<b>" not in svg
     assert "abs_dlogprob.p99</td><td>0.2<" in page and "kl.estimator</td><td>top-k<" in page
+    assert "<b>drift:</b> kl.mean 0.5</p>" in page  # the first prompt's own figures, in its section
 
 
 def test_a_10000_prompt_gate_stays_a_small_file():

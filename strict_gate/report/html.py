@@ -8,7 +8,7 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 from __future__ import annotations
 
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
-from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, trend_svg
+from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.result import GateResult, to_json
 from strict_gate.report.text import Decoder
 
@@ -118,7 +118,8 @@ def render(r: GateResult) -> str:
     per_prompt = drift.get("prompts") if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
     details = [
         detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
-               reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by, drift=per_prompt.get(p.id))
+               reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
+               drift_html=prompt_drift(per_prompt.get(p.id)))
         for p in bad[:DETAIL_CAP]
     ]
     if len(bad) > DETAIL_CAP:

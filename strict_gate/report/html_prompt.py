@@ -98,15 +98,6 @@ def _diagnosis(dg: Diagnosis | None, rescored_by: str | None) -> str:
             f"{escape(dg.verdict)} (decode gap {num(dg.decode_gap)})</p>")
 
 
-def _drift(figures: dict | None) -> str:
-    if not figures:
-        return ""
-    from strict_gate.report.html_trend import flat_figures
-
-    items = "; ".join(f"{escape(k)} {v}" for k, v in flat_figures(figures))
-    return f"<p class='drift'><b>drift:</b> {items}</p>"
-
-
 def detail(
     p: PromptComparison,
     dec: Decoder,
@@ -116,7 +107,7 @@ def detail(
     *,
     reason: str,
     rescored_by: str | None = None,
-    drift: dict | None = None,
+    drift_html: str = "",
 ) -> str:
     """Both continuations as token chips, the divergence marked, both top-k, gaps, diagnosis, text."""
     d = p.first_divergence
@@ -137,7 +128,7 @@ def detail(
                      + topk_table("candidate", d.candidate_top, d.reference_token, d.candidate_token, dec)
                      + "</div>")
     parts.append(_diagnosis(dg, rescored_by))
-    parts.append(_drift(drift))
+    parts.append(drift_html)
     source = ref if ref is not None else cand
     if source is not None and (R or C):
         prompt = dec.text(source.prompt_token_ids)

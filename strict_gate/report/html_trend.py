@@ -53,6 +53,12 @@ def drift_section(drift: object) -> str:
             f"<table class='kv'>{rows}</table>")
 
 
+def prompt_drift(figures: object) -> str:
+    """One prompt's drift figures in a line (report.json's drift["prompts"][id])."""
+    items = "; ".join(f"{escape(k)} {v}" for k, v in flat_figures(figures)) if isinstance(figures, dict) else ""
+    return f"<p class='drift'><b>drift:</b> {items}</p>" if items else ""
+
+
 def _ratio(entry: dict, num: str, den: str) -> float | None:
     a, b = entry.get(num), entry.get(den)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
