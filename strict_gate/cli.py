@@ -41,9 +41,14 @@ def _fail_cleanly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        # SIGTERM (a CI timeout, a kill) unwinds like Ctrl-C: runs are closed as failed and
-        # launched servers and engine processes are stopped by the engines' close().
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        # SIGTERM (a CI timeout, a kill) and SIGHUP (the terminal closed) unwind like Ctrl-C:
+        # runs are closed as failed and launched servers and engine processes are stopped by
+        # the engines' close(). Only the first signal interrupts: later ones hurry the cleanup
+        # (no grace periods) and cannot abort it half-way (engines/process.py).
+        from strict_gate.engines.process import DEFERRED_SIGNALS, interrupt_once
+
+        for sig in DEFERRED_SIGNALS:
+            signal.signal(sig, interrupt_once)
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
@@ -54,6 +59,8 @@ def _fail_cleanly(fn):
             err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
+            for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
+                signal.signal(sig, signal.SIG_IGN)
             err.print("interrupted: the run directories written so far are marked failed")
             raise typer.Exit(3) from None
 

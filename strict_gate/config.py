@@ -110,6 +110,7 @@ def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
         raise ConfigError("only the [reference] arm captures repeated runs", path=lines.path, line=lines.find("runs", role))
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
     options = parse_options(cls.Options, opts, where=role, line_of=lines.finder(role))
+    cls.check_options(options, where=role, line_of=lines.finder(role))
     env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()})
     return ArmConfig(role, kind, options, env, runs, base_dir)
 

@@ -247,8 +247,7 @@ def run_gate(
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
-    if reference.kind == "recorded":
-        reference.check_compatible(ps.sha256, sampling, reference.options.model)
+    reference.check_compatible(ps.sha256, sampling)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
     try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
         with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):

@@ -53,6 +53,7 @@ class Pattern:
 
 Seconds = Annotated[float, Bound(gt=0)]
 PositiveInt = Annotated[int, Bound(ge=1)]
+NonNegativeInt = Annotated[int, Bound(ge=0)]
 Fraction = Annotated[float, Bound(gt=0, le=1)]
 Device = Annotated[str, Pattern(r"cpu|mps|meta|(cuda|xpu|npu|hpu)(:\d+)?", "cpu, cuda, cuda:1")]
 

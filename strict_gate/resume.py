@@ -103,8 +103,8 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
         return ResumeOutcome(GateOutcome(result, report_dir), kept, dict.fromkeys(ROLES, 0), True)
     reference = cfg.reference.build()
     candidate = cfg.candidate.build()
-    if reference.kind == "recorded" and "reference" not in done:
-        reference.check_compatible(ps.sha256, sampling, reference.options.model)
+    if "reference" not in done:
+        reference.check_compatible(ps.sha256, sampling)
     with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
         inputs = prompt_inputs(ps, reference) if done != set(ROLES) else []
     result = play_gate(

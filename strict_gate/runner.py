@@ -143,10 +143,9 @@ def run_arm(
     records done so far, and the EngineError propagates (exit 3).
     """
     out = Path(out_dir)
-    log_path = out / "engine.log"
-    if hasattr(engine, "log_path"):
+    if engine.writes_log:
         out.mkdir(parents=True, exist_ok=True)
-        engine.log_path = log_path
+        engine.set_log_path(out / "engine.log")
     keep: set[str] = set()
     if resume_from is None:
         manifest = Manifest(
@@ -168,7 +167,7 @@ def run_arm(
     current = pending[0] if pending else None
     try:
         if inputs or resume_from is None:
-            with engine.scoped_env(), engine_log(log_path, engine.log_libraries):
+            with engine.scoped_env(), engine_log(out / "engine.log", engine.log_libraries):
                 engine.start()
                 # Describe the engine again once started: versions and server facts are known now.
                 info = engine.info()

@@ -78,6 +78,22 @@ def test_registry_and_flags():
     assert engine_class("command") is CommandEngine
     assert CommandEngine.in_process is False
     assert CommandEngine.kind == "command"
+    assert CommandEngine.writes_log and engine_class("openai").writes_log
+    assert not engine_class("recorded").writes_log and not engine_class("hf").writes_log
+
+
+def test_runner_puts_the_engine_log_in_the_run_directory(tmp_path):
+    from strict_gate.prompts import load_prompts
+    from strict_gate.runner import run_arm
+
+    (tmp_path / "p.jsonl").write_text('{"id": "p1", "token_ids": [1, 10, 11]}\n')
+    eng = CommandEngine(CommandOptions(command=[sys.executable, str(FAKE)]), base_dir=tmp_path)
+    try:
+        run = run_arm(eng, [P1], SAMPLING, tmp_path / "run", prompt_set=load_prompts(tmp_path / "p.jsonl"))
+    finally:
+        eng.close()
+    assert run.complete
+    assert "fake engine good starting" in (tmp_path / "run" / "engine.log").read_text()
 
 
 def test_round_trip_generate_score_info_close(tmp_path):

@@ -10,7 +10,8 @@ Two halves:
   module through the engine's own launch mode on the bundled tiny Llama. Without vLLM these are
   skipped, except under CI (the `CI` environment variable set), where a missing vLLM fails.
 
-This file doubles as the fake server's launcher: `python test_openai_engine.py --port N`.
+This file doubles as the fake server's launcher: `python test_openai_engine.py --port N`
+(flags in the __main__ block below; test_signals.py uses it too).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class _FakeHandler(BaseHTTPRequestHandler):
             return
         st["posts"].append(body)
         n = len(st["posts"])
+        if st["events"]:
+            with open(st["events"], "a") as f:
+                f.write("request\n")
+        time.sleep(st["delay"])
         if st["mode"] == "die" and n > st["die_after"]:
             # Stop listening and drop this connection without an answer: the process "died".
             self.close_connection = True
@@ -132,28 +137,45 @@ class _FakeHandler(BaseHTTPRequestHandler):
         self._send(200, {"object": "text_completion", "model": "fake-model", "choices": [choice]})
 
 
-def _make_fake(mode="ids", *, die_after=0, status=0, prompt_logprobs=True, port=0):
+def _make_fake(mode="ids", *, die_after=0, status=0, prompt_logprobs=True, port=0, delay=0.0, events=None):
     srv = ThreadingHTTPServer(("127.0.0.1", port), _FakeHandler)
     srv.daemon_threads = True
     srv.state = {
         "mode": mode, "die_after": die_after, "status": status, "prompt_logprobs": prompt_logprobs,
-        "posts": [], "gets": [],
+        "posts": [], "gets": [], "delay": delay, "events": events,
     }
     return srv
 
 
-if __name__ == "__main__":  # launch mode: `python test_openai_engine.py --port N [--spawn-child] [--ignore-term]`
+if __name__ == "__main__":
+    # launch mode: `python test_openai_engine.py --port N [--spawn-child] [--ignore-term] [--slow-start]
+    #               [--delay S] [--pidfile F] [--events F]`: --delay answers each completion S seconds
+    # late; --pidfile writes the pids (server, child); --events gets a line per completion request
+    # and per SIGTERM received (with --ignore-term).
     args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1])
+
+    def flag(name, default=None):
+        return args[args.index(name) + 1] if name in args else default
+
+    port = int(flag("--port"))
+    events = flag("--events")
+    pids = [os.getpid()]
     if "--spawn-child" in args:  # like vLLM's engine-core: a child in the same process group
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        pids.append(child.pid)
         print(f"child {child.pid}", flush=True)
+    if flag("--pidfile"):
+        Path(flag("--pidfile")).write_text(" ".join(map(str, pids)))
     if "--ignore-term" in args:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        def _ignored(*_):
+            if events:
+                with open(events, "a") as f:
+                    f.write("sigterm\n")
+        signal.signal(signal.SIGTERM, _ignored)
     if "--slow-start" in args:
         time.sleep(1.0)
     print("fake server listening", flush=True)
-    _make_fake("ids", port=port).serve_forever(poll_interval=0.05)
+    _make_fake("ids", port=port, delay=float(flag("--delay", 0)), events=events).serve_forever(poll_interval=0.05)
     sys.exit(0)
 
 
@@ -452,7 +474,8 @@ def test_server_process_dying_mid_run_names_prompt_and_exit_code(tmp_path):
         it = eng.generate(PROMPTS, Sampling(max_tokens=2, top_logprobs=1))
         assert next(it).id == "p0"
         os.killpg(eng.server_pgid, signal.SIGKILL)
-        eng._proc.wait(10)
+        while eng.servers[0].process.returncode is None:
+            time.sleep(0.05)
         with pytest.raises(EngineError, match=r"exited with code -9 on prompt 'p1'"):
             next(it)
     finally:

@@ -52,6 +52,7 @@ class Engine(ABC):
     Options: ClassVar[type]
     can_score: ClassVar[bool] = False  # supports teacher-forced score()
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
+    writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
@@ -59,6 +60,20 @@ class Engine(ABC):
         self.env = dict(env or {})
         register_env(self.env)  # from now on, secret-looking values are scrubbed from what is written
         self.base_dir = Path(base_dir)
+        self.log_path: str | Path | None = None  # where a writes_log engine logs; None: a temp file
+
+    @classmethod
+    def check_options(cls, options, *, where: str, line_of) -> None:
+        """Checks of parsed options that need the engine's own knowledge, run when the config is
+        read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""
+
+    def set_log_path(self, path: str | Path) -> None:
+        """Where the engine's process output goes (the runner passes <run dir>/engine.log)."""
+        self.log_path = path
+
+    def check_compatible(self, prompt_sha256: str, sampling: Sampling) -> None:
+        """Refuse a gate this engine cannot honestly run (ConfigError). A live engine fits any;
+        an engine that replays a stored run checks that run against the gate's conditions."""
 
     # -- lifecycle
     def start(self) -> None:

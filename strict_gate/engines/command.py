@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
-from strict_gate.engines.process import close_log, open_log, spawn, stop_group
+from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
 from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtraError
 from strict_gate.options import Seconds
 from strict_gate.reader import parse_record
@@ -65,6 +65,7 @@ class CommandEngine(Engine):
     Options = CommandOptions
     can_score = True  # narrowed per instance to what the hello declares
     in_process = False
+    writes_log = True
 
     def __init__(self, options: CommandOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
@@ -77,7 +78,6 @@ class CommandEngine(Engine):
             self.argv[0] = sys.executable
         self.cwd = str((self.base_dir / options.cwd).resolve()) if options.cwd else str(self.base_dir.resolve())
         self.tokenizer_path = self._tokenizer_file() if options.tokenizer else None
-        self.log_path: str | Path | None = None  # set by the gate (runner) before start()
         self.hello: dict | None = None
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
@@ -193,23 +193,24 @@ class CommandEngine(Engine):
         self.can_score = "score" in caps  # instance attribute shadows the class default
 
     def close(self) -> None:
-        """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group."""
+        """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group.
+
+        A signal arriving meanwhile cuts the waits short and is re-delivered afterwards: the
+        group is gone whatever happens."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            try:
-                self._write({"op": "shutdown"}, time.monotonic() + 1.0)
-            except (EngineError, OSError):
-                pass
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self._proc.wait(timeout=SHUTDOWN_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill()
+        with signals_deferred():
+            if self._proc.poll() is None:
+                try:
+                    self._write({"op": "shutdown"}, time.monotonic() + 1.0)
+                except (TimeoutError, OSError):
+                    pass
+                try:
+                    self._proc.stdin.close()
+                except OSError:
+                    pass
+                wait_exit(self._proc, SHUTDOWN_GRACE_S)
+            self._kill()
 
     def _kill(self) -> None:
         """Terminate the whole process group (SIGTERM, then SIGKILL) and release pipes and log."""

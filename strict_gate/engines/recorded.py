@@ -60,15 +60,15 @@ class RecordedEngine(Engine):
             raise ConfigError(f"recorded: baseline {self.path} has no prompt {prompt.id!r}")
         return rec.prompt_token_ids
 
-    def check_compatible(self, prompt_sha256: str, sampling: Sampling, model: str | None) -> None:
+    def check_compatible(self, prompt_sha256: str, sampling: Sampling) -> None:
         """Refuse a baseline captured under other conditions, naming the field that differs."""
         m = self.run.manifest
         checks = [
             ("prompt set sha256", m.prompt_set.get("sha256"), prompt_sha256),
             ("max_tokens", m.sampling.max_tokens, sampling.max_tokens),
         ]
-        if model is not None:
-            checks.append(("model", m.engine.model, model))
+        if self.options.model is not None:
+            checks.append(("model", m.engine.model, self.options.model))
         for field, have, want in checks:
             if have != want:
                 raise ConfigError(

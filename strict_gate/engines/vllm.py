@@ -63,8 +63,10 @@ from typing import Literal
 from enum import Enum
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
+from strict_gate.engines.process import signals_deferred
+from strict_gate.engines.vllm_args import unknown_llm_args
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
-from strict_gate.options import Fraction, PositiveInt
+from strict_gate.options import Fraction, PositiveInt, did_you_mean
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -184,6 +186,22 @@ class VLLMEngine(Engine):
         self.warmup_s: float | None = None
 
     # -- configuration
+    @classmethod
+    def check_options(cls, options: VLLMOptions, *, where: str, line_of) -> None:
+        """Every argument bound for vllm.LLM (the options set, engine_args) must be one vLLM knows."""
+        if not isinstance(options.engine_args, dict):
+            return  # __init__ refuses it with its own message
+        names = [n for n in _LLM_ARGS if getattr(options, n) is not None] + list(options.engine_args)
+        unknown, known = unknown_llm_args(names)
+        if unknown:
+            name = unknown[0]
+            raise ConfigError(
+                f"[{where}] {name!r} is not an argument of vllm.LLM{did_you_mean(name, known)} "
+                "(checked against vllm.LLM.__init__ and vllm.engine.arg_utils.EngineArgs of the installed vLLM)",
+                path=getattr(line_of, "path", None),
+                line=line_of(name) or line_of("engine_args"),
+            )
+
     def llm_kwargs(self) -> dict:
         """The keyword arguments for vllm.LLM: only the options that are set, plus engine_args."""
         kw: dict = {"model": self.model_path}
@@ -304,21 +322,23 @@ class VLLMEngine(Engine):
         return out
 
     def close(self) -> None:
+        """Shut the engine core (and its workers) down; a signal meanwhile waits until it is done."""
         llm, self._llm = self._llm, None
         if llm is None:
             return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
-        del llm
-        gc.collect()
-        try:
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        with signals_deferred():
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            del llm
+            gc.collect()
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-            cleanup_dist_env_and_memory()
-        except Exception:
-            pass
+                cleanup_dist_env_and_memory()
+            except Exception:
+                pass
 
     # -- protocol
     def info(self) -> EngineInfo:
@@ -331,7 +351,7 @@ class VLLMEngine(Engine):
             d = _dist_version(name)
             if d:
                 versions[name] = d[1]
-        options = asdict(self.options) | {"resolved_model": self.model_path}
+        options = asdict(self.options) | {"resolved_model": self.model_path, "llm_kwargs": self.llm_kwargs()}
         if self._effective:
             options["effective"] = dict(self._effective)
         if self.start_s is not None:  # load time is part of what a reviewer of the oracle wants to see

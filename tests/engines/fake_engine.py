@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """A fake engine speaking strict-gate/engine@1, good or misbehaving on purpose (for the tests).
 
-    python fake_engine.py [--mode MODE] [--canned FILE] [--after N]
+    python fake_engine.py [--mode MODE] [--canned FILE] [--after N] [--pidfile F] [--events F]
+                          [--shutdown-delay S] [--ignore-term]
 
 Modes (the misbehaviour starts at request number --after, counting from 0):
   good          replay canned responses from FILE (one JSON object a line, popped in
@@ -26,6 +27,12 @@ Modes (the misbehaviour starts at request number --after, counting from 0):
 
 The hello carries "pid" so a test can check that the whole group is gone afterwards.
 Env: FAKE_ECHO_ENV=NAME puts os.environ[NAME] into the hello's "versions".
+
+For the signal tests, which watch a whole `strict-gate gate` from outside:
+  --pidfile F         write the pid to F at start
+  --events F          append "start", "request ID", "shutdown" and "sigterm" lines to F as they happen
+  --shutdown-delay S  on shutdown (or EOF), take S seconds to exit (a slow shutdown)
+  --ignore-term       ignore SIGTERM (noted in --events): only SIGKILL stops it
 """
 
 from __future__ import annotations
@@ -73,7 +80,23 @@ def main() -> None:
     ap.add_argument("--mode", default="good")
     ap.add_argument("--canned", default=None)
     ap.add_argument("--after", type=int, default=0)
+    ap.add_argument("--pidfile", default=None)
+    ap.add_argument("--events", default=None)
+    ap.add_argument("--shutdown-delay", type=float, default=0.0)
+    ap.add_argument("--ignore-term", action="store_true")
     a = ap.parse_args()
+
+    def event(text: str) -> None:
+        if a.events:
+            with open(a.events, "a") as f:
+                f.write(text + "\n")
+
+    if a.pidfile:
+        with open(a.pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, lambda *_: event("sigterm"))
+    event("start")
     mode = a.mode
     canned = []
     if a.canned:
@@ -110,8 +133,8 @@ def main() -> None:
         req = json.loads(line)
         op = req.get("op")
         if op == "shutdown":
-            print("fake engine: shutdown", file=sys.stderr, flush=True)
-            return
+            break
+        event(f"request {req.get('id')}")
         misbehave = n >= a.after
         n += 1
         if op == "score" and misbehave and mode == "bad_score":
@@ -166,6 +189,9 @@ def main() -> None:
             send(echo(req, n=req["max_tokens"] + 2))
         else:
             raise SystemExit(f"unknown mode {mode}")
+    print("fake engine: shutdown", file=sys.stderr, flush=True)
+    event("shutdown")
+    time.sleep(a.shutdown_delay)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+"""Which keyword arguments `vllm.LLM` accepts: its own `__init__` parameters plus the fields
+of `vllm.engine.arg_utils.EngineArgs` (where LLM sends the rest of its keywords).
+
+Read from the installed vLLM's source (ast), without importing it: a config check stays at
+milliseconds, and a gate whose vllm arm is only a [rescorer] imports nothing unless
+something diverges. A name the source reading does not know is confirmed by importing vLLM
+and inspecting the real signature before it is refused, so a vLLM laid out differently
+can only cost time, never refuse a valid argument.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import inspect
+from pathlib import Path
+
+_SOURCES = (("entrypoints/llm.py", "LLM", "__init__"), ("engine/arg_utils.py", "EngineArgs", None))
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def _source_names(root: Path) -> set[str] | None:
+    """The names as the source declares them; None when the source is not laid out as expected."""
+    names: set[str] = set()
+    for rel, cls_name, method in _SOURCES:
+        try:
+            cls = _class(ast.parse((root / rel).read_text(encoding="utf-8")), cls_name)
+        except (OSError, SyntaxError, ValueError):
+            return None
+        if cls is None:
+            return None
+        if method is None:
+            names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            continue
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method), None)
+        if init is None:
+            return None
+        names |= {a.arg for a in init.args.args + init.args.kwonlyargs} - {"self"}
+    return names
+
+
+def _imported_names() -> set[str] | None:
+    """The names from the imported vLLM (None when it cannot be imported: start() will say why)."""
+    try:
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception:  # noqa: BLE001 - any import failure is reported by start() with its remedy
+        return None
+    params = inspect.signature(vllm.LLM.__init__).parameters.values()
+    own = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    return own | {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def unknown_llm_args(names: list[str]) -> tuple[list[str], set[str]]:
+    """(the names vllm.LLM would refuse, the names it accepts); ([], set()) when vLLM is not
+    installed or cannot be imported, so nothing can be checked before start()."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return [], set()
+    known = _source_names(Path(next(iter(spec.submodule_search_locations))))
+    if known is not None and all(n in known for n in names):
+        return [], known
+    known = _imported_names()
+    if known is None:
+        return [], set()
+    return [n for n in names if n not in known], known
