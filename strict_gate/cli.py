@@ -78,8 +78,11 @@ def _fail_cleanly(fn):
 
 
 def _progress():
-    """A rich progress bar per arm: prompts done / total and generated tokens per second."""
+    """A rich progress bar per arm: prompts done / total and generated tokens per second. It is
+    drawn on the terminal itself, since an in-process arm points stdout and stderr at its engine.log."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from strict_gate.engine_log import terminal_stderr
 
     progress = Progress(
         TextColumn("{task.description:<10}"),
@@ -87,8 +90,10 @@ def _progress():
         MofNCompleteColumn(),
         TextColumn("{task.fields[tps]}"),
         TimeElapsedColumn(),
-        console=err,
+        console=Console(file=terminal_stderr(), markup=False, highlight=False),
         transient=False,
+        redirect_stdout=False,  # an engine's prints belong in its engine.log, not above the bar
+        redirect_stderr=False,
     )
 
     def hook(label: str, total: int):
@@ -139,8 +144,22 @@ def gate(
         typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
     ] = None,
     summary: SummaryOpt = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="leave vLLM's and transformers' logs on the console, not in engine.log"),
+    ] = False,
 ) -> None:
     """Run both arms per the config, compare them, and write the report."""
+    from contextlib import nullcontext
+
+    from strict_gate.engine_log import engine_logs_on_console
+
+    with engine_logs_on_console() if verbose else nullcontext():
+        _gate(config, policy, band, output_dir, resume, summary)
+
+
+def _gate(config: Path | None, policy: str | None, band: float | None, output_dir: Path | None,
+          resume: Path | None, summary: Path | None) -> None:
     if resume is not None:
         if config is not None or policy is not None or band is not None or output_dir is not None:
             raise StrictGateError("--resume runs the gate under its own REPORT_DIR/gate.toml: "
@@ -316,6 +335,18 @@ def diagnose(
 
     outcome = rediagnose(report_dir)
     _finish(outcome.result, outcome.report_dir)
+
+
+@app.command()
+@_fail_cleanly
+def show(
+    report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="show this prompt (any status)")] = None,
+) -> None:
+    """Both continuations side by side in the terminal: tokens, top-k, gaps, diagnosis, text."""
+    from strict_gate.report.show import show as show_report
+
+    show_report(report_dir, prompt, console)
 
 
 @app.command()

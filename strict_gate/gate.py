@@ -7,6 +7,7 @@ exactly once per gate.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 import time
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from strict_gate.compare import DEFAULT_BAND, check_band, compare_runs
 from strict_gate.config import GateConfig
 from strict_gate.diagnose import diagnose
 from strict_gate.drift import DriftReport, measure_drift
+from strict_gate.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
 from strict_gate.gate_state import write_gate_state
@@ -110,7 +112,8 @@ def judge(
     notes: list[str] = []
     rescored_by = None
     if rescorer is not None and rescorer.can_score:
-        diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
+        with engine_log(Path(ref.path) / "engine.log", rescorer.log_libraries):  # a rescorer's start-up too
+            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
         rescored_by = f"{rescorer.kind} {rescorer.info().model}" if diagnoses else None
     elif diagnose_wanted and any(p.status in ("divergent", "near_tie") for p in comparison.prompts):
         notes.append(
@@ -249,8 +252,13 @@ def run_gate(
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
     reference.check_compatible(ps.sha256, sampling)
-    inputs = prompt_inputs(ps, reference)
     report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
+    try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
+        with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
+            inputs = prompt_inputs(ps, reference)
+    except BaseException:
+        shutil.rmtree(report_dir, ignore_errors=True)  # bad input: no half-made report directory
+        raise
     write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     write_gate_state(report_dir, cfg, ps, policy=policy, band=band)  # what `gate --resume` needs
     result = play_gate(
@@ -293,6 +301,12 @@ def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: Promp
     return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
 
 
+def _close(engine: Engine, run_dir: Path) -> None:
+    """Stop an engine; what it logs on the way out (vLLM's shutdown) goes to its engine.log."""
+    with engine_log(run_dir / "engine.log", engine.log_libraries):
+        engine.close()
+
+
 def play_gate(
     cfg: GateConfig,
     ps: PromptSet,
@@ -327,7 +341,7 @@ def play_gate(
                 drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
             if "candidate" in owned:
-                candidate.close()
+                _close(candidate, report_dir / "candidate")
         ref_run = done.get("reference") or _arm(
             reference, "reference", inputs, sampling, report_dir / "reference", ps, cfg.reference.runs,
             progress, problems, prior.get("reference"),
@@ -345,15 +359,15 @@ def play_gate(
             )
         finally:
             if rescorer is not None and rescorer is not reference:
-                rescorer.close()
+                _close(rescorer, report_dir / "reference")
         if cfg.drift and reference.kind != "recorded":
             if "reference" in owned:
-                reference.close()  # one engine loaded at a time: the candidate is started again
+                _close(reference, report_dir / "reference")  # one engine at a time: the candidate restarts
             try:
                 drift = _drift_pass(candidate, ref_run.records, cfg, ps, band, progress, drift_notes)
             finally:
                 if "candidate" in owned:
-                    candidate.close()
+                    _close(candidate, report_dir / "candidate")
         if drift is not None:
             drift = drift.with_divergences(
                 {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
@@ -361,7 +375,7 @@ def play_gate(
         result = replace(result, drift=drift, notes=result.notes + tuple(drift_notes))
     finally:
         if "reference" in owned:
-            reference.close()
+            _close(reference, report_dir / "reference")
         scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
     from strict_gate.report import write_reports
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.config import ArmConfig, GateConfig, load_gate_config
+from strict_gate.engine_log import engine_log
 from strict_gate.errors import InputError
 from strict_gate.gate import ROLES, GateOutcome, ProgressHook, judge, play_gate
 from strict_gate.gate_state import GateState, check_unchanged, read_gate_state
@@ -104,7 +105,8 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
     candidate = cfg.candidate.build()
     if "reference" not in done:
         reference.check_compatible(ps.sha256, sampling)
-    inputs = prompt_inputs(ps, reference) if done != set(ROLES) else []
+    with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
+        inputs = prompt_inputs(ps, reference) if done != set(ROLES) else []
     result = play_gate(
         cfg, ps, inputs, report_dir, reference=reference, candidate=candidate, owned=set(ROLES),
         policy=policy, band=state.band, progress=progress, prior=prior,

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.audit import audit_record, vocab_size
+from strict_gate.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, EngineError, InputError, StrictGateError
 from strict_gate.prompts import PromptSet
@@ -166,7 +167,7 @@ def run_arm(
     current = pending[0] if pending else None
     try:
         if inputs or resume_from is None:
-            with engine.scoped_env():
+            with engine.scoped_env(), engine_log(out / "engine.log", engine.log_libraries):
                 engine.start()
                 # Describe the engine again once started: versions and server facts are known now.
                 info = engine.info()

@@ -87,7 +87,7 @@ def test_stored_reference_is_scored_by_the_still_loaded_candidate(tmp_path):
     )
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
-    (d,) = (tmp_path / "reports").iterdir()
+    (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     drift = json.loads((d / "report.json").read_text())["drift"]
     assert drift["prompts_scored"] == 8 and drift["same_top1_rate"] == 1.0
     assert drift["abs_dlogprob"]["max"] < 1e-4
@@ -104,6 +104,6 @@ def test_without_drift_the_report_says_null(tmp_path):
     )
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
-    (d,) = (tmp_path / "reports").iterdir()
+    (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     assert json.loads((d / "report.json").read_text())["drift"] is None
     assert "Drift before a flip" not in (d / "report.md").read_text() and "drift:" not in r.output

@@ -53,6 +53,7 @@ class Engine(ABC):
     can_score: ClassVar[bool] = False  # supports teacher-forced score()
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
+    log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options

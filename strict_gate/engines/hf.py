@@ -42,6 +42,7 @@ class HFEngine(Engine):
     kind = "hf"
     Options = HFOptions
     can_score = True
+    log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)

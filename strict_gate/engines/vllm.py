@@ -159,6 +159,7 @@ class VLLMEngine(Engine):
     kind = "vllm"
     Options = VLLMOptions
     can_score = True
+    log_libraries = ("vllm", "transformers")
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)

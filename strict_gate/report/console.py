@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -9,13 +10,68 @@ from rich.text import Text
 from strict_gate.redact import scrub_obj
 from strict_gate.report.drift_view import console_line, status_label
 from strict_gate.report.result import GateResult
-from strict_gate.report.text import Decoder, show_token, visible
+from strict_gate.report.text import Decoder, visible
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow"}
 
 
-def _g(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
+_SHORT_STATUS = {"near_tie": "near-tie", "length_mismatch": "length", "tokenization_mismatch": "tokenizer",
+                 "not_greedy": "not greedy"}
+ROWS = 40
+
+
+def _gaps(d) -> str:
+    return " ".join("n/a" if x is None else f"{x:.3f}" for x in (d.reference_gap, d.candidate_gap))
+
+
+def why(r: GateResult, p, dg) -> str:
+    """A few words: the teacher-forced finding when there is one, else the comparator's cause;
+    a near-tie whose prefix already drifted at quantisation scale says so."""
+    if status_label(r, p) != str(p.status):
+        return "quantisation-level drift"
+    if dg is not None:
+        if dg.error is not None:
+            return "re-score failed"
+        head = "off top-k" if dg.rescored_gap is None else ("tie" if dg.near_tie else "real")
+        return head + ("; rest follows" if dg.downstream_only else f"; again at {dg.later_errors[0]}")
+    d = p.first_divergence
+    reason = d.reason if d is not None else p.detail
+    if p.status == "near_tie":
+        return "within band"
+    if p.status == "divergent":
+        return "off top-k" if "outside" in reason else "gap > band" if "> band" in reason else "no logprobs"
+    if p.status == "length_mismatch":
+        return "candidate stopped" if "candidate stopped" in reason else "reference stopped"
+    return {"tokenization_mismatch": "prompt ids differ", "not_greedy": "not its argmax",
+            "missing": "no record"}.get(p.status, reason)
+
+
+def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
+    """One line per non-matching prompt that fits `width` columns: the id, status and position
+    whole; tokens without ids and the reason in a few words (the report has both in full)."""
+    rows = bad[:ROWS]
+    key = lambda texts: max((len(x) for x in texts), default=1)  # noqa: E731
+    widths = [min(16, key(p.id for p in rows)), key(_SHORT_STATUS.get(p.status, p.status) for p in rows), 3, 14, 11]
+    title = Text(visible(f"strict-gate: {r.name}"), no_wrap=True, overflow="ellipsis")
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    t.add_column("prompt", no_wrap=True, overflow="ellipsis", width=widths[0])
+    t.add_column("status", no_wrap=True, width=widths[1])
+    t.add_column("pos", no_wrap=True, justify="right", width=widths[2])
+    t.add_column("ref → cand", no_wrap=True, overflow="ellipsis", width=widths[3])
+    t.add_column("gaps R C", no_wrap=True, width=widths[4])
+    t.add_column("why", no_wrap=True, overflow="ellipsis", max_width=max(12, width - sum(widths) - 2 * len(widths)))
+    for p in rows:
+        d = p.first_divergence
+        cells = (
+            p.id,
+            _SHORT_STATUS.get(p.status, p.status),
+            "–" if d is None else str(d.position),
+            "" if d is None else f"“{dec.token(d.reference_token)}”→“{dec.token(d.candidate_token)}”",
+            "" if d is None else _gaps(d),
+            why(r, p, r.diagnoses.get(p.id)),
+        )
+        t.add_row(*(Text(visible(c)) for c in cells))  # never read as rich markup, never raw control chars
+    return t
 
 
 def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
@@ -24,31 +80,11 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
-    table = Table(title=Text(visible(f"strict-gate: {r.name}")), show_lines=False)
-    # One line per prompt: on a narrow terminal the last column is cut, the report has it whole.
-    widths = {"prompt": 10, "status": 9, "pos": 3, "ref gap": 7, "cand gap": 8}
-    for col in ("prompt", "status", "pos", "reference", "candidate", "ref gap", "cand gap"):
-        table.add_column(col, no_wrap=True, overflow="ellipsis", min_width=widths.get(col))
-    table.add_column("teacher-forced", no_wrap=True, overflow="ellipsis", ratio=1)
     bad = [p for p in r.comparison.prompts if p.status != "match"]
-    for p in bad[:40]:
-        d = p.first_divergence
-        dg = r.diagnoses.get(p.id)
-        cells = (
-            p.id,
-            status_label(r, p),
-            "–" if d is None else str(d.position),
-            "" if d is None else show_token(dec, d.reference_token),
-            "" if d is None else show_token(dec, d.candidate_token),
-            "" if d is None else _g(d.reference_gap),
-            "" if d is None else _g(d.candidate_gap),
-            dg.short if dg else (p.detail[:60] if p.detail else ""),
-        )
-        table.add_row(*(Text(visible(c)) for c in cells))  # never read as rich markup, never raw control chars
     if bad:
-        console.print(table)
-        if len(bad) > 40:
-            console.print(f"... {len(bad) - 40} more non-matching prompts in the report")
+        console.print(table(r, bad, dec, console.width))
+        if len(bad) > ROWS:
+            console.print(f"... {len(bad) - ROWS} more non-matching prompts in the report")
     counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != "match")
     console.print(
         Text.assemble(

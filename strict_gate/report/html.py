@@ -1,71 +1,149 @@
-"""report.html: the same content as the markdown, standalone, for a browser or CI artifact."""
+"""report.html: what a reviewer reads at a glance. One self-contained file: no script, no network.
+
+Verdict banner and figures first; then an agreement strip per non-matching prompt, the
+side-by-side detail of each, drift and trend when the result carries them. Matching prompts
+are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable file.
+"""
 
 from __future__ import annotations
 
-import html
+from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
+from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
+from strict_gate.report.result import GateResult, to_json
+from strict_gate.report.text import Decoder
 
-from strict_gate.report.result import GateResult
-from strict_gate.report.text import Decoder, visible
+DETAIL_CAP = 500  # prompts drawn in full detail; the rest are in report.json
+MATCH_IDS_CAP = 2000  # matching ids listed in the collapsed list
+REASONS_CAP = 4  # the policy's reasons shown under the banner; every prompt's own is in the table
 
-_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "incomplete": "#9a6700"}
+CSS = """
+body{font-family:system-ui,sans-serif;margin:0;color:#1f2328;font-size:14px}
+main{padding:0 2em 2em}
+.banner{padding:14px 2em;color:#fff;font-size:1.5em;font-weight:600}
+.figs{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}
+.fig{border:1px solid #d0d7de;border-radius:6px;padding:6px 12px;min-width:110px}
+.fig b{display:block;font-size:1.4em}
+table{border-collapse:collapse}
+td,th{border:1px solid #d0d7de;padding:3px 6px;font-size:13px;vertical-align:top;text-align:left}
+.strip{display:inline-flex;gap:1px}
+.strip i{display:inline-block;width:9px;height:16px}
+.m{background:#2da44e}.t{background:#d4a72c}.d{background:#cf222e}.a{background:#afb8c1}
+.strip i:hover{outline:2px solid #0969da}
+.chip{display:inline-block;margin:1px;padding:1px 4px;border-radius:4px;font-family:ui-monospace,monospace;
+white-space:pre;font-size:12px}
+.chip.m{background:#dafbe1}.chip.t{background:#d4a72c;color:#000;font-weight:bold}
+.chip.d{background:#cf222e;color:#fff;font-weight:bold}.chip.a{background:#eaeef2;color:#57606a}
+.chips b{display:inline-block;width:80px}
+.st{font-size:12px;padding:1px 6px;border-radius:8px;background:#eaeef2}
+.st.near_tie{background:#fff8c5}.st.divergent,.st.not_greedy,.st.length_mismatch{background:#ffebe9}
+.tops{display:flex;gap:24px;margin:6px 0}.topk table td{font-family:ui-monospace,monospace;white-space:pre}
+tr.rt td{background:#dafbe1}tr.ct td{background:#ffebe9}
+section.prompt{border-top:1px solid #d0d7de;margin-top:12px}
+.texts{display:grid;grid-template-columns:1fr 1fr 1fr;gap:10px}
+pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-all;margin:2px 0}
+.none{color:#6e7781}.why{color:#57606a}
+svg.trend text{font-size:11px;fill:#57606a}svg.trend .grid{stroke:#d0d7de}
+svg.trend polyline{fill:none;stroke-width:2}svg .exact,.legend .exact{stroke:#0969da;color:#0969da}
+svg .pos,.legend .pos{stroke:#8250df;color:#8250df}
+"""
 
 
-def escape(text: str) -> str:
-    """HTML-escaped, control characters shown as escapes (a browser would drop or garble them)."""
-    return html.escape(visible(text))
+def _figures(r: GateResult) -> str:
+    s = r.comparison.summary
+    figs = [("prompts exact", f"{s.prompts_exact}/{s.prompts_total}"),
+            ("positions matched", f"{s.positions_matched}/{s.positions_total}"),
+            ("prefix positions", f"{s.prefix_positions}/{s.positions_total}")]
+    figs += [(k.replace("_", " "), str(n)) for k, n in s.counts.items() if n and k != "match"]
+    gaps = [p.first_divergence.reference_gap for p in r.comparison.prompts
+            if p.status == "near_tie" and p.first_divergence and p.first_divergence.reference_gap is not None]
+    if gaps:
+        figs.append(("largest near-tie gap", f"{max(gaps):.3f} nats"))
+    if r.diagnoses:
+        downstream = sum(1 for d in r.diagnoses.values() if d.error is None and d.downstream_only)
+        figs.append(("rest downstream of the flip", f"{downstream}/{len(r.diagnoses)}"))
+    return "<div class='figs'>" + "".join(f"<div class='fig'><b>{v}</b>{k}</div>" for k, v in figs) + "</div>"
 
 
-def _g(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
+def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
+    rows = []
+    for p in bad:
+        d = p.first_divergence
+        ref, cand = r.reference_records.get(p.id), r.candidate_records.get(p.id)
+        link = f"<a href='#{anchor(p.id)}'>{escape(p.id)}</a>" if len(rows) < DETAIL_CAP else escape(p.id)
+        rows.append(
+            f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span></td>"
+            f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
+            f"<td>{'' if d is None else d.position}</td><td>{'' if d is None else num(d.reference_gap)}</td>"
+            f"<td>{'' if d is None else num(d.candidate_gap)}</td><td>{p.matched_positions}/{p.positions}</td>"
+            f"<td>{escape(r.diagnoses[p.id].short if p.id in r.diagnoses else reasons.get(p.id, ''))}</td></tr>"
+        )
+    return ("<h2>Prompts that do not match</h2><p class='legend'>One cell per position: "
+            "<i class='m'>&nbsp;&nbsp;</i> match, <i class='t'>&nbsp;&nbsp;</i> near-tie, "
+            "<i class='d'>&nbsp;&nbsp;</i> divergent, <i class='a'>&nbsp;&nbsp;</i> after the divergence; "
+            "hover a cell for its tokens.</p>"
+            "<table><tr><th>prompt</th><th>status</th><th>agreement</th><th>pos</th><th>ref gap</th>"
+            f"<th>cand gap</th><th>matched</th><th>why</th></tr>{''.join(rows)}</table>")
+
+
+def _matching(matching) -> str:
+    ids = ", ".join(escape(p.id) for p in matching[:MATCH_IDS_CAP])
+    more = f" … and {len(matching) - MATCH_IDS_CAP} more (report.json)" if len(matching) > MATCH_IDS_CAP else ""
+    positions = sum(p.matched_positions for p in matching)
+    return (f"<details class='matching'><summary>{len(matching)} prompt(s) match token for token "
+            f"({positions} positions)</summary><p>{ids}{more}</p></details>")
+
+
+def _engines(r: GateResult) -> str:
+    rows = []
+    for arm, info in (("reference", r.reference), ("candidate", r.candidate)):
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(info.versions.items())) or "unknown"
+        env = ", ".join(f"{k}={v}" for k, v in sorted(info.env.items())) or "none"
+        rows.append(f"<tr><td>{arm}</td><td>{escape(info.kind)}</td><td>{escape(str(info.model))}</td>"
+                    f"<td>{escape(env)}</td><td>{escape(versions)}</td></tr>")
+    ps = r.prompt_set
+    return ("<h2>Engines</h2><table><tr><th>arm</th><th>kind</th><th>model</th><th>env</th><th>versions</th></tr>"
+            f"{''.join(rows)}</table><p>prompt set {escape(str(ps.get('name')))} ({escape(str(ps.get('count')))} "
+            f"prompts), sha256 <code>{escape(str(ps.get('sha256')))}</code>; greedy, max_tokens "
+            f"{r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}</p>")
 
 
 def render(r: GateResult) -> str:
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
-    tok = lambda t: "(end)" if t is None else f"“{escape(dec.token(t))}” ({t})"  # noqa: E731
-    rows = []
-    # Non-matching prompts in full; matching ones as one count (a 10,000-prompt gate stays readable).
+    reasons = {pv.id: pv.reason for pv in v.prompts}
+    bad = [p for p in r.comparison.prompts if p.status != "match"]
     matching = [p for p in r.comparison.prompts if p.status == "match"]
-    for p in (p for p in r.comparison.prompts if p.status != "match"):
-        d = p.first_divergence
-        dg = r.diagnoses.get(p.id)
-        rows.append(
-            "<tr class='{}'><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-            "<td>{}/{}</td><td>{}</td></tr>".format(
-                "ok" if p.status == "match" else "bad",
-                escape(p.id),
-                p.status,
-                "" if d is None else d.position,
-                "" if d is None else tok(d.reference_token),
-                "" if d is None else tok(d.candidate_token),
-                "" if d is None else _g(d.reference_gap),
-                "" if d is None else _g(d.candidate_gap),
-                p.matched_positions,
-                p.positions,
-                escape(dg.verdict if dg else (d.reason if d else p.detail)),
-            )
-        )
-    reasons = "".join(f"<li>{escape(x)}</li>" for x in (*v.reasons, *v.notes))
+    drift = to_json(r).get("drift")
+    per_prompt = drift.get("prompts") if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
+    details = [
+        detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
+               reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
+               drift_html=prompt_drift(per_prompt.get(p.id)))
+        for p in bad[:DETAIL_CAP]
+    ]
+    if len(bad) > DETAIL_CAP:
+        details.append(f"<p>{len(bad) - DETAIL_CAP} more non-matching prompts: see report.json</p>")
+    why = "".join(f"<li>{escape(x)}</li>" for x in v.reasons[:REASONS_CAP])
+    if len(v.reasons) > REASONS_CAP:
+        why += f"<li class='none'>{len(v.reasons) - REASONS_CAP} more, per prompt in the table below</li>"
+    why += "".join(f"<li class='none'>note: {escape(x)}</li>" for x in (*v.notes, *r.notes))
+    why += "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
+    headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
+                f"policy {escape(v.policy)}, band {v.band} nats")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>strict-gate: {escape(r.name)}</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:2em;}} table{{border-collapse:collapse;}}
-td,th{{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}}
-tr.ok td{{color:#555}} tr.bad td{{background:#fff5f5}}
-.verdict{{color:{_COLOR[v.verdict]};font-size:1.6em;font-weight:bold}}
-</style></head><body>
-<div class="verdict">{v.verdict.upper()}: {escape(r.name)}</div>
-<p>policy <b>{escape(v.policy)}</b>, band {v.band} nats; prompts exact {s.prompts_exact}/{s.prompts_total};
-positions {s.positions_matched}/{s.positions_total} (prefix {s.prefix_positions}/{s.positions_total});
-prompt set {escape(str(r.prompt_set.get('name')))} sha256 <code>{escape(str(r.prompt_set.get('sha256')))}</code></p>
-<ul>{reasons}</ul>
-<p>reference: {escape(r.reference.kind)} {escape(str(r.reference.model))};
-candidate: {escape(r.candidate.kind)} {escape(str(r.candidate.model))}</p>
-<table><tr><th>prompt</th><th>status</th><th>pos</th><th>reference</th><th>candidate</th><th>ref gap</th>
-<th>cand gap</th><th>matched</th><th>why</th></tr>
-{''.join(rows)}
-<tr class='ok'><td colspan='9'>{len(matching)} prompt(s) match token for token
-({sum(p.matched_positions for p in matching)} positions); their ids are in report.json</td></tr>
-</table></body></html>
+<html lang="en"><head><meta charset="utf-8"><title>strict-gate: {escape(r.name)}</title>
+<style>{CSS}</style></head><body>
+<div class="banner" style="background:{VERDICT_COLOR[v.verdict]}">{headline}</div>
+<main>
+{_figures(r)}
+<ul>{why}</ul>
+{trend_svg(getattr(r, "history", ()) or ())}
+{drift_section(drift)}
+{_overview(r, bad, dec, reasons) if bad else ""}
+{_matching(matching)}
+{"<h2>Side by side</h2>" if details else ""}{''.join(details)}
+{_engines(r)}
+<p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>
+</main></body></html>
 """

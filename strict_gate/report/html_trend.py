@@ -1,0 +1,104 @@
+"""report.html: the drift figures and the nightly trend, read defensively.
+
+Both come from elsewhere (report.json's "drift" object, the gate's history of past nights)
+and may be absent or partial: a section is drawn from what is there and omitted when
+nothing is. The trend is a few lines of inline SVG, no script and no library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from strict_gate.report.html_prompt import escape
+
+VERDICT_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "incomplete": "#9a6700"}
+W, H, PAD = 640, 170, 42
+
+
+def _value(v: object) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None if v is None else str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else None
+    if isinstance(v, str):
+        return escape(v)
+    return None
+
+
+def flat_figures(figures: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """(key, escaped value) pairs, nested objects as a.b; lists and unknown types left out."""
+    out: list[tuple[str, str]] = []
+    for k, v in figures.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += flat_figures(v, key + ".")
+        elif (text := _value(v)) is not None:
+            out.append((key, text))
+    return out
+
+
+def drift_section(drift: object) -> str:
+    """The gate's drift totals (report.json's "drift", without its per-prompt part)."""
+    if not isinstance(drift, dict):
+        return ""
+    totals = drift.get("totals") if isinstance(drift.get("totals"), dict) else {
+        k: v for k, v in drift.items() if k != "prompts"}
+    rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in flat_figures(totals))
+    if not rows:
+        return ""
+    return ("<h2>Drift</h2><p>How far the candidate's logprobs sit from the reference's where the tokens agree.</p>"
+            f"<table class='kv'>{rows}</table>")
+
+
+def prompt_drift(figures: object) -> str:
+    """One prompt's drift figures in a line (report.json's drift["prompts"][id])."""
+    items = "; ".join(f"{escape(k)} {v}" for k, v in flat_figures(figures)) if isinstance(figures, dict) else ""
+    return f"<p class='drift'><b>drift:</b> {items}</p>" if items else ""
+
+
+def _ratio(entry: dict, num: str, den: str) -> float | None:
+    a, b = entry.get(num), entry.get(den)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+        return max(0.0, min(1.0, a / b))
+    return None
+
+
+def _series(points: list[tuple[float, float | None]]) -> str:
+    return " ".join(f"{x:.1f},{PAD + (1 - y) * (H - 2 * PAD):.1f}" for x, y in points if y is not None)
+
+
+def trend_svg(history: Iterable[object]) -> str:
+    """Exact prompts and matched positions per night (as fractions), points coloured by verdict."""
+    entries = [e for e in history if isinstance(e, dict)]
+    if not entries:
+        return ""
+    n = len(entries)
+    xs = [PAD + (i * (W - 2 * PAD) / (n - 1) if n > 1 else (W - 2 * PAD) / 2) for i in range(n)]
+    exact = [(x, _ratio(e, "prompts_exact", "prompts_total")) for x, e in zip(xs, entries)]
+    pos = [(x, _ratio(e, "positions_matched", "positions_total")) for x, e in zip(xs, entries)]
+    dots = []
+    for (x, y), e in zip(exact, entries):
+        if y is None:
+            continue
+        color = VERDICT_COLOR.get(str(e.get("verdict")), "#6e7781")
+        title = (f"{e.get('time')} {e.get('name', '')}: {e.get('verdict')}, prompts exact "
+                 f"{e.get('prompts_exact')}/{e.get('prompts_total')}, positions "
+                 f"{e.get('positions_matched')}/{e.get('positions_total')}")
+        cy = PAD + (1 - y) * (H - 2 * PAD)
+        dots.append(f"<circle cx='{x:.1f}' cy='{cy:.1f}' r='5' fill='{color}'><title>{escape(title)}</title></circle>")
+    first, last = escape(str(entries[0].get("time", ""))), escape(str(entries[-1].get("time", "")))
+    return (
+        f"<h2>Trend</h2><svg class='trend' width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img' "
+        "aria-label='prompts exact and positions matched per night'>"
+        f"<line x1='{PAD}' y1='{PAD}' x2='{W - PAD}' y2='{PAD}' class='grid'/>"
+        f"<line x1='{PAD}' y1='{H - PAD}' x2='{W - PAD}' y2='{H - PAD}' class='grid'/>"
+        f"<text x='2' y='{PAD + 4}'>100%</text><text x='2' y='{H - PAD + 4}'>0%</text>"
+        f"<polyline points='{_series(pos)}' class='pos'/><polyline points='{_series(exact)}' class='exact'/>"
+        f"{''.join(dots)}"
+        f"<text x='{PAD}' y='{H - 8}'>{first}</text><text x='{W - PAD}' y='{H - 8}' text-anchor='end'>{last}</text>"
+        "</svg><p class='legend'><span class='exact'>━</span> prompts exact · <span class='pos'>━</span> "
+        f"positions matched · points coloured by verdict; {n} night(s)</p>"
+    )

@@ -1,0 +1,158 @@
+"""`strict-gate show REPORT_DIR`: the side-by-side view of a finished gate, in the terminal.
+
+It reads report.json for the verdict, the divergences and the diagnosis, and the two run
+directories (reference/ and candidate/ in the report directory, else the paths report.json
+names) for the full token sequences. No engine, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from strict_gate.errors import InputError
+from strict_gate.reader import load_run
+from strict_gate.records import Record
+from strict_gate.report.text import Decoder, visible
+
+SHOWN = 10  # non-matching prompts shown without --prompt
+_CELL = {"m": "on #1b4d2b", "t": "bold black on #d4a72c", "d": "bold white on #cf222e", "a": "dim"}
+
+
+@dataclass(frozen=True)
+class StoredGate:
+    """A finished gate as `show` reads it: report.json and both runs' records."""
+
+    report: dict
+    reference: dict[str, Record]
+    candidate: dict[str, Record]
+    decoder: Decoder
+
+
+def _records(report_dir: Path, report: dict, role: str) -> dict[str, Record]:
+    """The run in the report directory, else the one report.json names (a `compare --out`)."""
+    here = report_dir / role
+    named = (report.get("runs") or {}).get(role)
+    for d in (here, Path(named) if isinstance(named, str) else None):
+        if d is not None and (d / "manifest.json").exists():
+            return load_run(d, allow_incomplete=True).records
+    raise InputError(f"no {role} run directory: neither {here} nor the path report.json names ({named})",
+                     path=str(report_dir))
+
+
+def load_gate(report_dir: str | Path) -> StoredGate:
+    d = Path(report_dir)
+    path = d / "report.json"
+    if not path.is_file():
+        raise InputError("not a report directory: no report.json", path=str(d))
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"report.json is not valid JSON: {e}", path=str(path)) from None
+    if not isinstance(report, dict) or not isinstance(report.get("prompts"), list):
+        raise InputError("report.json has no prompts list", path=str(path))
+    engines = report.get("engines") or {}
+    dec = Decoder(*((engines.get(arm) or {}).get("tokenizer") for arm in ("reference", "candidate")))
+    return StoredGate(report, _records(d, report, "reference"), _records(d, report, "candidate"), dec)
+
+
+def _kind(i: int, position: int | None, status: str) -> str:
+    if position is None or i < position:
+        return "m"
+    if i == position:
+        return "t" if status == "near_tie" else "d"
+    return "a"
+
+
+def _chips(tokens, dec: Decoder, position: int | None, status: str) -> Text:
+    text = Text()
+    for i, t in enumerate(tokens):
+        text.append(visible(dec.token(t)), style=_CELL[_kind(i, position, status)])
+        text.append(" ")
+    return text if tokens else Text("(no tokens)", style="dim")
+
+
+def _top(top, ref_tok, cand_tok, dec: Decoder) -> Text:
+    if not top:
+        return Text("no logprobs at this step", style="dim")
+    text = Text()
+    for t, lp in top:
+        mark = " ◀ reference" if t == ref_tok else " ◀ candidate" if t == cand_tok else ""
+        text.append(f"{lp:8.4f}  “{visible(dec.token(t))}” ({t}){mark}\n",
+                    style="bold" if mark else "")
+    return text
+
+
+def _g(x) -> str:
+    return "n/a" if not isinstance(x, (int, float)) else f"{x:.4f}"
+
+
+def prompt_view(gate: StoredGate, entry: dict) -> Group:
+    """One prompt: both continuations as coloured token chips, both top-k at the divergence,
+    the gaps, the teacher-forced diagnosis and both decoded texts."""
+    pid, status = str(entry.get("id")), str(entry.get("status"))
+    fd = entry.get("first_divergence") or {}
+    pos = fd.get("position")
+    ref, cand = gate.reference.get(pid), gate.candidate.get(pid)
+    R = ref.token_ids if ref is not None and ref.error is None else ()
+    C = cand.token_ids if cand is not None and cand.error is None else ()
+    dec = gate.decoder
+    head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}")
+    parts = [head, Text(visible(str(entry.get("reason") or entry.get("detail") or "")), style="dim")]
+    side = Table(box=box.SIMPLE, expand=True, show_edge=False)
+    side.add_column("reference", ratio=1)
+    side.add_column("candidate", ratio=1)
+    side.add_row(_chips(R, dec, pos, status), _chips(C, dec, pos, status))
+    if fd:
+        rt, ct = fd.get("reference_token"), fd.get("candidate_token")
+        side.add_row(_top(fd.get("reference_top"), rt, ct, dec), _top(fd.get("candidate_top"), rt, ct, dec))
+        parts.append(side)
+        parts.append(Text(f"reference gap {_g(fd.get('reference_gap'))}, candidate gap {_g(fd.get('candidate_gap'))}, "
+                          f"reference margin {_g(fd.get('reference_margin'))} nats"))
+    else:
+        parts.append(side)
+    dg = entry.get("diagnosis")
+    if isinstance(dg, dict):
+        parts.append(Text(visible(f"teacher-forced: {dg.get('verdict')}" + (f": {dg['error']}" if dg.get("error") else ""))))
+    texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
+    texts.add_column("reference text", ratio=1)
+    texts.add_column("candidate text", ratio=1)
+    texts.add_row(Text(visible(dec.text(R), keep_newlines=True)), Text(visible(dec.text(C), keep_newlines=True)))
+    parts.append(texts)
+    return Group(*parts)
+
+
+def show(report_dir: str | Path, prompt: str | None = None, console: Console | None = None,
+         limit: int = SHOWN) -> None:
+    """Print one prompt (any status), or the non-matching ones, `limit` at most, with a count."""
+    console = console or Console()
+    gate = load_gate(report_dir)
+    prompts = [p for p in gate.report["prompts"] if isinstance(p, dict)]
+    r = gate.report
+    console.print(Text(visible(f"{str(r.get('verdict')).upper()}: {r.get('name')} (policy {r.get('policy')})"),
+                       style="bold"))
+    if prompt is not None:
+        entry = next((p for p in prompts if p.get("id") == prompt), None)
+        if entry is None:
+            raise InputError(f"no prompt {prompt!r} in this report ({len(prompts)} prompts)", path=str(report_dir))
+        console.print(prompt_view(gate, entry))
+        return
+    bad = [p for p in prompts if p.get("status") != "match"]
+    if not bad:
+        console.print(f"all {len(prompts)} prompts match token for token")
+        return
+    for entry in bad[:limit]:
+        console.rule()
+        console.print(prompt_view(gate, entry))
+    console.rule()
+    more = f"; {len(bad) - limit} more not shown: --prompt ID shows any one" if len(bad) > limit else ""
+    console.print(f"{min(len(bad), limit)} of {len(bad)} non-matching prompt(s) shown{more}")
+
+
+__all__ = ["StoredGate", "load_gate", "prompt_view", "show"]
