@@ -145,6 +145,29 @@ def test_a_10000_prompt_gate_stays_a_small_file():
     assert page.count("class='strip'") == 10 and "9990 prompt(s) match" in page and "7990 more" in page
 
 
+def test_report_md_stays_pr_comment_sized_on_a_10000_prompt_gate():
+    """1,000 of 10,000 prompts diverge: report.md lists the first 50 and counts the rest, under
+    GitHub's 65,536-character comment limit; report.json still has every one."""
+    from strict_gate.report import markdown
+    from strict_gate.report.result import to_json
+
+    def run(records) -> Run:
+        m = Manifest(engine=EngineInfo(kind="hand", model="m"), prompt_set={"sha256": "0" * 64},
+                     sampling=Sampling(16, 2), created=now_iso(), status="complete")
+        return Run("run", m, {r.id: r for r in records})
+
+    ids = [f"prompt-{i:05d}" for i in range(10_000)]
+    toks = list(range(5, 21))
+    ref = run([rec(i, toks) for i in ids])
+    cand = run([rec(i, toks if n % 10 else toks[:3] + [99] + toks[4:]) for n, i in enumerate(ids)])
+    result = judge("big", {"name": "big", "sha256": "0" * 64}, Sampling(16, 2), ref, cand, prompt_ids=ids,
+                   policy="strict", band=0.5, problems=[])
+    text = markdown.render(result)
+    assert len(text) < 65_536, len(text)
+    assert "… and 950 more non-matching prompts" in text and text.count("\n| prompt-") == 50
+    assert sum(p["status"] != "match" for p in to_json(result)["prompts"]) == 1000
+
+
 def chromium() -> str:
     """Debian's chromium; missing, the test skips here and fails under CI (.ci/run installs it)."""
     found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)

@@ -111,6 +111,13 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     return out
 
 
+MD_ROWS = 50  # per table: report.md stays PR-comment sized on a 10,000-prompt gate
+
+
+def _more(n: int, what: str) -> list[str]:
+    return [f"… and {n} more {what}: every one is in report.json and report.html.", ""] if n > 0 else []
+
+
 def _rest(r: GateResult, dec: Decoder) -> list[str]:
     out: list[str] = []
     bad = [p for p in r.comparison.prompts if p.status != "match"]
@@ -122,7 +129,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
             "| reference top | candidate top |"
         )
         out.append("|---|---|---|---|---|---|---|---|---|---|")
-        for p in bad:
+        for p in bad[:MD_ROWS]:
             d = p.first_divergence
             if d is None:
                 out.append(f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |")
@@ -139,6 +146,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
         out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
         out.append("")
+        out += _more(len(bad) - MD_ROWS, "non-matching prompts")
     if r.diagnoses:
         out.append("## Teacher-forced diagnosis")
         out.append("")
@@ -149,12 +157,13 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         out.append("")
         out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
         out.append("|---|---|---|---|---|---|")
-        for pid, dg in r.diagnoses.items():
+        for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
             rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
             later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
             text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
             out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
         out.append("")
+        out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
     out += markdown_section(r)
     if r.determinism:
         det = r.determinism
