@@ -110,8 +110,8 @@ def test_drift_and_trend_are_drawn_when_present_and_omitted_when_not(report, mon
     plain = html_report.render(result)
     assert "<h2>Trend</h2>" not in plain and "<h2>Drift</h2>" not in plain
     nights = tuple(
-        {"time": f"2026-11-{20 + i}T02:00:00Z", "name": "nightly<b>", "verdict": v, "prompts_exact": e,
-         "prompts_total": 128, "positions_matched": 1800 + i, "positions_total": 2033, "counts": {}, "drift": None}
+        {"time": f"2026-11-{20 + i}T02:00:00Z", "gate": "nightly<b>", "verdict": v, "prompts": {"exact": e, "total": 128},
+         "positions": {"matched": 1800 + i, "total": 2033}, "counts": {}}
         for i, (v, e) in enumerate((("pass", 128), ("fail", 100), ("fail", 106), ("incomplete", 0)))
     ) + ({"time": "broken"},)
     first = result.comparison.prompts[0].id

@@ -116,6 +116,8 @@ def test_two_nights_regression_named_and_exit_1(setup):
     assert rep2["history"] == [h1, h2]
     md = (n2 / "report.md").read_text()
     assert "## Trend (last 2 nights)" in md and md.count("| pass | 8/8 |") == 1
+    html = (n2 / "report.html").read_text()
+    assert "<h2>Trend</h2>" in html and html.count("<circle") == 2 and "prompts exact 8/8" in html
 
     # the diff command on its own gives the same answer, and --fail-on none only reports
     r = sg("diff", n1, n2, "--json", tmp_path / "d.json", cwd=tmp_path, env=env)

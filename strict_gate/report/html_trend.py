@@ -59,8 +59,14 @@ def prompt_drift(figures: object) -> str:
     return f"<p class='drift'><b>drift:</b> {items}</p>" if items else ""
 
 
-def _ratio(entry: dict, num: str, den: str) -> float | None:
-    a, b = entry.get(num), entry.get(den)
+def _pair(entry: dict, key: str, part: str) -> tuple[object, object]:
+    """(part, total) of a history entry's "prompts" {exact, total} or "positions" {matched, total}."""
+    d = entry.get(key)
+    return (d.get(part), d.get("total")) if isinstance(d, dict) else (None, None)
+
+
+def _ratio(entry: dict, key: str, part: str) -> float | None:
+    a, b = _pair(entry, key, part)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
         return max(0.0, min(1.0, a / b))
     return None
@@ -77,16 +83,15 @@ def trend_svg(history: Iterable[object]) -> str:
         return ""
     n = len(entries)
     xs = [PAD + (i * (W - 2 * PAD) / (n - 1) if n > 1 else (W - 2 * PAD) / 2) for i in range(n)]
-    exact = [(x, _ratio(e, "prompts_exact", "prompts_total")) for x, e in zip(xs, entries)]
-    pos = [(x, _ratio(e, "positions_matched", "positions_total")) for x, e in zip(xs, entries)]
+    exact = [(x, _ratio(e, "prompts", "exact")) for x, e in zip(xs, entries)]
+    pos = [(x, _ratio(e, "positions", "matched")) for x, e in zip(xs, entries)]
     dots = []
     for (x, y), e in zip(exact, entries):
         if y is None:
             continue
         color = VERDICT_COLOR.get(str(e.get("verdict")), "#6e7781")
-        title = (f"{e.get('time')} {e.get('name', '')}: {e.get('verdict')}, prompts exact "
-                 f"{e.get('prompts_exact')}/{e.get('prompts_total')}, positions "
-                 f"{e.get('positions_matched')}/{e.get('positions_total')}")
+        title = (f"{e.get('time')} {e.get('gate', '')}: {e.get('verdict')}, prompts exact "
+                 "{}/{}, positions {}/{}".format(*_pair(e, "prompts", "exact"), *_pair(e, "positions", "matched")))
         cy = PAD + (1 - y) * (H - 2 * PAD)
         dots.append(f"<circle cx='{x:.1f}' cy='{cy:.1f}' r='5' fill='{color}'><title>{escape(title)}</title></circle>")
     first, last = escape(str(entries[0].get("time", ""))), escape(str(entries[-1].get("time", "")))
