@@ -1,4 +1,4 @@
-"""`pip install strict-gate` with no extras serves prompts, compare and every report.
+"""`pip install strict-gate` with no extras serves prompts, compare, diff and every report.
 
 A fresh venv gets the package (not editable, from a copy of the source) and its core
 dependencies from the registry; torch, transformers and vLLM must not be there, and the
@@ -87,6 +87,14 @@ def test_compare_committed_baselines_writes_every_report(bare, tmp_path):
     assert (out / "report.md").read_text().startswith("# FAIL")
     assert "FAIL" in (out / "report.html").read_text()
     assert "<failure" in (out / "junit.xml").read_text()
+    # night to night: the same pair compared again (fp32 with itself) is no regression from it
+    same = tmp_path / "same"
+    _ok(_run(bare / "strict-gate", "compare", BASELINES / "tiny-llama-vllm-fp32", BASELINES / "tiny-llama-vllm-fp32",
+             "--out", same, cwd=tmp_path), 0)
+    diff = _run(bare / "strict-gate", "diff", same, out, "--json", tmp_path / "diff.json", cwd=tmp_path)
+    _ok(diff, 1)  # bf16 after fp32: prompts stopped matching, a regression
+    assert json.loads((tmp_path / "diff.json").read_text())["stopped_matching"]
+    _ok(_run(bare / "strict-gate", "diff", out, same, "--json", tmp_path / "back.json", cwd=tmp_path), 0)
 
 
 def test_python_api_without_torch(bare, tmp_path):
