@@ -127,8 +127,8 @@ def test_drift_and_trend_are_drawn_when_present_and_omitted_when_not(report, mon
     assert "<b>drift:</b> kl.mean 0.5</p>" in page  # the first prompt's own figures, in its section
 
 
-def test_a_10000_prompt_gate_stays_a_small_file():
-    """Matching prompts are a count and a capped id list; only the non-matching get strips and chips."""
+def big_gate(diverge_every: int) -> GateResult:
+    """10,000 prompts of 16 tokens; every `diverge_every`-th one diverges at position 3."""
     def run(records) -> Run:
         m = Manifest(engine=EngineInfo(kind="hand", model="m"), prompt_set={"sha256": "0" * 64},
                      sampling=Sampling(16, 2), created=now_iso(), status="complete")
@@ -137,10 +137,14 @@ def test_a_10000_prompt_gate_stays_a_small_file():
     ids = [f"prompt-{i:05d}" for i in range(10_000)]
     toks = list(range(5, 21))
     ref = run([rec(i, toks) for i in ids])
-    cand = run([rec(i, toks if n % 1000 else toks[:3] + [99] + toks[4:]) for n, i in enumerate(ids)])
-    result = judge("big", {"name": "big", "sha256": "0" * 64}, Sampling(16, 2), ref, cand, prompt_ids=ids,
-                   policy="strict", band=0.5, problems=[])
-    page = html_report.render(result)
+    cand = run([rec(i, toks if n % diverge_every else toks[:3] + [99] + toks[4:]) for n, i in enumerate(ids)])
+    return judge("big", {"name": "big", "sha256": "0" * 64}, Sampling(16, 2), ref, cand, prompt_ids=ids,
+                 policy="strict", band=0.5, problems=[])
+
+
+def test_a_10000_prompt_gate_stays_a_small_file():
+    """Matching prompts are a count and a capped id list; only the non-matching get strips and chips."""
+    page = html_report.render(big_gate(1000))
     assert len(page) < 400_000, len(page)
     assert page.count("class='strip'") == 10 and "9990 prompt(s) match" in page and "7990 more" in page
 
@@ -151,17 +155,7 @@ def test_report_md_stays_pr_comment_sized_on_a_10000_prompt_gate():
     from strict_gate.report import markdown
     from strict_gate.report.result import to_json
 
-    def run(records) -> Run:
-        m = Manifest(engine=EngineInfo(kind="hand", model="m"), prompt_set={"sha256": "0" * 64},
-                     sampling=Sampling(16, 2), created=now_iso(), status="complete")
-        return Run("run", m, {r.id: r for r in records})
-
-    ids = [f"prompt-{i:05d}" for i in range(10_000)]
-    toks = list(range(5, 21))
-    ref = run([rec(i, toks) for i in ids])
-    cand = run([rec(i, toks if n % 10 else toks[:3] + [99] + toks[4:]) for n, i in enumerate(ids)])
-    result = judge("big", {"name": "big", "sha256": "0" * 64}, Sampling(16, 2), ref, cand, prompt_ids=ids,
-                   policy="strict", band=0.5, problems=[])
+    result = big_gate(10)
     text = markdown.render(result)
     assert len(text) < 65_536, len(text)
     assert "… and 950 more non-matching prompts" in text and text.count("\n| prompt-") == 50
