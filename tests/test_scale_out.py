@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, need_vllm
-from test_openai_engine import _fake_token, _make_fake
+from test_openai_engine import _fake_token, fake  # noqa: F401 (fake is a fixture)
 
 from strict_gate.config import parse_gate_config
 from strict_gate.engines.base import PromptInput
@@ -36,22 +36,9 @@ DOC = ROOT / "docs" / "scale-out.md"
 
 
 @pytest.fixture
-def fakes():
-    servers = []
-
-    def make(mode="ids", **kw):
-        srv = _make_fake(mode, delay=0.05, **kw)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(srv)
-        return srv, f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield make
-    for s in servers:
-        try:
-            s.shutdown()
-            s.server_close()
-        except Exception:
-            pass
+def fakes(fake):
+    """test_openai_engine's fake servers, each answering a little slowly so that several share the work."""
+    return lambda mode="ids", **kw: fake(mode, **({"delay": 0.05} | kw))
 
 
 # ---------------------------------------------------------------------------- several servers, fast
