@@ -1,0 +1,5 @@
+"""The speed arm: a matched ladder of TTFT / decode / end-to-end figures for both arms.
+
+`model` holds the result objects every report is written from; `config` parses `[speed]`;
+`measure` times engines from outside; `matched` checks the two arms are configured alike.
+"""

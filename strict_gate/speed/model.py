@@ -1,0 +1,260 @@
+"""The speed result objects (what `[speed]` / `strict-gate bench` produce, what reports read).
+
+Every figure is measured by the gate from outside the engine, over `runs` repetitions after
+`warmup` discarded ones; a figure is its median and its spread (min, max). A ratio is always
+candidate / reference of the figure as named: `decode_tok_s` 0.91 means the candidate decodes
+at 0.91x the reference's tokens/s; `ttft_s` 1.40 means its first token takes 1.40x as long.
+Its spread is the worst case over the two arms' spreads, so a spread that contains 1.0 means
+the repetitions cannot tell the two arms apart ("not separable").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Method(StrEnum):
+    """How TTFT was measured; both arms of one ladder always use the same method."""
+
+    STREAM = "stream"  # streamed token timestamps (OpenAI `stream`, the command protocol's token events)
+    TWO_REQUEST = "two-request"  # a max_tokens=1 request for TTFT, the full request for decode
+
+
+class SpeedVerdictKind(StrEnum):
+    PASS = "pass"  # every min_speed_ratio check holds on every rung
+    FAIL = "fail"  # a check does not hold
+    INCOMPLETE = "incomplete"  # a rung could not be measured on an arm: never a pass
+    INFORMATIONAL = "informational"  # no min_speed_ratio: figures only, no second verdict
+
+
+class FigureName(StrEnum):
+    """The three figures of a rung, named as in report.json."""
+
+    TTFT = "ttft_s"
+    DECODE = "decode_tok_s"
+    E2E = "e2e_tok_s"
+
+
+HIGHER_IS_FASTER = {FigureName.TTFT: False, FigureName.DECODE: True, FigureName.E2E: True}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure over the measured repetitions."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        return (min(self.samples), max(self.samples)) if self.samples else None
+
+    def to_json(self) -> dict:
+        return {"median": _r(self.median), "spread": None if self.spread is None else [_r(x) for x in self.spread],
+                "samples": [_r(x) for x in self.samples]}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """candidate / reference of one figure: the medians' ratio and its worst-case spread."""
+
+    median: float | None
+    spread: tuple[float, float] | None
+
+    @property
+    def separable(self) -> bool:
+        """False when the spread contains 1.0 (or nothing was measured)."""
+        return self.spread is not None and not (self.spread[0] <= 1.0 <= self.spread[1])
+
+    @classmethod
+    def of(cls, candidate: Figure, reference: Figure) -> Ratio:
+        if not candidate.samples or not reference.samples or not reference.median:
+            return cls(None, None)
+        (clo, chi), (rlo, rhi) = candidate.spread, reference.spread
+        lo = clo / rhi if rhi > 0 else math.inf
+        hi = chi / rlo if rlo > 0 else math.inf
+        return cls(candidate.median / reference.median, (lo, hi))
+
+    def to_json(self) -> dict:
+        return {"median": _r(self.median), "spread": None if self.spread is None else [_r(x) for x in self.spread],
+                "separable": self.separable}
+
+
+@dataclass(frozen=True)
+class ArmFigures:
+    """One arm on one rung."""
+
+    ttft_s: Figure
+    decode_tok_s: Figure
+    e2e_tok_s: Figure
+    tokens: int  # tokens generated per sequence in the full request (median over repetitions)
+    self_reported: dict | None = None  # the engine's own metrics, shown beside, never used
+
+    def figure(self, name: FigureName) -> Figure:
+        return getattr(self, name.value)
+
+    def to_json(self) -> dict:
+        out = {f.value: self.figure(f).to_json() for f in FigureName}
+        out["tokens"] = self.tokens
+        out["self_reported"] = self.self_reported
+        return out
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the ladder: prompt length x generated tokens x concurrent sequences."""
+
+    name: str  # "128/128", "1024/128@4", "gate"
+    prompt_tokens: int | None  # None: the gate's own prompt set (its own lengths)
+    max_tokens: int
+    concurrency: int = 1
+    prompts: int = 1  # prompts per request batch (the gate rung: the whole set)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "prompt_tokens": self.prompt_tokens, "max_tokens": self.max_tokens,
+                "concurrency": self.concurrency, "prompts": self.prompts}
+
+
+@dataclass(frozen=True)
+class RungResult:
+    rung: Rung
+    reference: ArmFigures | None
+    candidate: ArmFigures | None
+    error: str | None = None  # why an arm could not be measured on this rung
+
+    def ratio(self, name: FigureName) -> Ratio:
+        if self.reference is None or self.candidate is None:
+            return Ratio(None, None)
+        return Ratio.of(self.candidate.figure(name), self.reference.figure(name))
+
+    def to_json(self) -> dict:
+        return {
+            **self.rung.to_json(),
+            "reference": self.reference.to_json() if self.reference else None,
+            "candidate": self.candidate.to_json() if self.candidate else None,
+            "ratio": {f.value: self.ratio(f).to_json() for f in FigureName},
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A configuration difference between the arms found before measuring."""
+
+    field: str  # "dtype", "eager", "concurrency", "prompt_set", "kv_cache", ...
+    reference: object
+    candidate: object
+    flattering: bool = False  # the difference makes the candidate's ratio look better than it is
+    message: str = ""
+
+    def to_json(self) -> dict:
+        return {"field": self.field, "reference": self.reference, "candidate": self.candidate,
+                "flattering": self.flattering, "message": self.message}
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    """One min_speed_ratio check on one rung: the speed ratio (>1 candidate faster) against the bar."""
+
+    figure: FigureName
+    rung: str
+    min_ratio: float
+    speed_ratio: float | None  # decode/e2e: candidate/reference; TTFT: reference/candidate
+    passed: bool
+
+    def to_json(self) -> dict:
+        return {"figure": self.figure.value, "rung": self.rung, "min_ratio": self.min_ratio,
+                "speed_ratio": _r(self.speed_ratio), "passed": self.passed}
+
+
+@dataclass(frozen=True)
+class SpeedVerdict:
+    kind: SpeedVerdictKind
+    min_speed_ratio: dict[str, float]  # {"decode": 0.95, "ttft": 0.9}; empty: informational
+    checks: tuple[SpeedCheck, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass or informational, 4 below the bar, 3 not measured (never a pass)."""
+        return {SpeedVerdictKind.FAIL: 4, SpeedVerdictKind.INCOMPLETE: 3}.get(self.kind, 0)
+
+    def to_json(self) -> dict:
+        return {"verdict": self.kind.value, "min_speed_ratio": dict(self.min_speed_ratio),
+                "checks": [c.to_json() for c in self.checks], "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    method: Method
+    runs: int
+    warmup: int
+    rungs: tuple[RungResult, ...]
+    mismatches: tuple[Mismatch, ...]
+    verdict: SpeedVerdict
+    machine: str = ""  # CPU/GPU model, cores: the figures depend on it
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def matched(self) -> bool:
+        return not self.mismatches
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.method.value,
+            "runs": self.runs,
+            "warmup": self.warmup,
+            "machine": self.machine,
+            "rungs": [r.to_json() for r in self.rungs],
+            "matched": self.matched,
+            "mismatches": [m.to_json() for m in self.mismatches],
+            "verdict": self.verdict.kind.value,
+            "speed_verdict": self.verdict.to_json(),
+            "notes": list(self.notes),
+        }
+
+
+def speed_ratio(rung: RungResult, name: FigureName) -> float | None:
+    """The ratio oriented so that >1 means the candidate is faster (TTFT inverted)."""
+    r = rung.ratio(name).median
+    if r is None or r == 0:
+        return None
+    return r if HIGHER_IS_FASTER[name] else 1.0 / r
+
+
+def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float]) -> SpeedVerdict:
+    """The second verdict: every rung's speed ratio at or above each bar; unmeasured is incomplete."""
+    if not min_speed_ratio:
+        return SpeedVerdict(SpeedVerdictKind.INFORMATIONAL, {})
+    names = {"decode": FigureName.DECODE, "ttft": FigureName.TTFT, "e2e": FigureName.E2E}
+    checks, reasons, incomplete = [], [], False
+    for rung in rungs:
+        for key, bar in min_speed_ratio.items():
+            got = speed_ratio(rung, names[key])
+            if got is None:
+                incomplete = True
+                reasons.append(f"rung {rung.rung.name}: {key} not measured ({rung.error or 'no figures'})")
+            ok = got is not None and got >= bar
+            checks.append(SpeedCheck(names[key], rung.rung.name, bar, got, ok))
+            if got is not None and not ok:
+                reasons.append(f"rung {rung.rung.name}: {key} speed {got:.2f}x reference < {bar:.2f}x")
+    if not rungs:
+        incomplete = True
+        reasons.append("no rung was measured")
+    kind = (SpeedVerdictKind.INCOMPLETE if incomplete
+            else SpeedVerdictKind.FAIL if any(not c.passed for c in checks) else SpeedVerdictKind.PASS)
+    return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
+
+
+def _r(x: float | None) -> float | None:
+    """Rounded for JSON; non-finite figures are null (report.json is strict JSON)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, 6)
