@@ -198,3 +198,30 @@ def test_report_renders_in_a_real_browser(tmp_path):
         assert f"id=\"p-{p['id']}\"" in dom
     assert "teacher-forced" in dom and "FAIL: offline-view" in dom
     assert shot.stat().st_size > 20_000
+
+
+def test_speed_section_renders_in_a_real_browser(report, tmp_path):
+    """The real gate's result with a speed arm (below the bar, one flattering mismatch): the section,
+    its table and the speed verdict line render, and the page has no console error."""
+    from speed_fixtures import FLATTERING, speed
+
+    browser = chromium()
+    _, _, result = report
+    page = tmp_path / "report.html"
+    page.write_text(html_report.render(dataclasses.replace(result, speed=dataclasses.replace(
+        speed("fail"), mismatches=(FLATTERING,)))), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line] == []
+    dom = proc.stdout
+    section = dom[dom.index('<h2 id="speed">Speed</h2>'):dom.index("<h2>Engines</h2>")]
+    assert '<p class="speedv fail">speed: fail (min_speed_ratio decode 0.95x)</p>' in section
+    assert re.findall(r"<tr><td>([^<]*)</td>", section) == ["128/128", "1024/128@4"]
+    assert "decode 0.81x vLLM (0.79–0.83)" in section and '<li class="flat">dtype:' in section
+    assert 'href="#speed">speed: fail' in dom and "FAIL: reference-vs-candidate" in dom  # the token verdict stays its own

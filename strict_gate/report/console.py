@@ -8,11 +8,12 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.redact import scrub_obj
+from strict_gate.report import speed_view
 from strict_gate.report.drift_view import console_line, status_label
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import Decoder, visible
 
-_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow"}
+_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold"}
 
 
 _SHORT_STATUS = {"near_tie": "near-tie", "length_mismatch": "length", "tokenization_mismatch": "tokenizer",
@@ -74,6 +75,35 @@ def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
     return t
 
 
+def speed_table(view: speed_view.SpeedView) -> Table:
+    """Three lines per rung, one per figure: both arms' medians and the ratio with its spread
+    (the reports have the arms' spreads too); it fits 80 columns where a row per rung cannot."""
+    t = Table(title=Text("speed", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+              collapse_padding=True)
+    t.add_column("rung", no_wrap=True, overflow="ellipsis", max_width=12)
+    t.add_column("figure", no_wrap=True)
+    t.add_column(visible(view.reference), no_wrap=True, overflow="ellipsis", justify="right", max_width=10)
+    t.add_column("candidate", no_wrap=True, justify="right")
+    t.add_column(Text(visible(f"cand/{view.reference}"), overflow="ellipsis"), no_wrap=True, max_width=18)
+    t.add_column("", no_wrap=True)
+    for row in view.rows:
+        for i, f in enumerate(row.figures):
+            cells = (row.name if i == 0 else "", f"{f.label} {f.unit}", f.reference.median, f.candidate.median,
+                     str(f.ratio), "" if not f.measured or f.separable else "not separable")
+            t.add_row(*(Text(visible(c)) for c in cells))
+    return t
+
+
+def print_speed(view: speed_view.SpeedView, console: Console) -> None:
+    """The speed table, then the speed verdict on its own line with its reasons, setup and match check."""
+    console.print(speed_table(view))
+    console.print(Text(visible(view.verdict_line), style=_STYLE.get(view.verdict, "bold")))
+    errors = [f"rung {row.name}: not measured: {row.error}" for row in view.rows
+              if row.error and not any(row.error in x for x in view.reasons)]  # a reason says it already
+    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches)):
+        console.print(Text(f"  {visible(line)}"))
+
+
 def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
     console = console or Console()
     r = scrub_obj(r)
@@ -98,5 +128,8 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         console.print(Text(f"  {visible(console_line(r.drift))}"))
     for reason in v.reasons[:6]:
         console.print(Text(f"  {visible(reason)}"))
+    view = speed_view.of(r)
+    if view is not None:
+        print_speed(view, console)
     if report_dir:
         console.print(Text(visible(f"  report: {report_dir}/report.md")))

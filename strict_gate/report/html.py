@@ -7,6 +7,7 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.result import GateResult, to_json
@@ -45,6 +46,8 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-all;mar
 svg.trend text{font-size:11px;fill:#57606a}svg.trend .grid{stroke:#d0d7de}
 svg.trend polyline{fill:none;stroke-width:2}svg .exact,.legend .exact{stroke:#0969da;color:#0969da}
 svg .pos,.legend .pos{stroke:#8250df;color:#8250df}
+.speedv{font-weight:600}.speedv.pass{color:#1a7f37}.speedv.fail{color:#cf222e}.speedv.incomplete{color:#9a6700}
+.flat{color:#cf222e;font-weight:600}td.ns{background:#fff8c5}
 """
 
 
@@ -107,6 +110,30 @@ def _engines(r: GateResult) -> str:
             f"{r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}</p>")
 
 
+def _speed(view: speed_view.SpeedView | None) -> str:
+    """The speed arm: its verdict, setup and match check, one table row per rung, the legend."""
+    if view is None:
+        return ""
+    reasons = "".join(f"<li>{escape(x)}</li>" for x in view.reasons)
+    mism = "".join(f"<li class='{'flat' if flat else ''}'>{escape(m)}</li>" for m, flat in view.mismatches)
+    head = "".join(f"<th>{escape(c)}</th>" for c in view.columns())
+    rows = []
+    for row in view.rows:
+        cells = view.cells(row)
+        ns = "ns" if any(f.measured and not f.separable for f in row.figures) else ""
+        rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells[:-1])
+                    + f"<td class='{ns}'>{escape(cells[-1])}</td></tr>")
+    own = "".join(f"<li>{escape(x)}</li>" for x in view.self_reported)
+    notes = "".join(f"<li class='none'>note: {escape(x)}</li>" for x in view.notes)
+    return (f"<h2 id='speed'>Speed</h2><p class='speedv {escape(view.verdict)}'>{escape(view.verdict_line)}</p>"
+            "<p class='none'>The speed arm's own verdict: it never changes the token verdict.</p>"
+            f"{'<ul>' + reasons + '</ul>' if reasons else ''}<p>{escape(view.setup)}; {escape(view.matched)}</p>"
+            f"{'<ul>' + mism + '</ul>' if mism else ''}<table class='speed'><tr>{head}</tr>{''.join(rows)}</table>"
+            f"<p class='none'>{escape(view.legend)}</p>"
+            + (f"<p>Self-reported by the engines (shown beside, never used):</p><ul>{own}</ul>" if own else "")
+            + (f"<ul>{notes}</ul>" if notes else ""))
+
+
 def render(r: GateResult) -> str:
     s = r.comparison.summary
     v = r.verdict
@@ -129,6 +156,9 @@ def render(r: GateResult) -> str:
         why += f"<li class='none'>{len(v.reasons) - REASONS_CAP} more, per prompt in the table below</li>"
     why += "".join(f"<li class='none'>note: {escape(x)}</li>" for x in (*v.notes, *r.notes))
     why += "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
+    speed = speed_view.of(r)
+    speed_line = ("" if speed is None else  # its own line: it never changes the token verdict
+                  f"<p class='speedv {escape(speed.verdict)}'><a href='#speed'>{escape(speed.verdict_line)}</a></p>")
     headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
                 f"policy {escape(v.policy)}, band {v.band} nats")
     return f"""<!doctype html>
@@ -136,12 +166,14 @@ def render(r: GateResult) -> str:
 <style>{CSS}</style></head><body>
 <div class="banner" style="background:{VERDICT_COLOR[v.verdict]}">{headline}</div>
 <main>
+{speed_line}
 {_figures(r)}
 <ul>{why}</ul>
 {trend_svg(getattr(r, "history", ()) or ())}
 {drift_section(drift)}
 {_overview(r, bad, dec, reasons) if bad else ""}
 {_matching(matching)}
+{_speed(speed)}
 {"<h2>Side by side</h2>" if details else ""}{''.join(details)}
 {_engines(r)}
 <p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>

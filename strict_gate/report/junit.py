@@ -1,4 +1,5 @@
-"""junit.xml: one test case per prompt, so CI systems show which prompts failed.
+"""junit.xml: one test case per prompt, so CI systems show which prompts failed, and one `speed`
+test case when the gate measured speed (failed below min_speed_ratio, an error when unmeasured).
 
 Every string goes through visible(): XML 1.0 cannot hold most control characters at all, so an
 id or an engine error holding ESC or NUL would otherwise make the whole file unreadable to CI.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from strict_gate.report import speed_view
 from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import visible
@@ -19,17 +21,9 @@ def _text(s: str) -> str:
 
 def render(r: GateResult) -> str:
     verdicts = {v.id: v for v in r.verdict.prompts}
-    failures = sum(1 for p in r.comparison.prompts if p.status not in ("missing", "error") and not verdicts[p.id].passed)
-    errors = sum(1 for p in r.comparison.prompts if p.status in ("missing", "error"))
+    speed = speed_view.of(r)
     cls = visible(f"strict-gate.{r.name}")
-    suite = ET.Element(
-        "testsuite",
-        name=cls,
-        tests=str(len(r.comparison.prompts)),
-        failures=str(failures),
-        errors=str(errors),
-        skipped="0",
-    )
+    suite = ET.Element("testsuite", name=cls, tests="0", failures="0", errors="0", skipped="0")  # counted last
     props = ET.SubElement(suite, "properties")
     for k, val in (
         ("verdict", r.verdict.verdict),
@@ -37,6 +31,7 @@ def render(r: GateResult) -> str:
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
         *junit_properties(r.drift),
+        *((("speed_verdict", speed.verdict),) if speed is not None else ()),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
     for p in r.comparison.prompts:
@@ -49,6 +44,21 @@ def render(r: GateResult) -> str:
     if r.verdict.verdict == "incomplete" and not r.comparison.prompts:
         case = ET.SubElement(suite, "testcase", classname=cls, name="gate")
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))
-        suite.set("tests", "1")
-        suite.set("errors", "1")
+    if speed is not None:
+        _speed_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), speed)
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _speed_case(case: ET.Element, view: speed_view.SpeedView) -> None:
+    """Failed below the bar; an error when a bar is set and a rung went unmeasured (never a pass);
+    passed, figures in system-out, when it holds or when no min_speed_ratio makes it a verdict."""
+    why = _text("\n".join(view.reasons) or view.verdict_line)
+    if view.verdict == "fail":
+        ET.SubElement(case, "failure", message=visible(view.verdict_line)).text = why
+    elif view.verdict not in ("pass", "informational"):
+        ET.SubElement(case, "error", message=visible(view.verdict_line)).text = why
+    ET.SubElement(case, "system-out").text = _text("\n".join(view.lines()))

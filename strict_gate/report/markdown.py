@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from strict_gate.records import TopK
 from strict_gate.report.drift_view import markdown_section, status_label
-from strict_gate.report.result import GateResult, arm_speed
+from strict_gate.report import speed_view
+from strict_gate.report.result import GateResult, arm_wall_clock
 from strict_gate.report.text import Decoder, md, show_token
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -79,6 +80,10 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     out.append("")
     out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats).")
     out.append("")
+    view = speed_view.of(r)
+    if view is not None:  # its own line: the speed verdict never changes the token verdict above
+        out.append(f"{md(view.verdict_line)}; see Speed below.")
+        out.append("")
     out.append("## Summary")
     out.append("")
     out.append("| measure | value |")
@@ -116,6 +121,27 @@ MD_ROWS = 50  # per table: report.md stays PR-comment sized on a 10,000-prompt g
 
 def _more(n: int, what: str) -> list[str]:
     return [f"… and {n} more {what}: every one is in report.json and report.html.", ""] if n > 0 else []
+
+
+def speed_section(view: speed_view.SpeedView | None) -> list[str]:
+    """## Speed: the verdict and setup in words, one table row per rung, the legend last."""
+    if view is None:
+        return []
+    out = ["## Speed", "", f"**{md(view.verdict_line)}**: the speed arm's own verdict; it never changes the "
+           "token verdict.", ""]
+    out += [f"- {md(x)}" for x in view.reasons] + ([""] if view.reasons else [])
+    out += [f"{md(view.setup)}; {md(view.matched)}.", ""]
+    out += [f"- {'**' if flat else ''}{md(m)}{'**' if flat else ''}" for m, flat in view.mismatches]
+    out += [""] if view.mismatches else []
+    cols = view.columns()
+    out += ["| " + " | ".join(md(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(md(c) for c in view.cells(row)) + " |" for row in view.rows]
+    out += ["", md(view.legend), ""]
+    if view.self_reported:
+        out += ["Self-reported by the engines (shown beside, never used):", ""]
+        out += [f"- {md(x)}" for x in view.self_reported] + [""]
+    out += [f"- note: {md(x)}" for x in view.notes] + ([""] if view.notes else [])
+    return out
 
 
 def _rest(r: GateResult, dec: Decoder) -> list[str]:
@@ -164,6 +190,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
             out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
         out.append("")
         out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
+    out += speed_section(speed_view.of(r))
     out += markdown_section(r)
     if r.determinism:
         det = r.determinism
@@ -189,7 +216,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         f"Prompt set `{md(str(ps.get('name')))}` ({ps.get('count')} prompts), sha256 `{ps.get('sha256')}`; "
         f"greedy, max_tokens {r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}."
     )
-    speeds = [(a, arm_speed(x)) for a, x in (("reference", r.reference_records), ("candidate", r.candidate_records))]
+    speeds = [(a, arm_wall_clock(x)) for a, x in (("reference", r.reference_records), ("candidate", r.candidate_records))]
     if any(sp for _, sp in speeds):
         out.append("")
         out.append("Wall clock in this gate (not a matched speed benchmark):")

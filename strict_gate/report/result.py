@@ -10,12 +10,13 @@ from strict_gate.diagnose import Diagnosis
 from strict_gate.drift import DriftReport
 from strict_gate.policy import Verdict
 from strict_gate.records import EngineInfo, Record, Sampling
+from strict_gate.speed.model import SpeedResult
 
 REPORT_SCHEMA = "strict-gate/report@1"
 
 
 @dataclass(frozen=True)
-class ArmSpeed:
+class ArmWallClock:
     """Wall-clock figures of one arm in this gate (not a matched speed benchmark)."""
 
     prompts: int
@@ -37,12 +38,12 @@ class ArmSpeed:
         }
 
 
-def arm_speed(records: dict[str, Record]) -> ArmSpeed | None:
+def arm_wall_clock(records: dict[str, Record]) -> ArmWallClock | None:
     timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
     if not timed:
         return None
     ttfts = [r.timing.ttft_s for r in timed if r.timing.ttft_s is not None]
-    return ArmSpeed(
+    return ArmWallClock(
         prompts=len(timed),
         tokens=sum(len(r.token_ids) for r in timed),
         seconds=sum(r.timing.total_s for r in timed),
@@ -72,10 +73,19 @@ class GateResult:
     resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
     history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
     drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
+    speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
 
     @property
     def exit_code(self) -> int:
-        return self.verdict.exit_code
+        return overall_exit_code(self.verdict.exit_code, self.speed)
+
+
+def overall_exit_code(token_exit: int, speed: SpeedResult | None) -> int:
+    """The token verdict's code when it is not 0, else the speed verdict's: a wrong token is the
+    first thing a caller must learn, and a speed verdict never turns a token failure into a pass."""
+    if token_exit or speed is None:
+        return token_exit
+    return speed.verdict.exit_code
 
 
 def _div_json(d: Divergence | None) -> dict | None:
@@ -127,7 +137,7 @@ def _prompt_json(p, v, r: GateResult) -> dict:
 
 def to_json(r: GateResult) -> dict:
     pv = {v.id: v for v in r.verdict.prompts}
-    speeds = {arm: arm_speed(recs) for arm, recs in (("reference", r.reference_records), ("candidate", r.candidate_records))}
+    clocks = {arm: arm_wall_clock(recs) for arm, recs in (("reference", r.reference_records), ("candidate", r.candidate_records))}
     return {
         "schema": REPORT_SCHEMA,
         "name": r.name,
@@ -148,7 +158,8 @@ def to_json(r: GateResult) -> dict:
         "rescored_by": r.rescored_by,
         "resumed": r.resumed,
         "history": list(r.history),
-        "speed": {k: (v.to_json() if v else None) for k, v in speeds.items()},
+        "wall_clock": {k: (v.to_json() if v else None) for k, v in clocks.items()},
+        "speed": r.speed.to_json() if r.speed is not None else None,
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
         "drift": r.drift.to_json() if r.drift is not None else None,
     }

@@ -1,8 +1,8 @@
 """`strict-gate show REPORT_DIR`: the side-by-side view of a finished gate, in the terminal.
 
-It reads report.json for the verdict, the divergences and the diagnosis, and the two run
-directories (reference/ and candidate/ in the report directory, else the paths report.json
-names) for the full token sequences. No engine, no torch.
+It reads report.json for the verdict, the divergences, the diagnosis and the speed arm, and the
+two run directories (reference/ and candidate/ in the report directory, else the paths
+report.json names) for the full token sequences. No engine, no torch.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from rich.text import Text
 from strict_gate.errors import InputError
 from strict_gate.reader import load_run
 from strict_gate.records import Record
+from strict_gate.report import speed_view
+from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
 
 SHOWN = 10  # non-matching prompts shown without --prompt
@@ -130,7 +132,8 @@ def prompt_view(gate: StoredGate, entry: dict) -> Group:
 
 def show(report_dir: str | Path, prompt: str | None = None, console: Console | None = None,
          limit: int = SHOWN) -> None:
-    """Print one prompt (any status), or the non-matching ones, `limit` at most, with a count."""
+    """Print one prompt (any status), or the non-matching ones, `limit` at most, with a count, then
+    the speed arm when the gate measured it."""
     console = console or Console()
     gate = load_gate(report_dir)
     prompts = [p for p in gate.report["prompts"] if isinstance(p, dict)]
@@ -146,13 +149,16 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     bad = [p for p in prompts if p.get("status") != "match"]
     if not bad:
         console.print(f"all {len(prompts)} prompts match token for token")
-        return
-    for entry in bad[:limit]:
+    else:
+        for entry in bad[:limit]:
+            console.rule()
+            console.print(prompt_view(gate, entry))
         console.rule()
-        console.print(prompt_view(gate, entry))
-    console.rule()
-    more = f"; {len(bad) - limit} more not shown: --prompt ID shows any one" if len(bad) > limit else ""
-    console.print(f"{min(len(bad), limit)} of {len(bad)} non-matching prompt(s) shown{more}")
+        more = f"; {len(bad) - limit} more not shown: --prompt ID shows any one" if len(bad) > limit else ""
+        console.print(f"{min(len(bad), limit)} of {len(bad)} non-matching prompt(s) shown{more}")
+    view = speed_view.build(r.get("speed"), ((r.get("engines") or {}).get("reference") or {}).get("kind"))
+    if view is not None:
+        print_speed(view, console)
 
 
 __all__ = ["StoredGate", "load_gate", "prompt_view", "show"]

@@ -1,0 +1,60 @@
+"""Hand-built speed results for the report tests: each verdict, a ratio that cannot be told
+from 1.0, a flattering mismatch, an arm that could not be measured."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from helpers import rec
+
+from strict_gate.gate import judge
+from strict_gate.records import EngineInfo, Manifest, Run, Sampling, now_iso
+from strict_gate.report import GateResult
+from strict_gate.speed.model import ArmFigures, Figure, Method, Mismatch, Rung, RungResult, SpeedResult, judge_speed
+
+RUNGS = (Rung("128/128", 128, 128), Rung("1024/128@4", 1024, 128, concurrency=4))
+REF = {"ttft_s": (0.020, 0.021, 0.022), "decode_tok_s": (100.0, 101.0, 102.0), "e2e_tok_s": (90.0, 91.0, 92.0)}
+# candidate figures per case: decode 0.97x (0.95-0.99, separable), 0.82x, and 1.00x (0.96-1.04)
+CAND = {
+    "fast": {"ttft_s": (0.027, 0.028, 0.029), "decode_tok_s": (97.0, 98.0, 99.0), "e2e_tok_s": (88.0, 88.5, 89.0)},
+    "slow": {"ttft_s": (0.030, 0.031, 0.032), "decode_tok_s": (81.0, 82.0, 83.0), "e2e_tok_s": (75.0, 76.0, 77.0)},
+    "even": {"ttft_s": (0.020, 0.0215, 0.023), "decode_tok_s": (98.0, 101.0, 104.0), "e2e_tok_s": (89.0, 91.0, 93.0)},
+}
+FLATTERING = Mismatch("dtype", "bfloat16", "float16", flattering=True, message="the candidate computes in fp16")
+CASES = ("pass", "fail", "incomplete", "not-separable", "flattering", "informational")
+
+
+def arm(figs: dict, self_reported: dict | None = None) -> ArmFigures:
+    return ArmFigures(**{k: Figure(tuple(v)) for k, v in figs.items()}, tokens=128, self_reported=self_reported)
+
+
+def speed(case: str) -> SpeedResult:
+    """One SpeedResult per case; the verdict is judged by the model's own judge_speed."""
+    cand = {"fail": "slow", "not-separable": "even"}.get(case, "fast")
+    rungs = [RungResult(r, arm(REF), arm(CAND[cand], {"vllm:gpu_cache_usage": 0.4} if i == 0 else None))
+             for i, r in enumerate(RUNGS)]
+    if case == "incomplete":
+        rungs[1] = RungResult(RUNGS[1], arm(REF), None, error="candidate: connection refused")
+    bars = {} if case == "informational" else {"decode": 0.95}
+    return SpeedResult(
+        method=Method.TWO_REQUEST if case == "informational" else Method.STREAM,
+        runs=3, warmup=1, rungs=tuple(rungs),
+        mismatches=(FLATTERING,) if case == "flattering" else (),
+        verdict=judge_speed(rungs, bars), machine="1x NVIDIA H200, 16 cores",
+        notes=("gpu clocks not locked",) if case == "pass" else (),
+    )
+
+
+def gate(speed_result: SpeedResult | None = None, *, diverge: bool = False) -> GateResult:
+    """A three-prompt gate against a vLLM reference; one prompt diverges when asked."""
+    def run(kind: str, records) -> Run:
+        m = Manifest(engine=EngineInfo(kind=kind, model="m"), prompt_set={"sha256": "0" * 64},
+                     sampling=Sampling(4, 2), created=now_iso(), status="complete")
+        return Run("run", m, {r.id: r for r in records})
+
+    ids = ["a", "b", "c"]
+    ref = run("vllm", [rec(i, [5, 6, 7, 8]) for i in ids])
+    cand = run("openai", [rec(i, [5, 6, 9, 8] if diverge and i == "b" else [5, 6, 7, 8]) for i in ids])
+    result = judge("speedy", {"name": "hand", "sha256": "0" * 64}, Sampling(4, 2), ref, cand, prompt_ids=ids,
+                   policy="strict", band=0.5, problems=[])
+    return replace(result, speed=speed_result)
