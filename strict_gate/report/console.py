@@ -100,7 +100,9 @@ def print_speed(view: speed_view.SpeedView, console: Console) -> None:
     console.print(Text(visible(view.verdict_line), style=_STYLE.get(view.verdict, "bold")))
     errors = [f"rung {row.name}: not measured: {row.error}" for row in view.rows
               if row.error and not any(row.error in x for x in view.reasons)]  # a reason says it already
-    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches)):
+    own = [f"self-reported, never used: {x}" for x in view.self_reported]
+    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches), *own,
+                 *(f"note: {x}" for x in view.notes)):
         console.print(Text(f"  {visible(line)}"))
 
 
