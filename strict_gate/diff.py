@@ -156,7 +156,7 @@ def load_report(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read the report: {e}", path=str(p)) from None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("strict-gate/report@"):
-        raise InputError("not a strict-gate report (no \"schema\": \"strict-gate/report@1\")", path=str(p))
+        raise InputError("not a strict-gate report (no \"schema\": \"strict-gate/report@N\")", path=str(p))
     prompts = data.get("prompts")
     if not isinstance(prompts, list):
         raise InputError('a report needs a "prompts" list', path=str(p))

@@ -1,4 +1,4 @@
-"""The one result object every report format is written from (strict-gate/report@1)."""
+"""The one result object every report format is written from (strict-gate/report@2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from strict_gate.policy import Verdict
 from strict_gate.records import EngineInfo, Record, Sampling
 from strict_gate.speed.model import SpeedResult
 
-REPORT_SCHEMA = "strict-gate/report@1"
+REPORT_SCHEMA = "strict-gate/report@2"
 
 
 @dataclass(frozen=True)
