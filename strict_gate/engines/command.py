@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
+from strict_gate.engines.eos import eos_token_ids
 from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
-from strict_gate.errors import ConfigError, EngineError, InputError, MissingExtraError
+from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.options import Seconds
-from strict_gate.reader import parse_record
-from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.engines.command_replies import ReplyError, generate_record, scored_steps
+from strict_gate.records import EngineInfo, Record, Sampling, Timing
 from strict_gate.redact import scrub
 
 PROTOCOL = "strict-gate/engine@1"
@@ -51,6 +52,7 @@ class CommandOptions:
     startup_timeout_s: Seconds = 300.0  # until the hello line
     cwd: str | None = None  # default: the config's directory
     log: str | None = None  # stderr log; default: the run directory's engine.log, else a temp file
+    eos_token_ids: list[int] | None = None  # default: from generation_config.json / config.json by the tokenizer
 
 
 def _quote(line: str | bytes, n: int = QUOTE_CHARS) -> str:
@@ -78,6 +80,7 @@ class CommandEngine(Engine):
             self.argv[0] = sys.executable
         self.cwd = str((self.base_dir / options.cwd).resolve()) if options.cwd else str(self.base_dir.resolve())
         self.tokenizer_path = self._tokenizer_file() if options.tokenizer else None
+        self.eos_token_ids = self._eos_ids()
         self.hello: dict | None = None
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
@@ -94,7 +97,9 @@ class CommandEngine(Engine):
         if arg.startswith("-") or os.path.isabs(arg):
             return arg
         p = self.base_dir / arg
-        return str(p.resolve()) if p.exists() else arg
+        # abspath, not resolve(): a venv's bin/python is a symlink, and resolving it would run
+        # the base interpreter outside the venv
+        return os.path.abspath(p) if p.exists() else arg
 
     def _tokenizer_file(self) -> str:
         path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
@@ -104,6 +109,15 @@ class CommandEngine(Engine):
                 "(give a tokenizer.json file or a model directory holding one)"
             )
         return str(path)
+
+    def _eos_ids(self) -> tuple[int, ...] | None:
+        """The ids the engine is told to stop on: the option, else what vLLM stops on for the
+        model directory holding the tokenizer (strict_gate.engines.eos)."""
+        if self.options.eos_token_ids is not None:
+            return tuple(self.options.eos_token_ids)
+        if self.tokenizer_path is None:
+            return None
+        return eos_token_ids(Path(self.tokenizer_path))
 
     # -- lifecycle
     @property
@@ -436,6 +450,8 @@ class CommandEngine(Engine):
             "max_tokens": sampling.max_tokens,
             "top_logprobs": sampling.top_logprobs,
         }
+        if self.eos_token_ids:
+            req["eos_token_ids"] = list(self.eos_token_ids)
         t0 = time.perf_counter()
         obj = self._request(req, label)
         wall = time.perf_counter() - t0
@@ -443,35 +459,10 @@ class CommandEngine(Engine):
             if not isinstance(obj["error"], str) or not obj["error"]:
                 raise self._invalid(label, '"error" must be a non-empty string', obj)
             return Record(id=p.id, prompt_token_ids=p.token_ids, error=obj["error"])
-        d = dict(obj)
-        d.setdefault("prompt_token_ids", list(p.token_ids))  # echoing the ids back is optional
         try:
-            rec = parse_record(d, label, None)
-        except InputError as e:
-            raise self._invalid(label, str(e).removeprefix(f"{label}: "), obj) from None
-        # Echoed prompt ids that differ from the ids sent (a binary that re-tokenized, or
-        # dropped the BOS) are kept as the engine reported them: the comparator calls that a
-        # tokenization_mismatch, a failing verdict with the index where the ids part.
-        if len(rec.token_ids) > sampling.max_tokens:
-            raise self._invalid(label, f"{len(rec.token_ids)} tokens for max_tokens = {sampling.max_tokens}", obj)
-        if not rec.token_ids and sampling.max_tokens > 0:
-            raise self._invalid(label, "no tokens generated", obj)
-        if sampling.top_logprobs > 0:
-            if rec.top_logprobs is None:
-                raise self._invalid(label, f'"top_logprobs" is missing (asked for top {sampling.top_logprobs})', obj)
-            for i, step in enumerate(rec.top_logprobs):
-                if not step:
-                    raise self._invalid(label, f'"top_logprobs"[{i}] is empty', obj)
-                if len(step) > sampling.top_logprobs + 1:
-                    raise self._invalid(
-                        label, f'"top_logprobs"[{i}] has {len(step)} entries for top_logprobs = '
-                        f"{sampling.top_logprobs} (at most k + 1: the top k plus the chosen token)", obj
-                    )
-        if rec.timing is not None:
-            for name in ("ttft_s", "total_s"):
-                v = getattr(rec.timing, name)
-                if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-                    raise self._invalid(label, f'"timing".{name} must be a non-negative number', obj)
+            rec = generate_record(obj, p.token_ids, sampling, label, self.eos_token_ids)
+        except ReplyError as e:
+            raise self._invalid(label, str(e), obj) from None
         if rec.timing is None or rec.timing.total_s is None:
             rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=wall))
         return rec
@@ -493,35 +484,13 @@ class CommandEngine(Engine):
             "id": rid,
             "prompt_token_ids": list(prompt_ids),
             "continuation_ids": list(continuation_ids),
-            "top_logprobs": k,
+            "top_logprobs": max(k, 1),  # a step's top always holds its argmax
         }
         obj = self._request(req, label)
         if "error" in obj:
             # the engine is still in step and alive: the error is this request's, not the engine's
             raise EngineError(f"command engine {self._name()}: {label}: the engine answered {obj['error']!r}")
-        steps = obj.get("steps")
-        if not isinstance(steps, list):
-            raise self._invalid(label, '"steps" must be a list', obj)
-        if len(steps) != len(continuation_ids):
-            raise self._invalid(
-                label, f'"steps" has {len(steps)} entries for {len(continuation_ids)} continuation ids', obj
-            )
-        out = []
-        for i, (step, tok) in enumerate(zip(steps, continuation_ids)):
-            if not isinstance(step, dict):
-                raise self._invalid(label, f'"steps"[{i}] must be an object', obj)
-            if step.get("token_id") != tok:
-                raise self._invalid(label, f'"steps"[{i}].token_id is {step.get("token_id")!r}, expected {tok}', obj)
-            lp = step.get("logprob")
-            if lp is not None and (not isinstance(lp, (int, float)) or isinstance(lp, bool) or not lp <= 1e-6):
-                raise self._invalid(label, f'"steps"[{i}].logprob must be a logprob (<= 0) or null, got {lp!r}', obj)
-            top = step.get("top")
-            ok = isinstance(top, list) and bool(top) and all(
-                isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool)
-                and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool) and pair[1] <= 1e-6
-                for pair in top
-            )
-            if not ok:
-                raise self._invalid(label, f'"steps"[{i}].top must be a non-empty list of [token_id, logprob]', obj)
-            out.append(ScoredStep(token_id=int(tok), logprob=None if lp is None else float(lp), top=sort_topk(top)))
-        return out
+        try:
+            return scored_steps(obj, continuation_ids, req["top_logprobs"])
+        except ReplyError as e:
+            raise self._invalid(label, str(e), obj) from None
