@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from strict_gate.errors import ConfigError, InputError, StrictGateError
+from strict_gate.files import new_temp_dir
 from strict_gate.records import MANIFEST, write_text_atomic
 from strict_gate.redact import scrub_tree
 
@@ -106,7 +107,7 @@ def staged_run_dir(target: str | Path, *, force: bool = False) -> Iterator[Path]
     if status == "complete" and not force:
         raise InputError("holds a complete run; pass --force to replace it", path=str(target))
     ensure_writable_dir(target.parent, "output's parent directory")
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    tmp = new_temp_dir(target.parent, f".{target.name}.tmp-")  # becomes the run: the umask's mode
     try:
         yield tmp
     except BaseException as e:
@@ -115,7 +116,7 @@ def staged_run_dir(target: str | Path, *, force: bool = False) -> Iterator[Path]
             tmp.rmdir()
         elif status == "complete":
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            kept = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{target.name}.failed-{stamp}-"))
+            kept = new_temp_dir(target.parent, f"{target.name}.failed-{stamp}-")
             _retarget(tmp, kept)
             os.replace(tmp, kept)  # onto the new empty directory
             if isinstance(e, StrictGateError) and e.args:

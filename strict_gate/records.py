@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ import jsonlines
 import numpy as np
 
 from strict_gate.errors import InputError
+from strict_gate.files import new_temp_file
 from strict_gate.redact import redact_env, scrub, scrub_json
 
 RUN_SCHEMA = "strict-gate/run@1"
@@ -248,7 +248,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and rename, so readers see the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     obj = scrub_json(obj)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = new_temp_file(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(_dumps(obj, indent=2))
@@ -265,7 +265,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     text = scrub(text)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = new_temp_file(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

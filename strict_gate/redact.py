@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import tomllib
 from collections.abc import Mapping
@@ -133,6 +134,7 @@ def scrub_tree(root: Path) -> None:
             continue
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))  # the scrubbed file keeps its mode
             f.write(clean)
         os.replace(tmp, path)
 
