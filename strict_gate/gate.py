@@ -36,6 +36,7 @@ from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run
 from strict_gate.staleness import baseline_staleness
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
+RESCORER_LOG = "rescorer.log"
 ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
 
 
@@ -184,7 +185,7 @@ def compare_run_dirs(
     return result
 
 
-def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float,
+def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float, report_dir: Path,
               *, reference_live: bool = True) -> Engine | None:
     """The engine that re-scores divergences: the live reference, else the [rescorer] arm.
     One not already loaded (a baseline's rescorer, the reference of a resumed gate whose
@@ -202,7 +203,15 @@ def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, b
         return reference
     if cfg.rescorer is None:
         return None
-    return cfg.rescorer.build()
+    return build_rescorer(cfg, report_dir)
+
+
+def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
+    """The [rescorer] arm (not started); a process it runs logs to <report dir>/rescorer.log,
+    which the report names (engines.rescorer), not to a temp file nobody finds."""
+    engine = cfg.rescorer.build()
+    engine.set_log_path(report_dir / RESCORER_LOG)
+    return engine
 
 
 def capture_baseline(
@@ -348,7 +357,7 @@ def play_gate(
         )
         ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
         rescorer = (
-            _rescorer(cfg, reference, ref_run, cand_run, band, reference_live="reference" not in done)
+            _rescorer(cfg, reference, ref_run, cand_run, band, report_dir, reference_live="reference" not in done)
             if cfg.diagnose else None
         )
         try:
@@ -357,6 +366,8 @@ def play_gate(
                 prompt_ids=ps.ids, policy=policy, band=band, problems=problems, rescorer=rescorer,
                 diagnose_wanted=cfg.diagnose, greedy_tolerance=cfg.greedy_tolerance, config=config,
             )
+            if rescorer is not None and rescorer is not reference and result.diagnoses:
+                result = replace(result, rescorer=rescorer.info())
         finally:
             if rescorer is not None and rescorer is not reference:
                 _close(rescorer, report_dir / "reference")

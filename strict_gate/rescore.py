@@ -18,7 +18,7 @@ from strict_gate.config import GateConfig, load_gate_config
 from strict_gate.drift import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
-from strict_gate.gate import GateOutcome, judge
+from strict_gate.gate import GateOutcome, build_rescorer, judge
 from strict_gate.reader import load_run
 from strict_gate.report import write_reports
 
@@ -37,11 +37,12 @@ def _old_report(report_dir: Path) -> dict:
     return data
 
 
-def _scorer(cfg: GateConfig) -> Engine:
-    """The reference engine when it can score, else the [rescorer] arm (built, not started)."""
+def _scorer(cfg: GateConfig, report_dir: Path) -> tuple[Engine, bool]:
+    """The reference engine when it can score, else the [rescorer] arm (built, not started);
+    and whether it is the [rescorer] arm."""
     engine = cfg.reference.build()
     if engine.can_score:
-        return engine
+        return engine, False
     engine.close()
     if cfg.rescorer is None:
         raise ConfigError(
@@ -49,7 +50,7 @@ def _scorer(cfg: GateConfig) -> Engine:
             "(hf, vllm, openai or command on the reference's model) to the gate config",
             path=cfg.path,
         )
-    return cfg.rescorer.build()
+    return build_rescorer(cfg, report_dir), True
 
 
 def rediagnose(report_dir: str | Path) -> GateOutcome:
@@ -67,7 +68,7 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     cfg = load_gate_config(cfg_path, base_dir=base_dir)
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
-    engine = _scorer(cfg)
+    engine, rescorer_arm = _scorer(cfg, report_dir)
     try:
         result = judge(
             cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
@@ -75,6 +76,8 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
             policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
             rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
         )
+        if rescorer_arm and result.diagnoses:
+            result = replace(result, rescorer=engine.info())
     finally:
         engine.close()
     result = replace(result, history=tuple(old.get("history") or ()))  # the trend as the gate wrote it

@@ -124,6 +124,14 @@ def _check_same_versions(before: EngineInfo, now: EngineInfo, path: str) -> None
         raise ConfigError(f"the engine changed since this run was interrupted ({what}); start a new gate", path=path)
 
 
+def _never_started(writer: RunWriter, engine: Engine, e: Exception) -> EngineError:
+    """A start-up failure is the engine's, once, not the first prompt's: no prompt was sent."""
+    why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+    msg = f"the {engine.kind} engine never started (no prompt was sent): {why}"
+    writer.fail(msg)
+    return EngineError(msg)
+
+
 def run_arm(
     engine: Engine,
     inputs: Sequence[PromptInput],
@@ -165,10 +173,12 @@ def run_arm(
     writer = RunWriter(out, manifest, keep=keep)
     pending = [p.id for p in inputs]  # pending[0] is the prompt in flight when an engine dies
     current = pending[0] if pending else None
+    started = False
     try:
         if inputs or resume_from is None:
             with engine.scoped_env(), engine_log(out / "engine.log", engine.log_libraries):
                 engine.start()
+                started = True
                 # Describe the engine again once started: versions and server facts are known now.
                 info = engine.info()
                 if resume_from is not None:
@@ -186,6 +196,8 @@ def run_arm(
                     if on_record is not None:
                         on_record(rec, seconds)
     except StrictGateError as e:
+        if isinstance(e, EngineError) and not started:
+            raise _never_started(writer, engine, e) from None
         writer.fail(str(e), failed_prompt=current)
         if isinstance(e, EngineError) and current and current not in str(e):
             raise EngineError(f"{e} (while on prompt {current!r})") from None
@@ -194,6 +206,8 @@ def run_arm(
         writer.fail("interrupted (Ctrl-C)", failed_prompt=current)
         raise
     except Exception as e:  # an engine bug: keep what was done, say where it died
+        if not started:
+            raise _never_started(writer, engine, e) from e
         writer.fail(f"{type(e).__name__}: {e}", failed_prompt=current)
         raise EngineError(f"{engine.kind} engine failed on prompt {current!r}: {type(e).__name__}: {e}") from e
     extra = {}

@@ -10,6 +10,7 @@ from rich.text import Text
 from strict_gate.redact import scrub_obj
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import console_line, status_label
+from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.result import GateResult
 from strict_gate.report.text import Decoder, visible
 
@@ -112,11 +113,13 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     s = r.comparison.summary
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
-    bad = [p for p in r.comparison.prompts if p.status != "match"]
+    bad = listed(r.comparison.prompts)
     if bad:
         console.print(table(r, bad, dec, console.width))
         if len(bad) > ROWS:
             console.print(f"... {len(bad) - ROWS} more non-matching prompts in the report")
+    for line in missing_lines(r.comparison.prompts):
+        console.print(Text(visible(line)))
     counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != "match")
     console.print(
         Text.assemble(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
+from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.result import GateResult, to_json
 from strict_gate.report.text import Decoder
 
@@ -98,7 +99,8 @@ def _matching(matching) -> str:
 
 def _engines(r: GateResult) -> str:
     rows = []
-    for arm, info in (("reference", r.reference), ("candidate", r.candidate)):
+    arms = [("reference", r.reference), ("candidate", r.candidate)]
+    for arm, info in arms + ([("rescorer", r.rescorer)] if r.rescorer is not None else []):
         versions = ", ".join(f"{k} {v}" for k, v in sorted(info.versions.items())) or "unknown"
         env = ", ".join(f"{k}={v}" for k, v in sorted(info.env.items())) or "none"
         rows.append(f"<tr><td>{arm}</td><td>{escape(info.kind)}</td><td>{escape(str(info.model))}</td>"
@@ -139,7 +141,8 @@ def render(r: GateResult) -> str:
     v = r.verdict
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     reasons = {pv.id: pv.reason for pv in v.prompts}
-    bad = [p for p in r.comparison.prompts if p.status != "match"]
+    bad = listed(r.comparison.prompts)
+    gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))
     matching = [p for p in r.comparison.prompts if p.status == "match"]
     drift = to_json(r).get("drift")
     per_prompt = drift.get("prompts") if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
@@ -171,7 +174,7 @@ def render(r: GateResult) -> str:
 <ul>{why}</ul>
 {trend_svg(getattr(r, "history", ()) or ())}
 {drift_section(drift)}
-{_overview(r, bad, dec, reasons) if bad else ""}
+{_overview(r, bad, dec, reasons) if bad else ""}{gone}
 {_matching(matching)}
 {_speed(speed)}
 {"<h2>Side by side</h2>" if details else ""}{''.join(details)}

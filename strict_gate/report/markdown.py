@@ -5,6 +5,7 @@ from __future__ import annotations
 from strict_gate.records import TopK
 from strict_gate.report.drift_view import markdown_section, status_label
 from strict_gate.report import speed_view
+from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.result import GateResult, arm_wall_clock
 from strict_gate.report.text import Decoder, md, show_token
 
@@ -146,10 +147,13 @@ def speed_section(view: speed_view.SpeedView | None) -> list[str]:
 
 def _rest(r: GateResult, dec: Decoder) -> list[str]:
     out: list[str] = []
-    bad = [p for p in r.comparison.prompts if p.status != "match"]
-    if bad:
+    bad = listed(r.comparison.prompts)
+    gone = missing_lines(r.comparison.prompts)
+    if bad or gone:
         out.append("## Prompts that do not match")
         out.append("")
+        out += [f"- {md(line)}" for line in gone] + ([""] if gone else [])
+    if bad:
         out.append(
             "| prompt | status | pos | context before | reference | candidate | ref gap | cand gap "
             "| reference top | candidate top |"
@@ -210,6 +214,8 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
     out.append("|---|---|---|---|---|---|")
     out += _engine_rows("reference", r.reference)
     out += _engine_rows("candidate", r.candidate)
+    if r.rescorer is not None:
+        out += _engine_rows("rescorer", r.rescorer)
     out.append("")
     ps = r.prompt_set
     out.append(
@@ -233,11 +239,12 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
             tps = "–" if sp.tokens_per_s is None else f"{sp.tokens_per_s:.1f}"
             ttft = "–" if sp.median_ttft_s is None else f"{sp.median_ttft_s:.4f}"
             out.append(f"| {arm} | {sp.prompts} | {sp.tokens} | {sp.seconds:.2f} | {tps} | {ttft} |")
-    if r.problems:
+    unsaid = [pr for pr in r.problems if pr not in r.verdict.reasons]  # the verdict's reasons list most
+    if unsaid:
         out.append("")
         out.append("## Problems")
         out.append("")
-        for pr in r.problems:
+        for pr in unsaid:
             out.append(f"- {md(pr)}")
     out.append("")
     return out

@@ -74,6 +74,7 @@ class GateResult:
     history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
     drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
     speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
+    rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
 
     @property
     def exit_code(self) -> int:
@@ -151,7 +152,8 @@ def to_json(r: GateResult) -> dict:
         "summary": r.comparison.summary.to_json(),
         "prompt_set": r.prompt_set,
         "sampling": r.sampling.to_json(),
-        "engines": {"reference": r.reference.to_json(), "candidate": r.candidate.to_json()},
+        "engines": {"reference": r.reference.to_json(), "candidate": r.candidate.to_json()}
+        | ({"rescorer": r.rescorer.to_json()} if r.rescorer is not None else {}),
         "runs": r.runs,
         "config": r.config,
         "determinism": r.determinism,
