@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from strict_gate.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
+from strict_gate.prefix_drift import PrefixDrift, prefix_drift
 from strict_gate.records import Record, TopK
 
 
@@ -77,6 +78,7 @@ class PromptComparison:
     reference_length: int
     candidate_length: int
     detail: str = ""  # for missing / error / tokenization_mismatch
+    prefix_drift: PrefixDrift | None = None  # |Δ logprob| at the positions before the first divergence
 
     @property
     def positions(self) -> int:
@@ -258,9 +260,10 @@ def compare_prompt(
             reference_top=_step(ref, common),
             candidate_top=_step(cand, common),
         )
-        return PromptComparison(pid, Status.LENGTH_MISMATCH, div, matched, common, rlen, clen)
+        return PromptComparison(pid, Status.LENGTH_MISMATCH, div, matched, common, rlen, clen,
+                                prefix_drift=prefix_drift(ref, cand, common))
     status, div = classify_divergence(ref, cand, d, band)
-    return PromptComparison(pid, status, div, matched, d, rlen, clen)
+    return PromptComparison(pid, status, div, matched, d, rlen, clen, prefix_drift=prefix_drift(ref, cand, d))
 
 
 def summarize(prompts: Iterable[PromptComparison]) -> Summary:

@@ -33,7 +33,6 @@ KL_ESTIMATOR = (
     "filled mass exceeds 1; underestimates the tail"
 )
 REST_FLOOR = 1e-10  # the rest bucket never reaches 0, so KL stays finite
-QUANTISATION_DRIFT = 1e-3  # nats: |Δ logprob| above float32 noise (~1e-6) but at bf16 rounding scale
 
 Scorer = Callable[[Record], Sequence[ScoredStep]]
 
@@ -147,11 +146,6 @@ class DriftReport:
     def missing(self) -> dict[str, str]:
         """Prompts without drift figures, and why: never counted as zero drift."""
         return {pid: p.error for pid, p in self.prompts.items() if p.error is not None}
-
-    def quantised_near_tie(self, pid: str) -> bool:
-        """A flip whose shared prefix already drifted at quantisation scale, not float noise."""
-        p = self.prompts.get(pid)
-        return p is not None and p.drift_before_divergence is not None and p.drift_before_divergence > QUANTISATION_DRIFT
 
     def with_divergences(self, divergences: Mapping[str, int]) -> "DriftReport":
         """Record, per divergent prompt, the largest |Δ logprob| at positions 0..d: the context

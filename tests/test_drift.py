@@ -10,6 +10,7 @@ from strict_gate.config import parse_gate_config
 from strict_gate.drift import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
 from strict_gate.engines.base import ScoredStep
 from strict_gate.errors import ConfigError
+from strict_gate.prefix_drift import DriftScale
 
 
 def scored(token, *pairs, logprob=None):
@@ -130,7 +131,9 @@ def test_quantisation_drift_before_a_flip():
     }
     d = measure_drift(refs, ["noisy", "clean"], lambda r: steps[r.id], k=2, band=0.5)
     d = d.with_divergences({"noisy": 0, "clean": 0})
-    assert d.quantised_near_tie("noisy") and not d.quantised_near_tie("clean")
+    assert d.prompts["noisy"].drift_before_divergence == pytest.approx(0.01)
+    assert d.prompts["clean"].drift_before_divergence == pytest.approx(1e-7, abs=1e-9)
+    assert DriftScale.of(0.01) == DriftScale.HALF_PRECISION and DriftScale.of(1e-7) == DriftScale.REDUCTION_ORDER
     assert d.to_json()["prompts"]["noisy"]["max_abs_dlogprob_before_divergence"] == pytest.approx(0.01)
 
 

@@ -7,11 +7,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from strict_gate.compare import Status
 from strict_gate.redact import scrub_obj
 from strict_gate.report import speed_view
-from strict_gate.report.drift_view import console_line, status_label
+from strict_gate.report.drift_view import console_line
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult
+from strict_gate.report.result import GateResult, matched_drift
 from strict_gate.report.text import Decoder, visible
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold"}
@@ -28,9 +29,13 @@ def _gaps(d) -> str:
 
 def why(r: GateResult, p, dg) -> str:
     """A few words: the teacher-forced finding when there is one, else the comparator's cause;
-    a near-tie whose prefix already drifted at quantisation scale says so."""
-    if status_label(r, p) != str(p.status):
-        return "quantisation-level drift"
+    a near-tie starts with the scale of the drift at its matched positions."""
+    pd = matched_drift(r, p) if p.status == Status.NEAR_TIE else None
+    base = _why(p, dg)
+    return base if pd is None else f"{pd.short()}; {base}"
+
+
+def _why(p, dg) -> str:
     if dg is not None:
         if dg.error is not None:
             return "re-score failed"

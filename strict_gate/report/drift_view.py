@@ -5,9 +5,10 @@ Kept apart from the format modules so that each of them gains a line or two, not
 
 from __future__ import annotations
 
-from strict_gate.compare import PromptComparison, Status
-from strict_gate.drift import QUANTISATION_DRIFT, DriftReport, PromptDrift, Stats
-from strict_gate.report.result import GateResult
+from strict_gate.compare import Status
+from strict_gate.drift import DriftReport, PromptDrift, Stats
+from strict_gate.prefix_drift import HALF_PRECISION_MAX, REDUCTION_ORDER_MAX, DriftScale
+from strict_gate.report.result import GateResult, matched_drift
 from strict_gate.report.text import md
 
 WORST_PROMPTS = 20  # rows of the per-prompt drift table in report.md
@@ -23,13 +24,6 @@ def _stats(s: Stats) -> str:
 
 def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
-
-
-def status_label(r: GateResult, p: PromptComparison) -> str:
-    """A near-tie whose shared prefix already drifted at quantisation scale says so."""
-    if p.status == Status.NEAR_TIE and r.drift is not None and r.drift.quantised_near_tie(p.id):
-        return "near-tie, with quantisation-level drift"
-    return str(p.status)
 
 
 def _worst_first(p: PromptDrift) -> tuple:
@@ -74,13 +68,24 @@ def markdown_section(r: GateResult) -> list[str]:
         out.append("")
         out += [f"- {md(pid)}: {md(why)}" for pid, why in list(d.missing.items())[:WORST_PROMPTS]]
         out.append("")
-    qualified = [p.id for p in r.comparison.prompts if status_label(r, p) != str(p.status)]
-    if qualified:
-        out.append(
-            f"{len(qualified)} near-tie(s) with quantisation-level drift: |Δ logprob| above {QUANTISATION_DRIFT:g} "
-            "nats (well above float32 noise) at the positions both arms shared up to the flip."
-        )
-        out.append("")
+    return out
+
+
+def near_tie_scales(r: GateResult) -> list[str]:
+    """How many near-ties came with drift above float32 noise, and the thresholds."""
+    scales = [pd.scale for p in r.comparison.prompts
+              if p.status == Status.NEAR_TIE and (pd := matched_drift(r, p)) is not None]
+    above = [s for s in scales if s != DriftScale.REDUCTION_ORDER]
+    if not above:
+        return []
+    n_q = sum(1 for s in above if s == DriftScale.QUANTISATION)
+    return [
+        f"{len(above)} of {len(scales)} near-tie(s) came with drift above float32 noise at their matched positions "
+        f"({n_q} quantisation-level: max |Δ logprob| > {HALF_PRECISION_MAX:g} nats; the rest half-precision-level: "
+        f"> {REDUCTION_ORDER_MAX:g}). Such a tie says the arms already disagreed everywhere; the thresholds are "
+        "orders of magnitude and depend on the hardware (docs/drift.md).",
+        "",
+    ]
     return out
 
 

@@ -11,7 +11,7 @@ from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult, to_json
+from strict_gate.report.result import GateResult, status_label, to_json
 from strict_gate.report.text import Decoder
 
 DETAIL_CAP = 500  # prompts drawn in full detail; the rest are in report.json
@@ -68,6 +68,11 @@ def _figures(r: GateResult) -> str:
     return "<div class='figs'>" + "".join(f"<div class='fig'><b>{v}</b>{k}</div>" for k, v in figs) + "</div>"
 
 
+def _drift_note(r: GateResult, p) -> str:
+    label = status_label(r, p)
+    return "" if label == str(p.status) else f"<br><small>{escape(label)}</small>"
+
+
 def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
     rows = []
     for p in bad:
@@ -75,7 +80,7 @@ def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
         ref, cand = r.reference_records.get(p.id), r.candidate_records.get(p.id)
         link = f"<a href='#{anchor(p.id)}'>{escape(p.id)}</a>" if len(rows) < DETAIL_CAP else escape(p.id)
         rows.append(
-            f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span></td>"
+            f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span>{_drift_note(r, p)}</td>"
             f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
             f"<td>{'' if d is None else d.position}</td><td>{'' if d is None else num(d.reference_gap)}</td>"
             f"<td>{'' if d is None else num(d.candidate_gap)}</td><td>{p.matched_positions}/{p.positions}</td>"

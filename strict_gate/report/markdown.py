@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from strict_gate.records import TopK
-from strict_gate.report.drift_view import markdown_section, status_label
 from strict_gate.report import speed_view
+from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult, arm_wall_clock
+from strict_gate.report.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report.text import Decoder, md, show_token
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -176,6 +176,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
         out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
         out.append("")
+        out += near_tie_scales(r)
         out += _more(len(bad) - MD_ROWS, "non-matching prompts")
     if r.diagnoses:
         out.append("## Teacher-forced diagnosis")

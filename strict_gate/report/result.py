@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from strict_gate.compare import Comparison, Divergence, Status
+from strict_gate.compare import Comparison, Divergence, PromptComparison, Status
 from strict_gate.diagnose import Diagnosis
 from strict_gate.drift import DriftReport
 from strict_gate.policy import Verdict
+from strict_gate.prefix_drift import PrefixDrift
 from strict_gate.records import EngineInfo, Record, Sampling
 from strict_gate.speed.model import SpeedResult
 
@@ -105,6 +106,23 @@ def _div_json(d: Divergence | None) -> dict | None:
     }
 
 
+def matched_drift(r: GateResult, p: PromptComparison) -> PrefixDrift | None:
+    """|Δ logprob| at a prompt's matched positions before its first divergence: from both
+    runs' own logprobs, widened by the drift pass's teacher-forced figure where there is one."""
+    dp = r.drift.prompts.get(p.id) if r.drift is not None else None
+    extra = dp.drift_before_divergence if dp is not None else None
+    if p.prefix_drift is not None:
+        return p.prefix_drift.widened(extra)
+    return PrefixDrift(extra, p.prefix_length + 1) if extra is not None else None
+
+
+def status_label(r: GateResult, p: PromptComparison) -> str:
+    """A near-tie says the scale of the drift its arms already had: a tie between float32
+    builds and a tie between a quantised build and the reference are different news."""
+    pd = matched_drift(r, p) if p.status == Status.NEAR_TIE else None
+    return pd.near_tie_label() if pd is not None else str(p.status)
+
+
 def _prompt_json(p, v, r: GateResult) -> dict:
     """Full detail for a prompt a reviewer must look at; a matching one in a few fields, so a
     10,000-prompt report stays small (there is no divergence to show)."""
@@ -133,6 +151,8 @@ def _prompt_json(p, v, r: GateResult) -> dict:
         "reference_length": p.reference_length,
         "candidate_length": p.candidate_length,
         "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
+        "matched_drift": pd.to_json() if (pd := matched_drift(r, p)) is not None else None,
+        "label": status_label(r, p),
     }
 
 
