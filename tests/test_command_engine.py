@@ -225,7 +225,7 @@ def test_bad_json_is_truncated(tmp_path):
     eng.start()
     pid = eng.hello["pid"]
     # a huge bad line: the quote must stay short
-    from strict_gate.engines.command import _quote
+    from strict_gate.engines.command_process import _quote
 
     q = _quote("x" * 5000)
     assert len(q) < 300 and "5000 chars" in q
