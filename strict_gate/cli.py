@@ -194,9 +194,9 @@ def run(
     engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, [env]) or a gate config")],
     prompts: Annotated[Path, typer.Option("--prompts", "-p", help="prompt set .jsonl")],
     out: Annotated[Path, typer.Option("--out", help="run directory to write")],
-    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 16,
-    top_logprobs: Annotated[int, typer.Option("--top-logprobs")] = 5,
-    runs: Annotated[int, typer.Option("--runs", help="repeat each prompt K times (samples)")] = 1,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 16,
+    top_logprobs: Annotated[int, typer.Option("--top-logprobs", min=0)] = 5,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="repeat each prompt K times (samples)")] = 1,
     force: ForceOpt = False,
 ) -> None:
     """Run one arm only, to record a run or a baseline."""

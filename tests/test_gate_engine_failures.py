@@ -71,4 +71,15 @@ def test_rescorer_logs_into_the_report_directory_and_is_named_in_the_engines(tmp
     assert rescorer["options"]["log_used"] == str(d / "rescorer.log")
     assert "fake engine good starting" in (d / "rescorer.log").read_text()
     assert "| rescorer | command |" in (d / "report.md").read_text()
-    assert "<td>rescorer</td>" in (d / "report.html").read_text()
+    html = (d / "report.html").read_text()
+    assert "<td>rescorer</td>" in html and f"rescorer log: <code>{d / 'rescorer.log'}</code>" in html
+
+
+def test_run_refuses_max_tokens_below_one(tmp_path):
+    engine = tmp_path / "engine.toml"
+    engine.write_text(_fake())
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "p", "token_ids": [1, 2]}) + "\n")
+    result = CliRunner().invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(tmp_path / "o"),
+                                      "--max-tokens", "0"])
+    assert result.exit_code == 2 and not (tmp_path / "o").exists()

@@ -111,6 +111,9 @@ def _engines(r: GateResult) -> str:
         rows.append(f"<tr><td>{arm}</td><td>{escape(info.kind)}</td><td>{escape(str(info.model))}</td>"
                     f"<td>{escape(env)}</td><td>{escape(versions)}</td></tr>")
     ps = r.prompt_set
+    log = r.rescorer.options.get("log_used") if r.rescorer is not None else None
+    if log:
+        rows.append(f"<tr><td colspan='5'>rescorer log: <code>{escape(str(log))}</code></td></tr>")
     return ("<h2>Engines</h2><table><tr><th>arm</th><th>kind</th><th>model</th><th>env</th><th>versions</th></tr>"
             f"{''.join(rows)}</table><p>prompt set {escape(str(ps.get('name')))} ({escape(str(ps.get('count')))} "
             f"prompts), sha256 <code>{escape(str(ps.get('sha256')))}</code>; greedy, max_tokens "
