@@ -242,3 +242,18 @@ def test_bare_python_is_the_gates_interpreter_and_a_venv_path_keeps_its_symlink(
     eng = CommandEngine(CommandOptions(command=["venv/bin/python", "x.py"]), base_dir=tmp_path)
     # resolving the symlink would run the base interpreter, outside the engine's venv
     assert eng.argv[0] == str(venv_bin / "python")
+
+
+def test_a_live_engine_writing_minus_infinity_is_accepted_and_the_pair_dropped(tmp_path):
+    fake = Path(__file__).resolve().parent / "engines" / "fake_engine.py"
+    canned = tmp_path / "canned.jsonl"
+    canned.write_text('{"id": "x", "token_ids": [5], "finish_reason": "length", '
+                      '"top_logprobs": [[[5, -0.1], [7, -Infinity]]]}\n')
+    eng = CommandEngine(CommandOptions(command=["python", str(fake), "--canned", str(canned)], timeout_s=10),
+                        base_dir=tmp_path)
+    eng.log_path = tmp_path / "engine.log"
+    try:
+        (r,) = eng.generate([P1], Sampling(max_tokens=1, top_logprobs=2))
+        assert r.top_logprobs[0] == ((5, -0.1),)
+    finally:
+        eng.close()
