@@ -17,6 +17,9 @@ _EXPORTS: dict[str, str] = {
     "capture_baseline": "strict_gate.gate",
     "GateOutcome": "strict_gate.gate",
     "rediagnose": "strict_gate.rescore",
+    "run_bench": "strict_gate.speed.bench",
+    "BenchOutcome": "strict_gate.speed.bench",
+    "SpeedResult": "strict_gate.speed.model",
     "GateResult": "strict_gate.report.result",
     "StrictGateError": "strict_gate.errors",
     "InputError": "strict_gate.errors",
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     )
     from strict_gate.gate import GateOutcome, capture_baseline, compare_run_dirs, run_gate
     from strict_gate.rescore import rediagnose
+    from strict_gate.speed.bench import BenchOutcome, run_bench
+    from strict_gate.speed.model import SpeedResult
     from strict_gate.report.result import GateResult
 
     __version__: str

@@ -1,6 +1,7 @@
 """The `strict-gate` command: thin typer functions over the library.
 
-Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run.
+Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run,
+4 slower than the [speed] bar (only when the token verdict passed).
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -186,6 +187,25 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
     _summarise(outcome.result, summary)
     _finish(outcome.result, outcome.report_dir)
+
+
+@app.command()
+@_fail_cleanly
+def bench(
+    config: Annotated[Path, typer.Argument(help="gate TOML with a [speed] table")],
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
+) -> None:
+    """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
+    Exit 0, 4 below min_speed_ratio, 3 not measured while a bar is set, 2 bad input."""
+    from strict_gate.config import load_gate_config
+    from strict_gate.report.text import visible
+    from strict_gate.speed.bench import run_bench
+    from strict_gate.speed.console import print_speed
+
+    cfg = load_gate_config(config)
+    outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: err.print(f"{role}: rung {rung}"))
+    print_speed(outcome.result, console, visible(str(outcome.path)))
+    raise typer.Exit(outcome.result.verdict.exit_code)
 
 
 @app.command()

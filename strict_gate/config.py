@@ -21,10 +21,11 @@ from strict_gate.options import did_you_mean, parse_options
 from strict_gate.policy import check_policy
 from strict_gate.prompts import check_regular_file
 from strict_gate.redact import restore_env
+from strict_gate.speed.config import SpeedConfig, parse_speed
 
 GATE_KEYS = {
     "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "greedy_tolerance", "output_dir",
-    "diagnose", "drift", "reference", "candidate", "rescorer",
+    "diagnose", "drift", "reference", "candidate", "rescorer", "speed",
 }
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
@@ -60,6 +61,13 @@ class GateConfig:
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
     drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/drift.py)
+    speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
+
+    @property
+    def speed_reference(self) -> ArmConfig:
+        """The arm timed as the speed reference: the reference, or for a recorded baseline the
+        [rescorer] (a live engine of the same model, checked when the config is read)."""
+        return self.rescorer if self.reference.kind == "recorded" and self.rescorer else self.reference
 
 
 class _Lines:
@@ -80,6 +88,13 @@ class _Lines:
                     return i
                 continue
             if in_table and re.match(rf'^["\']?{re.escape(key)}["\']?\s*=', s):
+                return i
+        return None
+
+    def header(self, table: str) -> int | None:
+        """The line of a `[table]` header."""
+        for i, line in enumerate(self.lines, start=1):
+            if line.strip().startswith("[") and line.strip().strip("[]").strip() == table:
                 return i
         return None
 
@@ -176,6 +191,9 @@ def parse_gate_config(
     except ConfigError as e:
         raise ConfigError(str(e), path=path, line=lines.find("policy")) from None
     prompts = Path(_get(data, "prompts", str, "", lines))
+    arms = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
+            if role in data}
+    speed = _speed(data["speed"], arms, lines) if "speed" in data else None
     return GateConfig(
         name=_get(data, "name", str, Path(path).stem, lines),
         path=path,
@@ -188,10 +206,37 @@ def parse_gate_config(
         output_dir=Path(_get(data, "output_dir", str, "reports", lines)),
         diagnose=_get(data, "diagnose", bool, True, lines),
         drift=_get(data, "drift", bool, False, lines),
-        reference=_arm("reference", data["reference"], lines, base_dir),
-        candidate=_arm("candidate", data["candidate"], lines, base_dir) if "candidate" in data else None,
-        rescorer=_arm("rescorer", data["rescorer"], lines, base_dir) if "rescorer" in data else None,
+        reference=arms["reference"],
+        candidate=arms.get("candidate"),
+        rescorer=arms.get("rescorer"),
+        speed=speed,
     )
+
+
+def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig:
+    """[speed], and the rule that it times live engines: a recorded candidate is refused; a
+    recorded reference is stood in for by the [rescorer] only when that serves the same model."""
+
+    def line_of(key: str) -> int | None:
+        return lines.find(key, "speed") or lines.header("speed") or lines.find("speed")
+
+    line_of.path = lines.path  # type: ignore[attr-defined]
+    speed = parse_speed(table, line_of)
+    where = {"path": lines.path, "line": line_of("speed")}
+    cand = arms.get("candidate")
+    if cand is not None and cand.kind == "recorded":
+        raise ConfigError("[speed] times live engines, and the [candidate] is a stored run (kind = \"recorded\"): "
+                          "point [candidate] at a live engine, or drop [speed]", **where)
+    ref, rescorer = arms["reference"], arms.get("rescorer")
+    if ref.kind == "recorded":
+        model = getattr(ref.options, "model", None)
+        if rescorer is None or rescorer.kind == "recorded" or model is None \
+                or getattr(rescorer.options, "model", None) != model:
+            raise ConfigError(
+                "[speed] times live engines, and the [reference] is a stored baseline (kind = \"recorded\"): "
+                "point [reference] at a live engine, or give the gate a live [rescorer] with the same "
+                "`model` as the recorded reference's `model` (it then stands in as the speed reference)", **where)
+    return speed
 
 
 def load_gate_config(

@@ -33,6 +33,7 @@ from strict_gate.records import Run, Sampling, now_iso, write_text_atomic
 from strict_gate.redact import redact_toml, scrub_tree
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
+from strict_gate.speed.bench import gate_speed
 from strict_gate.staleness import baseline_staleness
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
@@ -186,7 +187,7 @@ def compare_run_dirs(
 
 
 def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float, report_dir: Path,
-              *, reference_live: bool = True) -> Engine | None:
+              *, reference_live: bool = True, built: Engine | None = None) -> Engine | None:
     """The engine that re-scores divergences: the live reference, else the [rescorer] arm.
     One not already loaded (a baseline's rescorer, the reference of a resumed gate whose
     reference arm had finished) is used only when something diverged."""
@@ -203,7 +204,7 @@ def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, b
         return reference
     if cfg.rescorer is None:
         return None
-    return build_rescorer(cfg, report_dir)
+    return built or build_rescorer(cfg, report_dir)  # built: the speed arm's stand-in, one load for both
 
 
 def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
@@ -340,12 +341,15 @@ def play_gate(
     problems: list[str] = []
     done = {role: run for role, run in prior.items() if run.complete}
     drift, drift_notes = None, []
+    speed, speed_ref = gate_speed(cfg, inputs, reference, candidate, lambda: build_rescorer(cfg, report_dir))
     try:
         try:
             cand_run = done.get("candidate") or _arm(
                 candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems,
                 prior.get("candidate"),
             )
+            if speed is not None:  # timed on the engine the arm just ran, before it is stopped
+                speed.measure("candidate", candidate, report_dir / "candidate")
             if cfg.drift and reference.kind == "recorded":  # the baseline's tokens are known: no extra load
                 drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
@@ -357,7 +361,8 @@ def play_gate(
         )
         ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
         rescorer = (
-            _rescorer(cfg, reference, ref_run, cand_run, band, report_dir, reference_live="reference" not in done)
+            _rescorer(cfg, reference, ref_run, cand_run, band, report_dir, reference_live="reference" not in done,
+                      built=speed_ref if speed_ref is not reference else None)
             if cfg.diagnose else None
         )
         try:
@@ -368,9 +373,12 @@ def play_gate(
             )
             if rescorer is not None and rescorer is not reference and result.diagnoses:
                 result = replace(result, rescorer=rescorer.info())
+            if speed is not None:
+                speed.measure("reference", speed_ref, report_dir / "reference")
+                result = replace(result, speed=speed.result())
         finally:
-            if rescorer is not None and rescorer is not reference:
-                _close(rescorer, report_dir / "reference")
+            for extra in {id(e): e for e in (rescorer, speed_ref) if e is not None and e is not reference}.values():
+                _close(extra, report_dir / "reference")
         if cfg.drift and reference.kind != "recorded":
             if "reference" in owned:
                 _close(reference, report_dir / "reference")  # one engine at a time: the candidate restarts

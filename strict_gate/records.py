@@ -173,9 +173,13 @@ class Sampling:
     max_tokens: int
     top_logprobs: int
     temperature: float = 0.0
+    ignore_eos: bool = False  # generate exactly max_tokens (the speed arm); never set for a token gate
 
     def to_json(self) -> dict:
-        return {"max_tokens": self.max_tokens, "top_logprobs": self.top_logprobs, "temperature": self.temperature}
+        out = {"max_tokens": self.max_tokens, "top_logprobs": self.top_logprobs, "temperature": self.temperature}
+        if self.ignore_eos:  # absent in every run a gate writes: run@1 unchanged
+            out["ignore_eos"] = True
+        return out
 
 
 @dataclass(frozen=True)

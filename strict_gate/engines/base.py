@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,10 @@ class Engine(ABC):
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
+    # The speed arm (strict_gate/speed): what it may ask of an engine, timed from outside.
+    measurable: ClassVar[bool] = True  # a live engine (a stored run has no speed)
+    streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives
+    can_batch: ClassVar[bool] = False  # generate_batch() serves several sequences at once
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options
@@ -118,6 +122,20 @@ class Engine(ABC):
         """Teacher-forced: for each continuation token, its logprob and the top-k given the prefix."""
         raise NotImplementedError(f"engine {self.kind!r} cannot score")
 
+    # -- the speed arm
+    def speed_settings(self) -> dict:
+        """What the matched-config check compares (dtype, eager, kv_cache, prefix_cache,
+        max_context); a key that is absent or None is unknown, never assumed."""
+        return {}
+
+    def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token: Callable[[int], None]) -> Record:
+        """Generate one prompt, calling on_token(n) as n new tokens arrive (only if `streams`)."""
+        raise NotImplementedError(f"engine {self.kind!r} does not stream")
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        """Every prompt in flight at once, one record each (only if `can_batch`)."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot serve a batch")
+
     @contextmanager
     def scoped_env(self):
         """Apply this arm's env switches for an in-process call and restore them after."""
@@ -169,6 +187,18 @@ def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
     if given and given.startswith(BUNDLED_PREFIX):
         return given
     return resolved
+
+
+def model_max_context(model_path: str) -> int | None:
+    """The context a model directory's config.json declares (max_position_embeddings), else None."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int]) -> str:

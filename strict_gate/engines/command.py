@@ -17,6 +17,7 @@ from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, find_tokenizer_json
 from strict_gate.engines.command_process import PROTOCOL, EngineProcess
+from strict_gate.engines.command_speed import TokenEvents, hello_settings, speed_fields
 from strict_gate.engines.command_replies import ReplyError, generate_record, scored_steps
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
@@ -138,7 +139,15 @@ class CommandEngine(EngineProcess, Engine):
         for p in prompts:
             yield self._generate_one(p, sampling)
 
-    def _generate_one(self, p: PromptInput, sampling: Sampling) -> Record:
+    def speed_settings(self) -> dict:
+        return hello_settings(self.hello)
+
+    def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
+        self.start()
+        events = TokenEvents(prompt.id, on_token)
+        return events.check(self._generate_one(prompt, sampling, events), self._fail)
+
+    def _generate_one(self, p: PromptInput, sampling: Sampling, events: TokenEvents | None = None) -> Record:
         label = f"prompt {p.id!r}"
         req = {
             "op": "generate",
@@ -146,11 +155,12 @@ class CommandEngine(EngineProcess, Engine):
             "prompt_token_ids": list(p.token_ids),
             "max_tokens": sampling.max_tokens,
             "top_logprobs": sampling.top_logprobs,
+            **speed_fields(sampling, events),
         }
         if self.eos_token_ids:
             req["eos_token_ids"] = list(self.eos_token_ids)
         t0 = time.perf_counter()
-        obj = self._request(req, label)
+        obj = self._request(req, label, events)
         wall = time.perf_counter() - t0
         if "error" in obj:
             if not isinstance(obj["error"], str) or not obj["error"]:

@@ -131,6 +131,7 @@ class EngineProcess:
             raise self._fail(f'hello "versions" must be an object, got {obj["versions"]!r}')
         self.hello = obj
         self.can_score = "score" in caps  # instance attribute shadows the class default
+        self.streams = "stream" in caps  # token events for the speed arm (command_speed.py)
 
     def close(self) -> None:
         """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group.
@@ -284,7 +285,7 @@ class EngineProcess:
         return repr(os.path.basename(self.argv[0]))
 
     # -- one request, one response
-    def _request(self, req: dict, label: str) -> dict:
+    def _request(self, req: dict, label: str, on_event=None) -> dict:
         """Send req, read its response object; any failure kills the engine and raises."""
         if not self.running:
             if self._proc is not None:
@@ -298,15 +299,21 @@ class EngineProcess:
                 raise self._fail(f"{label}: it did not read its stdin within timeout_s = {self.options.timeout_s:g} s")
             except (BrokenPipeError, ConnectionResetError):
                 raise self._exited(f"before {label} was sent (stdin closed)") from None
-            raw = self._next_line(deadline, what=f"the response to {label}", timeout_name="timeout_s",
-                                  timeout=self.options.timeout_s)
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-                raise self._fail(f"{label}: malformed JSON line ({why}): {_quote(raw)}") from None
-            if not isinstance(obj, dict):
-                raise self._fail(f"{label}: the response must be a JSON object, got {_quote(raw)}")
+            while True:  # streamed token events (command_speed.py) come before the response
+                raw = self._next_line(deadline, what=f"the response to {label}", timeout_name="timeout_s",
+                                      timeout=self.options.timeout_s)
+                try:
+                    obj = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+                    raise self._fail(f"{label}: malformed JSON line ({why}): {_quote(raw)}") from None
+                if not isinstance(obj, dict):
+                    raise self._fail(f"{label}: the response must be a JSON object, got {_quote(raw)}")
+                if on_event is None or "event" not in obj:
+                    break
+                why = on_event(obj)
+                if why:
+                    raise self._fail(f"{label}: {why}: {_quote(raw)}")
             if obj.get("id") != req["id"]:
                 raise self._fail(
                     f"{label}: response carries id {obj.get('id')!r}, expected {req['id']!r} "

@@ -16,6 +16,7 @@ from strict_gate.engines.base import (
     PromptInput,
     ScoredStep,
     greedy_finish_reason,
+    model_max_context,
     portable_model_ref,
     resolve_model,
 )
@@ -42,6 +43,7 @@ class HFEngine(Engine):
     kind = "hf"
     Options = HFOptions
     can_score = True
+    can_batch = True  # left-padded batches (the speed arm's concurrency rungs)
     log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):
@@ -149,6 +151,8 @@ class HFEngine(Engine):
         gen_cfg = GenerationConfig(
             do_sample=False,
             max_new_tokens=sampling.max_tokens,
+            # ignore_eos: EOS is masked until max_tokens (logits are read before processors)
+            min_new_tokens=sampling.max_tokens if sampling.ignore_eos else None,
             eos_token_id=sorted(eos) or None,
             pad_token_id=pad,
             output_logits=True,
@@ -213,6 +217,16 @@ class HFEngine(Engine):
                 top_logprobs=tuple(top),
                 timing=Timing(ttft_s=ttft, total_s=total if len(prompts) == 1 else None),
             )
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        self.start()
+        return list(self._generate_batch(prompts, sampling))
+
+    def speed_settings(self) -> dict:
+        """transformers has no CUDA graphs or compile here: eager. Its KV cache grows as needed,
+        so it has no KV-cache setting to compare (left unknown)."""
+        return {"dtype": self.options.dtype, "eager": True, "prefix_cache": False,
+                "max_context": model_max_context(self.model_path)}
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """One forward pass over prompt + continuation; position i scores continuation[i]."""

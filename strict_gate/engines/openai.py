@@ -69,6 +69,8 @@ class OpenAIEngine(Engine):
     can_score = True
     in_process = False
     writes_log = True
+    streams = True  # server-sent events (the speed arm times each token on receipt)
+    can_batch = True  # concurrent requests, one thread each
 
     def __init__(self, options: OpenAIOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
@@ -285,7 +287,21 @@ class OpenAIEngine(Engine):
             return ServerFailed(f"openai: {self._label(s)} exited with code {code} {what}{s.process.log_tail()}")
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 
-    def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling) -> Record:
+    def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
+        self.start()
+        return self._generate_one(self.servers[0], prompt, sampling, on_token=on_token)
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        """All prompts in flight at once (a thread each), shared out over the arm's servers."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.start()
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            futures = [pool.submit(self._generate_one, self.servers[i % len(self.servers)], p, sampling)
+                       for i, p in enumerate(prompts)]
+            return [f.result() for f in futures]
+
+    def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
         body = {
             **self._extra(),
             "model": self._resolve_model(),
@@ -297,11 +313,13 @@ class OpenAIEngine(Engine):
             "logprobs": sampling.top_logprobs,
             "return_tokens_as_token_ids": True,
             "return_token_ids": True,
-            "stream": self.options.stream_timing,
+            "stream": self.options.stream_timing or on_token is not None,
         }
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extra parameter; the real token count is recorded either way
         t0 = time.perf_counter()
         try:
-            choice, ttft = s.client.complete(body)
+            choice, ttft = s.client.complete(body, on_token)
         except Unreachable as e:  # includes ServerExited
             raise self._died(s, f"on prompt {p.id!r}: {e}") from None
         except HTTPStatus as e:

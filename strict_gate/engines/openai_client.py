@@ -164,14 +164,16 @@ class OpenAIClient:
             raise last
         raise Unreachable(f"{last} (after {retries + 1} attempts)")
 
-    def complete(self, body: dict) -> tuple[dict, float | None]:
-        """One completion: (its choice, time to first token when streamed, else None)."""
+    def complete(self, body: dict, on_token: Callable[[int], None] | None = None) -> tuple[dict, float | None]:
+        """One completion: (its choice, time to first token when streamed, else None).
+        Streamed, on_token(n) is called as each chunk brings n new tokens (the speed arm)."""
         t0 = time.perf_counter()
         if body.get("stream"):
-            return self._stream(body, t0)
+            return self._stream(body, t0, on_token)
         return choice_of(self.call("POST", "/v1/completions", body)), None
 
-    def _stream(self, body: dict, t0: float) -> tuple[dict, float | None]:
+    def _stream(self, body: dict, t0: float, on_token: Callable[[int], None] | None = None
+                ) -> tuple[dict, float | None]:
         """Stream one completion (SSE) and fold its chunks into one choice; TTFT = first token."""
         resp = self.call("POST", "/v1/completions", body, stream=True)
         merged: dict = {"logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": []}, "token_ids": None}
@@ -209,6 +211,8 @@ class OpenAIClient:
                             merged["finish_reason"] = ch["finish_reason"]
                         if n_new and ttft is None:
                             ttft = time.perf_counter() - t0
+                        if n_new and on_token is not None:
+                            on_token(n_new)
         except (TimeoutError, ConnectionError, HTTPException, OSError) as e:
             self.alive()
             raise Unreachable(f"the stream broke: {type(e).__name__}: {e}") from None

@@ -64,7 +64,7 @@ from enum import Enum
 
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
 from strict_gate.engines.process import signals_deferred
-from strict_gate.engines.vllm_args import unknown_llm_args
+from strict_gate.engines.vllm_args import unknown_llm_args, vllm_speed_settings
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.options import Fraction, PositiveInt, did_you_mean
 from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
@@ -159,6 +159,7 @@ class VLLMEngine(Engine):
     kind = "vllm"
     Options = VLLMOptions
     can_score = True
+    can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
     log_libraries = ("vllm", "transformers")
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
@@ -373,7 +374,8 @@ class VLLMEngine(Engine):
         """transformers' AutoTokenizer on the model: what vLLM uses (special tokens added)."""
         return list(self._tokenizer()(text).input_ids)
 
-    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling, *, batch_all: bool = False
+                 ) -> Iterator[Record]:
         if sampling.temperature != 0:
             raise ConfigError(f"vllm: the gate decodes greedily; temperature {sampling.temperature} is not 0")
         self.check_top_logprobs(sampling.top_logprobs)
@@ -381,8 +383,9 @@ class VLLMEngine(Engine):
         self.check_top_logprobs(sampling.top_logprobs)  # the cap vLLM actually uses
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=sampling.max_tokens, logprobs=sampling.top_logprobs)
-        bs = self.options.batch
+        params = SamplingParams(temperature=0.0, max_tokens=sampling.max_tokens, logprobs=sampling.top_logprobs,
+                                ignore_eos=sampling.ignore_eos)
+        bs = len(prompts) if batch_all else self.options.batch
         for i in range(0, len(prompts), bs):
             yield from self._generate_batch(prompts[i : i + bs], params)
 
@@ -404,6 +407,12 @@ class VLLMEngine(Engine):
             raise EngineError(f"vllm: {len(outs)} outputs for {len(prompts)} prompts ({names})")
         for p, out in zip(prompts, outs):
             yield self._record(p, out, total if len(prompts) == 1 else None)
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        return list(self.generate(prompts, sampling, batch_all=True))
+
+    def speed_settings(self) -> dict:
+        return vllm_speed_settings(self.options, self._effective or {}, self.model_path)
 
     @staticmethod
     def _ttft(out) -> float | None:

@@ -68,3 +68,27 @@ def unknown_llm_args(names: list[str]) -> tuple[list[str], set[str]]:
     if known is None:
         return [], set()
     return [n for n in names if n not in known], known
+
+
+def vllm_speed_settings(options, effective: dict, model_path: str) -> dict:
+    """The matched-config facts of a vLLM arm: what vLLM chose where it has started, else the
+    options, else vLLM's defaults (compiled unless enforce_eager; prefix caching on)."""
+    from strict_gate.engines.base import model_max_context
+
+    def pick(name, default=None):
+        for source in (effective, options.engine_args):
+            if source.get(name) is not None:
+                return source[name]
+        value = getattr(options, name, None)
+        return default if value is None else value
+
+    dtype = str(pick("dtype", options.dtype)).removeprefix("torch.")
+    kv_bytes, util = pick("kv_cache_memory_bytes"), pick("gpu_memory_utilization")
+    kv = f"kv_cache_memory_bytes={kv_bytes}" if kv_bytes else f"gpu_memory_utilization={util}" if util else None
+    return {
+        "dtype": None if dtype == "auto" else dtype,
+        "eager": bool(pick("enforce_eager", False)),
+        "kv_cache": kv,
+        "prefix_cache": bool(pick("enable_prefix_caching", True)),
+        "max_context": pick("max_model_len") or model_max_context(model_path),
+    }

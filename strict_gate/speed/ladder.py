@@ -1,0 +1,122 @@
+"""The ladder: which rungs run, and the identical inputs both arms are fed on each.
+
+Ladder prompts are synthesised token ids, drawn by a seeded generator from the model's
+vocabulary minus its special and added tokens (so no EOS or BOS in the middle of a prompt).
+Each request of each repetition gets its own prompt, so no request reads a KV prefix cached
+by an earlier one; the seeds depend only on the rung, the repetition and the request, so
+both arms get the very same ids. Rungs longer than the models' context are dropped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from strict_gate.engines.base import Engine, PromptInput, find_tokenizer_json
+from strict_gate.speed.config import SpeedConfig
+from strict_gate.speed.model import Rung
+
+
+@dataclass(frozen=True)
+class TokenSpace:
+    """Ids a synthesised prompt may use."""
+
+    vocab_size: int
+    avoid: frozenset[int]
+
+    def draw(self, seed: str, n: int) -> tuple[int, ...]:
+        rng = random.Random(seed)
+        out: list[int] = []
+        while len(out) < n:
+            t = rng.randrange(self.vocab_size)
+            if t not in self.avoid:
+                out.append(t)
+        return tuple(out)
+
+
+def token_space(engines: list[Engine]) -> TokenSpace | None:
+    """The vocabulary and special ids from a tokenizer.json either arm names, else None."""
+    for engine in engines:
+        refs = [getattr(engine, name, None) for name in ("tokenizer_path", "_tokenizer_path", "model_path")]
+        refs += [getattr(engine.options, name, None) for name in ("tokenizer", "model")]
+        for ref in refs:
+            tok = find_tokenizer_json(ref, engine.base_dir) if isinstance(ref, str) else None
+            if tok is not None:
+                space = _read_space(tok)
+                if space is not None:
+                    return space
+    return None
+
+
+def _read_space(tok: Path) -> TokenSpace | None:
+    try:
+        data = json.loads(tok.read_text(encoding="utf-8"))
+        vocab = data.get("model", {}).get("vocab")
+        size = len(vocab) if isinstance(vocab, (dict, list)) else 0
+        avoid = {int(t["id"]) for t in data.get("added_tokens") or [] if isinstance(t.get("id"), int)}
+        config = tok.parent / "config.json"
+        if config.is_file():
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+            size = cfg.get("vocab_size") or size
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                ids = cfg.get(key)
+                avoid.update(i for i in (ids if isinstance(ids, list) else [ids]) if isinstance(i, int))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    if not isinstance(size, int) or size <= len(avoid):
+        return None
+    return TokenSpace(size, frozenset(avoid))
+
+
+@dataclass(frozen=True)
+class Ladder:
+    rungs: tuple[Rung, ...]
+    notes: tuple[str, ...]
+    space: TokenSpace | None
+    gate_inputs: tuple[PromptInput, ...]
+    seed: int
+
+    def inputs(self, rung: Rung, rep: int, request: str) -> list[list[PromptInput]]:
+        """Units of one repetition: the gate rung is one unit per prompt (one after another),
+        a ladder rung one unit of `concurrency` sequences in flight together."""
+        if rung.prompt_tokens is None:
+            return [[p] for p in self.gate_inputs]
+        if self.space is None:
+            raise LookupError("ladder prompts need the model's vocabulary: give either arm a `tokenizer` "
+                              "(a tokenizer.json or a model directory holding one)")
+        return [[PromptInput(f"{rung.name}#{rep}-{request}-{i}",
+                             self.space.draw(f"{self.seed}:{rung.name}:{rep}:{request}:{i}", rung.prompt_tokens))
+                 for i in range(rung.concurrency)]]
+
+
+def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, gate_inputs, engines: list[Engine]) -> Ladder:
+    """The rungs both arms run, in order; dropped rungs and skipped concurrency levels as notes."""
+    notes: list[str] = []
+    limits = [s["max_context"] for s in (e.speed_settings() for e in engines)
+              if isinstance(s.get("max_context"), int)]
+    context = min(limits) if limits else None
+    single = [e.kind for e in engines if not e.can_batch]
+    for c in cfg.concurrency:
+        if c > 1 and single:
+            notes.append(f"concurrency {c} skipped: the {' and '.join(sorted(set(single)))} engine kind "
+                         "serves one sequence at a time")
+    rungs: list[Rung] = []
+    for spec in cfg.rungs:
+        if spec.is_gate:
+            rungs.append(Rung("gate", None, gate_max_tokens, 1, len(gate_inputs)))
+            continue
+        need = spec.prompt_tokens + spec.max_tokens
+        if context is not None and need > context:
+            notes.append(f"rung {spec.name} dropped: {need} tokens exceed the models' max context ({context})")
+            continue
+        for c in cfg.concurrency:
+            if c > 1 and single:
+                continue
+            name = spec.name if c == 1 else f"{spec.name}@{c}"
+            rungs.append(Rung(name, spec.prompt_tokens, spec.max_tokens, c, c))
+    if context is None:
+        notes.append("the models' max context is unknown: no rung was checked against it")
+    space = token_space(engines) if any(r.prompt_tokens for r in rungs) else None
+    return Ladder(tuple(rungs), tuple(notes), space, tuple(gate_inputs), cfg.seed)

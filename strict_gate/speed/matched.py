@@ -1,0 +1,71 @@
+"""The matched-config check: are the two arms timed under the same conditions?
+
+By construction both arms get the same rungs, concurrency and prompt ids; what the engines
+did with them is checked from their records (the prompt ids they echo, the tokens they
+generated). Engine settings that move speed are compared where both arms state them
+(Engine.speed_settings: dtype, eager vs compiled / CUDA graphs, KV-cache sizing, prefix
+caching); a setting one arm does not state is listed as unchecked, never assumed equal.
+
+A difference is a Mismatch; it is `flattering` when it makes the candidate's ratio look
+better than a matched run would: a reference in eager mode against a compiled candidate (a
+slow denominator), a candidate in a narrower dtype, prefix caching on the candidate only.
+The opposite differences are reported too, as unflattering.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from strict_gate.speed.measure import ArmMeasurement
+from strict_gate.speed.model import Mismatch, Rung
+
+DTYPE_BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16, "fp8": 8, "float8": 8, "int8": 8, "int4": 4}
+SETTINGS = ("dtype", "eager", "kv_cache", "prefix_cache")
+
+
+def _setting(name: str, ref, cand) -> Mismatch:
+    flattering, why = False, ""
+    if name == "eager":
+        flattering = ref is True and cand is False
+        why = ("an eager reference against a compiled candidate: a flattering denominator" if flattering
+               else "a compiled reference against an eager candidate: unflattering to the candidate")
+    elif name == "dtype":
+        rb, cb = DTYPE_BITS.get(str(ref)), DTYPE_BITS.get(str(cand))
+        flattering = rb is not None and cb is not None and cb < rb
+        why = "the candidate computes in a narrower dtype" if flattering else "the arms compute in different dtypes"
+    elif name == "prefix_cache":
+        flattering = cand is True and ref is False
+        why = "prefix caching on the candidate only" if flattering else "prefix caching on the reference only"
+    else:
+        why = "the arms size their KV cache differently"
+    return Mismatch(name, ref, cand, flattering, why)
+
+
+def check_matched(ref: ArmMeasurement, cand: ArmMeasurement, rungs: tuple[Rung, ...]
+                  ) -> tuple[tuple[Mismatch, ...], tuple[str, ...]]:
+    """(mismatches, notes) for two measured arms."""
+    out: list[Mismatch] = []
+    notes: list[str] = []
+    unknown = []
+    for name in SETTINGS:
+        r, c = ref.settings.get(name), cand.settings.get(name)
+        if r is None or c is None:
+            unknown.append(name)
+        elif r != c:
+            out.append(_setting(name, r, c))
+    if unknown:
+        notes.append(f"matched check: {', '.join(unknown)} not stated by both arms, not checked")
+    for rung in rungs:
+        a, b = ref.rungs.get(rung.name), cand.rungs.get(rung.name)
+        if a is None or b is None or a.error or b.error:
+            continue
+        if a.prompt_sha256 != b.prompt_sha256:
+            out.append(Mismatch("prompt_set", a.prompt_sha256, b.prompt_sha256, False,
+                                f"rung {rung.name}: the engines echo different prompt ids (re-tokenized or truncated)"))
+        ta = int(statistics.median(a.tokens_per_seq)) if a.tokens_per_seq else 0
+        tb = int(statistics.median(b.tokens_per_seq)) if b.tokens_per_seq else 0
+        if ta != tb:
+            out.append(Mismatch("output_tokens", ta, tb, False,
+                                f"rung {rung.name}: the arms generated different lengths "
+                                "(an engine that does not honour ignore_eos stopped early)"))
+    return tuple(out), tuple(notes)

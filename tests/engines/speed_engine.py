@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""A command engine with a known speed, for the speed arm's method tests.
+
+    python speed_engine.py [--ttft S] [--per-token S] [--stream] [--eos-at N] [--hello-json JSON]
+
+It sleeps --ttft seconds before its first token and --per-token seconds before each later
+one (defaults 0.2 and 0.05), so the gate must measure TTFT ~ 0.2 s and decode ~ 20 tok/s.
+--stream declares the "stream" capability and writes a token event per token as it is made.
+Without "ignore_eos" in a request it stops at token --eos-at (when given), as an EOS would.
+--hello-json merges extra fields into the hello (e.g. '{"eager": false, "dtype": "float32"}').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def send(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ttft", type=float, default=0.2)
+    ap.add_argument("--per-token", type=float, default=0.05)
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--eos-at", type=int, default=0)
+    ap.add_argument("--hello-json", default="{}")
+    args = ap.parse_args()
+    caps = ["generate", "stream"] if args.stream else ["generate"]
+    send({"hello": "strict-gate/engine@1", "name": "speed-engine", "version": "1", "capabilities": caps,
+          **json.loads(args.hello_json)})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("op") == "shutdown":
+            return
+        n = req["max_tokens"]
+        if args.eos_at and not req.get("ignore_eos"):
+            n = min(n, args.eos_at)
+        base = req["prompt_token_ids"][-1] if req["prompt_token_ids"] else 0
+        toks, t0 = [], time.perf_counter()
+        for i in range(n):
+            time.sleep(args.ttft if i == 0 else args.per_token)
+            toks.append((base + i + 1) % 1000)
+            if args.stream and req.get("stream"):
+                send({"event": "token", "id": req["id"], "token_id": toks[-1]})
+        k = max(1, req.get("top_logprobs", 1))
+        send({
+            "id": req["id"],
+            "token_ids": toks,
+            "finish_reason": "length" if len(toks) == req["max_tokens"] else "stop",
+            "top_logprobs": [[[t, -0.1]] + [[(t + 1 + j) % 1000, -5.0 - j] for j in range(k - 1)] for t in toks],
+            "timing": {"ttft_s": args.ttft, "total_s": time.perf_counter() - t0},
+        })
+
+
+if __name__ == "__main__":
+    main()
