@@ -83,6 +83,9 @@ class _FakeHandler(BaseHTTPRequestHandler):
             with open(st["events"], "a") as f:
                 f.write("request\n")
         time.sleep(st["delay"])
+        pace = st.get("pace")  # (ttft, per_token): a server with a known speed (test_speed.py)
+        if pace and not body.get("stream"):
+            time.sleep(pace[0] + pace[1] * (body["max_tokens"] - 1))
         if st["mode"] == "die" and n > st["die_after"]:
             # Stop listening and drop this connection without an answer: the process "died".
             self.close_connection = True
@@ -124,6 +127,8 @@ class _FakeHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             lp = choice.get("logprobs") or {}
             for i, t in enumerate(gen):
+                if pace:
+                    time.sleep(pace[0] if i == 0 else pace[1])
                 ch = {"index": 0, "text": f"tok{t}", "finish_reason": "length" if i == len(gen) - 1 else None}
                 if lp:
                     ch["logprobs"] = {key: lp[key][i : i + 1] for key in ("tokens", "token_logprobs", "top_logprobs")}
@@ -137,12 +142,13 @@ class _FakeHandler(BaseHTTPRequestHandler):
         self._send(200, {"object": "text_completion", "model": "fake-model", "choices": [choice]})
 
 
-def _make_fake(mode="ids", *, die_after=0, status=0, prompt_logprobs=True, port=0, delay=0.0, events=None):
+def _make_fake(mode="ids", *, die_after=0, status=0, prompt_logprobs=True, port=0, delay=0.0, events=None,
+               pace=None):
     srv = ThreadingHTTPServer(("127.0.0.1", port), _FakeHandler)
     srv.daemon_threads = True
     srv.state = {
         "mode": mode, "die_after": die_after, "status": status, "prompt_logprobs": prompt_logprobs,
-        "posts": [], "gets": [], "delay": delay, "events": events,
+        "posts": [], "gets": [], "delay": delay, "events": events, "pace": pace,
     }
     return srv
 

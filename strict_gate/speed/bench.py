@@ -83,16 +83,22 @@ class SpeedSession:
         both = [a for a in (ref, cand) if a is not None]
         streamed = len(both) == 2 and all(a.streams for a in both)
         method = Method.STREAM if streamed else Method.TWO_REQUEST
-        rungs = []
+        rungs, dropped = [], []
         for rung in self.ladder.rungs:
             arm_rungs = {role: a.rungs.get(rung.name) for role, a in self.arms.items()}
+            over = {role: r.over_context for role, r in arm_rungs.items() if r is not None and r.over_context}
+            if over:
+                dropped.append(f"rung {rung.name} dropped: {rung.prompt_tokens + rung.max_tokens} tokens exceed "
+                               + ", ".join(f"the {role}'s max context ({n})" for role, n in over.items()))
+                continue
             errors = [f"{role}: {self.failed[role]}" for role in ROLES if role in self.failed]
             errors += [f"{role}: {r.error}" for role, r in arm_rungs.items() if r is not None and r.error]
             figs = {role: figures(r, method) if r is not None else None for role, r in arm_rungs.items()}
             rungs.append(RungResult(rung, figs.get("reference"), figs.get("candidate"),
                                     "; ".join(errors) if errors else None))
-        mismatches, matched_notes = check_matched(ref, cand, self.ladder.rungs) if ref and cand else ((), ())
-        notes = (*self.notes, *self.ladder.notes, *matched_notes)
+        kept = tuple(r.rung for r in rungs)
+        mismatches, matched_notes = check_matched(ref, cand, kept) if ref and cand else ((), ())
+        notes = (*self.notes, *self.ladder.notes, *dropped, *matched_notes)
         notes += tuple(f"{role} not measured: {why}" for role, why in self.failed.items())
         return SpeedResult(method, self.cfg.runs, self.cfg.warmup, tuple(rungs), mismatches,
                            judge_speed(rungs, self.cfg.min_speed_ratio), machine=machine(), notes=notes)

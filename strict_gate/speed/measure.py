@@ -54,6 +54,7 @@ class ArmRung:
     prompt_sha256: str = ""
     tokens_per_seq: list[int] = field(default_factory=list)
     self_ttft: list[float] = field(default_factory=list)
+    over_context: int | None = None  # not run: longer than the context this engine stated once started
 
 
 @dataclass
@@ -133,8 +134,13 @@ def measure_arm(engine: Engine, ladder: Ladder, runs: int, warmup: int,
                 on_rung: Callable[[str], None] | None = None) -> ArmMeasurement:
     """Every rung of the ladder on one started engine (start() is idempotent for every kind)."""
     engine.start()
+    context = engine.speed_settings().get("max_context")  # a command engine's hello states it only now
     rungs = {}
     for rung in ladder.rungs:
+        if rung.prompt_tokens is not None and isinstance(context, int) \
+                and rung.prompt_tokens + rung.max_tokens > context:
+            rungs[rung.name] = ArmRung(over_context=context)
+            continue
         if on_rung is not None:
             on_rung(rung.name)
         rungs[rung.name] = measure_rung(engine, ladder, rung, runs, warmup)

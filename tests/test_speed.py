@@ -1,0 +1,249 @@
+"""The speed arm without a model: [speed] parsing, the method on engines with a known speed,
+the matched-config check, the exit-code rule, the recorded-arm rule.
+
+The fake engines sleep 0.2 s before their first token and 0.05 s (or 0.025 s) per later token,
+long enough to dominate scheduling noise on a shared 2-core machine: TTFT and decode are
+asserted within +-30 % here, the one place timing is asserted, because the method itself is
+under test (tests/engines/speed_engine.py, the fake OpenAI server of test_openai_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+from strict_gate.config import load_gate_config
+from strict_gate.errors import ConfigError
+from strict_gate.speed.bench import run_bench
+from strict_gate.speed.matched import check_matched
+from strict_gate.speed.measure import ArmMeasurement
+from strict_gate.speed.model import Figure, Method, Ratio, SpeedVerdictKind
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = Path(__file__).parent / "engines" / "speed_engine.py"
+TTFT, PER_TOKEN = 0.2, 0.05
+runner = CliRunner()
+
+
+def command_arm(*flags: str) -> str:
+    argv = json.dumps(["python", str(ENGINE), *flags])
+    return f'kind = "command"\ncommand = {argv}\ntokenizer = "bundled:tiny-llama"\n'
+
+
+def gate_file(tmp_path: Path, reference: str, candidate: str, speed: str, extra: str = "") -> Path:
+    path = tmp_path / "gate.toml"
+    prompts = tmp_path / "two.jsonl"  # the gate rung: two prompts keep the timing tests short
+    prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
+    path.write_text(
+        f'name = "speed-test"\nprompts = "{prompts}"\nmax_tokens = 4\n'
+        f'output_dir = "{tmp_path / "out"}"\n{extra}\n[reference]\n{reference}\n[candidate]\n{candidate}\n'
+        f"[speed]\n{speed}\n"
+    )
+    return path
+
+
+def within(got: float, want: float, tol: float = 0.3) -> bool:
+    return abs(got - want) <= tol * want
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("speed, words", [
+    ("runz = 3", "unknown key 'runz'"),
+    ('rungs = ["128x128"]', "is not"),
+    ('rungs = ["0/8"]', ">= 1"),
+    ("min_speed_ratio = 0", "> 0"),
+    ("min_speed_ratio = { decode = -1.0 }", "> 0"),
+    ("min_speed_ratio = { decod = 0.9 }", "unknown figure"),
+    ("concurrency = [0]", "concurrency"),
+    ("runs = 0", "runs"),
+])
+def test_bad_speed_config_is_exit_2_with_file_and_line(tmp_path, speed, words):
+    path = gate_file(tmp_path, command_arm(), command_arm(), f"warmup = 0\n{speed}")
+    with pytest.raises(ConfigError) as e:
+        load_gate_config(path)
+    assert words in str(e.value) and f"{path}:" in str(e.value)
+    line = int(str(e.value).split(f"{path}:")[1].split(":")[0])
+    assert path.read_text().splitlines()[line - 1].strip() == speed
+    result = runner.invoke(app, ["bench", str(path)])
+    assert result.exit_code == 2, result.output
+
+
+def test_a_bare_number_is_the_decode_bar_and_defaults_hold(tmp_path):
+    cfg = load_gate_config(gate_file(tmp_path, command_arm(), command_arm(), "min_speed_ratio = 0.9"))
+    assert cfg.speed.min_speed_ratio == {"decode": 0.9}
+    assert (cfg.speed.warmup, cfg.speed.runs, cfg.speed.concurrency) == (1, 5, (1,))
+    assert [r.name for r in cfg.speed.rungs] == ["128/128", "1024/128", "4096/128", "gate"]
+
+
+def test_a_recorded_arm_is_refused(tmp_path):
+    recorded = f'kind = "recorded"\npath = "{ROOT / "baselines" / "tiny-llama-vllm-fp32"}"\nmodel = "bundled:tiny-llama"\n'
+    with pytest.raises(ConfigError, match="live engine"):
+        load_gate_config(gate_file(tmp_path, command_arm(), recorded, "runs = 1"))
+    path = gate_file(tmp_path, recorded, command_arm(), "runs = 1")
+    with pytest.raises(ConfigError, match=r"\[rescorer\]"):
+        load_gate_config(path)
+    assert runner.invoke(app, ["bench", str(path)]).exit_code == 2
+    # a live [rescorer] of the same model stands in as the speed reference
+    rescorer = '\n[rescorer]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
+    path.write_text(path.read_text() + rescorer)
+    cfg = load_gate_config(path)
+    assert cfg.speed_reference.kind == "hf"
+
+
+# ---------------------------------------------------------------------------- the method
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_command_engine_is_measured_within_tolerance(tmp_path, stream):
+    flags = ("--stream",) if stream else ()
+    path = gate_file(tmp_path, command_arm(*flags), command_arm(*flags, "--per-token", "0.025"),
+                     'warmup = 0\nruns = 2\nrungs = ["16/9", "gate"]\nconcurrency = [1, 2]\n'
+                     "min_speed_ratio = { decode = 1.5, ttft = 0.7 }")
+    result = run_bench(load_gate_config(path)).result
+    assert result.method is (Method.STREAM if stream else Method.TWO_REQUEST)
+    ladder = result.rungs[0]
+    assert ladder.rung.name == "16/9" and ladder.reference.tokens == ladder.candidate.tokens == 9
+    assert within(ladder.reference.ttft_s.median, TTFT) and within(ladder.candidate.ttft_s.median, TTFT)
+    assert within(ladder.reference.decode_tok_s.median, 1 / PER_TOKEN)
+    assert within(ladder.candidate.decode_tok_s.median, 2 / PER_TOKEN)
+    assert within(ladder.reference.e2e_tok_s.median, 9 / (TTFT + 8 * PER_TOKEN))
+    gate = result.rungs[1]
+    assert gate.rung.prompts == 2 and gate.reference.tokens == 4
+    assert within(gate.reference.ttft_s.median, TTFT)
+    assert result.verdict.kind is SpeedVerdictKind.PASS
+    assert any("concurrency 2 skipped" in n and "command" in n for n in result.notes)
+    data = json.loads((tmp_path / "out" / "speed-test" / "speed.json").read_text())
+    assert data["method"] == result.method.value and data["verdict"] == "pass"
+
+
+def test_one_arm_not_streaming_means_two_request_for_both(tmp_path):
+    path = gate_file(tmp_path, command_arm("--stream"), command_arm(), 'warmup = 0\nruns = 1\nrungs = ["8/5"]')
+    result = run_bench(load_gate_config(path)).result
+    assert result.method is Method.TWO_REQUEST
+    assert within(result.rungs[0].reference.decode_tok_s.median, 1 / PER_TOKEN)
+
+
+def test_ignore_eos_is_sent_and_the_real_count_recorded(tmp_path):
+    # --eos-at 3 stops at 3 tokens unless the request says ignore_eos: the gate always does
+    path = gate_file(tmp_path, command_arm("--eos-at", "3", "--per-token", "0.01"),
+                     command_arm("--per-token", "0.01"), 'warmup = 0\nruns = 1\nrungs = ["8/6"]')
+    result = run_bench(load_gate_config(path)).result
+    assert result.rungs[0].reference.tokens == result.rungs[0].candidate.tokens == 6
+    assert not result.mismatches
+
+
+def test_rungs_over_the_context_are_dropped_and_hello_settings_matched(tmp_path):
+    ref = command_arm("--per-token", "0.01", "--hello-json", '{"max_context": 64, "eager": true, "dtype": "float32"}')
+    cand = command_arm("--per-token", "0.01", "--hello-json", '{"eager": false, "dtype": "bfloat16"}')
+    path = gate_file(tmp_path, ref, cand, 'warmup = 0\nruns = 1\nrungs = ["8/4", "128/8"]\nmin_speed_ratio = 0.5')
+    result = run_bench(load_gate_config(path)).result
+    assert [r.rung.name for r in result.rungs] == ["8/4"]
+    assert any("128/8 dropped" in n and "(64)" in n for n in result.notes)
+    flagged = {m.field: m.flattering for m in result.mismatches}
+    assert flagged == {"eager": True, "dtype": True}
+
+
+def test_a_bar_not_met_exits_4_and_an_engine_that_dies_is_incomplete(tmp_path):
+    path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01"),
+                     'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }')
+    result = runner.invoke(app, ["bench", str(path)])
+    assert result.exit_code == 4, result.output
+    assert "FAIL" in result.output and "8/4" in result.output
+    dead = '\n'.join(['kind = "command"', f'command = ["{sys.executable}", "-c", "import sys; sys.exit(5)"]',
+                      'tokenizer = "bundled:tiny-llama"'])
+    path = gate_file(tmp_path, dead, command_arm(), 'warmup = 0\nruns = 1\nrungs = ["gate"]\nmin_speed_ratio = 1.0')
+    result = runner.invoke(app, ["bench", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "not measured" in result.output
+
+
+def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tmp_path):
+    from strict_gate.gate import run_gate
+
+    speed = 'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }'
+    path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01"), speed,
+                     extra='policy = "strict"')
+    outcome = run_gate(load_gate_config(path))
+    assert outcome.result.verdict.verdict == "pass"  # the tokens are equal
+    assert outcome.result.speed.verdict.kind is SpeedVerdictKind.FAIL
+    assert outcome.result.exit_code == 4
+
+
+# ---------------------------------------------------------------------------- the openai kind
+
+
+@pytest.fixture
+def paced_servers():
+    from test_openai_engine import _make_fake
+
+    servers = []
+    for per_token in (PER_TOKEN, PER_TOKEN / 2):
+        srv = _make_fake("ids", pace=(TTFT, per_token))
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_openai_kind_streams_and_serves_concurrent_sequences(tmp_path, paced_servers):
+    arm = 'kind = "openai"\nbase_url = "{}"\ntokenizer = "bundled:tiny-llama"\nretries = 0\n'
+    path = gate_file(tmp_path, arm.format(paced_servers[0]), arm.format(paced_servers[1]),
+                     'warmup = 0\nruns = 2\nrungs = ["8/9"]\nconcurrency = [1, 2]')
+    result = run_bench(load_gate_config(path)).result
+    assert result.method is Method.STREAM
+    assert [r.rung.name for r in result.rungs] == ["8/9", "8/9@2"]
+    for rung, seqs in zip(result.rungs, (1, 2)):
+        assert within(rung.reference.ttft_s.median, TTFT), rung
+        assert within(rung.reference.decode_tok_s.median, seqs / PER_TOKEN), rung
+        assert within(rung.candidate.decode_tok_s.median, 2 * seqs / PER_TOKEN), rung
+        assert rung.reference.tokens == 9
+
+
+# ---------------------------------------------------------------------------- matched check
+
+
+def arm(**settings) -> ArmMeasurement:
+    return ArmMeasurement("x", settings, False, {})
+
+
+def test_matched_check_flags_a_flattering_denominator_and_states_the_unknown():
+    eager, compiled = arm(eager=True, dtype="float32"), arm(eager=False, dtype="float32")
+    (m,), notes = check_matched(eager, compiled, ())
+    assert (m.field, m.flattering) == ("eager", True)
+    (m,), _ = check_matched(compiled, eager, ())
+    assert (m.field, m.flattering) == ("eager", False)
+    assert check_matched(eager, arm(eager=True, dtype="float32"), ())[0] == ()
+    assert "kv_cache" in notes[0] and "prefix_cache" in notes[0]
+
+
+# ---------------------------------------------------------------------------- properties
+
+
+samples = st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=1, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples, samples)
+def test_ratio_spread_contains_the_median_ratio(cand, ref):
+    c, r = Figure(tuple(cand)), Figure(tuple(ref))
+    lo, hi = c.spread
+    assert lo <= c.median <= hi
+    ratio = Ratio.of(c, r)
+    assert math.isclose(ratio.median, c.median / r.median)
+    assert ratio.spread[0] <= ratio.median * (1 + 1e-12) and ratio.median <= ratio.spread[1] * (1 + 1e-12)
+    assert ratio.separable == (not ratio.spread[0] <= 1.0 <= ratio.spread[1])
+    inverse = Ratio.of(r, c)
+    assert math.isclose(inverse.median * ratio.median, 1.0)
