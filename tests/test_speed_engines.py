@@ -1,0 +1,110 @@
+"""The speed arm on the real in-process engines (transformers, vLLM) and the shipped speed gate.
+
+No timing is asserted here (the machine is shared): figures must be positive and finite, every
+sequence must be exactly max_tokens long (ignore_eos honoured), and the matched check must pass
+for matched configs and flag eager-vs-compiled. vLLM is the session's one shared engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import ROOT, VLLM_OPTIONS, need
+from typer.testing import CliRunner
+
+from strict_gate.config import load_gate_config
+from strict_gate.speed.bench import SpeedSession
+from strict_gate.speed.config import SpeedConfig, parse_rung
+from strict_gate.speed.matched import check_matched
+from strict_gate.speed.measure import ArmMeasurement
+from strict_gate.speed.model import FigureName, Method
+
+pytestmark = pytest.mark.slow
+
+
+def hf_engine(dtype: str = "float32"):
+    need("transformers")
+    from strict_gate.engines.hf import HFEngine, HFOptions
+
+    return HFEngine(HFOptions(model="bundled:tiny-llama", dtype=dtype, threads=1), base_dir=ROOT)
+
+
+def small_ladder() -> SpeedConfig:
+    return SpeedConfig(warmup=0, runs=2, rungs=(parse_rung("32/8"), parse_rung("gate")), concurrency=(1, 2))
+
+
+def gate_inputs(engine):
+    from strict_gate.prompts import load_prompts
+    from strict_gate.runner import prompt_inputs
+
+    return prompt_inputs(load_prompts(ROOT / "prompts" / "smoke.jsonl"), engine)[:2]
+
+
+def assert_sane(result, max_tokens: dict[str, int]) -> None:
+    assert [r.rung.name for r in result.rungs] == ["32/8", "32/8@2", "gate"]
+    for rung in result.rungs:
+        assert rung.error is None, rung.error
+        for arm in (rung.reference, rung.candidate):
+            assert arm.tokens == max_tokens[rung.rung.name]
+            for name in FigureName:
+                fig = arm.figure(name)
+                assert len(fig.samples) == 2 and all(math.isfinite(x) and x > 0 for x in fig.samples), (rung, name)
+
+
+@pytest.mark.vllm
+def test_hf_against_vllm_small_ladder(vllm_engine):
+    hf = hf_engine()
+    session = SpeedSession(small_ladder(), 4, gate_inputs(hf), {"reference": vllm_engine, "candidate": hf})
+    session.measure("candidate", hf)
+    session.measure("reference", vllm_engine)  # the shared engine: measured, not closed
+    result = session.result()
+    assert result.method is Method.TWO_REQUEST  # neither in-process engine streams
+    assert_sane(result, {"32/8": 8, "32/8@2": 8, "gate": 4})
+    # the session's vLLM keeps vLLM's default prefix caching; transformers has none
+    assert [(m.field, m.flattering) for m in result.mismatches] == [("prefix_cache", False)]
+    assert result.to_json()["rungs"][0]["ratio"]["decode_tok_s"]["median"] > 0
+
+
+def test_hf_against_hf_is_matched_and_bf16_flatters():
+    ref, cand = hf_engine(), hf_engine()
+    session = SpeedSession(small_ladder(), 4, gate_inputs(ref), {"reference": ref, "candidate": cand})
+    session.measure("candidate", cand)
+    session.measure("reference", ref)
+    result = session.result()
+    assert_sane(result, {"32/8": 8, "32/8@2": 8, "gate": 4})
+    assert result.matched, result.mismatches
+    low = ArmMeasurement("hf", hf_engine("bfloat16").speed_settings(), False, {})
+    (m,), _ = check_matched(ArmMeasurement("hf", ref.speed_settings(), False, {}), low, ())
+    assert (m.field, m.flattering) == ("dtype", True)
+
+
+def test_eager_reference_against_compiled_vllm_is_flagged_flattering():
+    need("transformers")
+    from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
+
+    compiled = VLLMEngine(VLLMOptions(**{**VLLM_OPTIONS, "enforce_eager": None}), base_dir=ROOT)  # not started
+    eager = VLLMEngine(VLLMOptions(**VLLM_OPTIONS), base_dir=ROOT)
+    hf = ArmMeasurement("hf", hf_engine().speed_settings(), False, {})
+    found, _ = check_matched(hf, ArmMeasurement("vllm", compiled.speed_settings(), False, {}), ())
+    m = {m.field: m for m in found}["eager"]
+    assert (m.reference, m.candidate, m.flattering) == (True, False, True)
+    mismatches, _ = check_matched(hf, ArmMeasurement("vllm", eager.speed_settings(), False, {}), ())
+    assert [m.field for m in mismatches] == ["prefix_cache"]  # eager both: only vLLM's default prefix cache
+
+
+@pytest.mark.vllm
+def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
+    need("vllm")
+    from strict_gate.cli import app
+
+    gate = ROOT / "gates" / "speed-hf-vs-vllm.toml"
+    result = CliRunner().invoke(app, ["bench", str(gate), "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "128/32" in result.output and "INFORMATIONAL" in result.output
+    data = json.loads((tmp_path / "speed-hf-vs-vllm" / "speed.json").read_text())
+    cfg = load_gate_config(gate)
+    assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
+    assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]
+    assert all(r["error"] is None and r["candidate"]["tokens"] == r["max_tokens"] for r in data["rungs"])
