@@ -247,3 +247,25 @@ def test_ratio_spread_contains_the_median_ratio(cand, ref):
     assert ratio.separable == (not ratio.spread[0] <= 1.0 <= ratio.spread[1])
     inverse = Ratio.of(r, c)
     assert math.isclose(inverse.median * ratio.median, 1.0)
+
+
+def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(tmp_path):
+    from strict_gate.gate import run_gate
+
+    engine = tmp_path / "engine.toml"
+    engine.write_text(command_arm("--per-token", "0.01") + 'model = "speed-model"\n')
+    prompts = tmp_path / "two.jsonl"
+    prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
+    baseline = tmp_path / "baseline"
+    made = runner.invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(baseline),
+                               "--max-tokens", "4"])
+    assert made.exit_code == 0, made.output
+    recorded = f'kind = "recorded"\npath = "{baseline}"\nmodel = "speed-model"\n'
+    path = gate_file(tmp_path, recorded, command_arm("--per-token", "0.01"), 'warmup = 0\nruns = 1\nrungs = ["8/4"]')
+    rescorer = command_arm("--per-token", "0.01") + 'model = "speed-model"\n'
+    path.write_text(path.read_text().replace("[speed]", f"[rescorer]\n{rescorer}\n[speed]"))
+    outcome = run_gate(load_gate_config(path))
+    assert outcome.result.verdict.verdict == "pass" and outcome.result.exit_code == 0
+    speed = outcome.result.speed
+    assert speed.rungs[0].reference is not None and speed.rungs[0].error is None
+    assert any("[rescorer]" in n for n in speed.notes)
