@@ -202,8 +202,11 @@ def bench(
     from strict_gate.speed.bench import run_bench
     from strict_gate.speed.console import print_speed
 
+    from strict_gate.engine_log import terminal_stderr
+
     cfg = load_gate_config(config)
-    outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: err.print(f"{role}: rung {rung}"))
+    status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
+    outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
     print_speed(outcome.result, console, visible(str(outcome.path)))
     raise typer.Exit(outcome.result.verdict.exit_code)
 

@@ -168,6 +168,16 @@ def test_a_bar_not_met_exits_4_and_an_engine_that_dies_is_incomplete(tmp_path):
     assert "not measured" in result.output
 
 
+def test_an_engine_that_dies_mid_ladder_is_not_restarted(tmp_path):
+    path = gate_file(tmp_path, command_arm("--per-token", "0.01", "--die-after", "1"), command_arm("--per-token", "0.01"),
+                     'warmup = 0\nruns = 2\nrungs = ["8/4", "gate"]\nmin_speed_ratio = 0.5')
+    result = run_bench(load_gate_config(path)).result
+    first, gate = result.rungs
+    assert "exited with code 7" in first.error and first.reference is None and first.candidate is not None
+    assert "not run: the engine failed on rung 8/4" in gate.error
+    assert result.verdict.kind is SpeedVerdictKind.INCOMPLETE and result.verdict.exit_code == 3
+
+
 def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tmp_path):
     from strict_gate.gate import run_gate
 

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.errors import StrictGateError
+from strict_gate.errors import EngineError, StrictGateError
 from strict_gate.records import Record, Sampling
 from strict_gate.speed.ladder import Ladder
 from strict_gate.speed.model import ArmFigures, Figure, Method, Rung
@@ -55,6 +55,7 @@ class ArmRung:
     tokens_per_seq: list[int] = field(default_factory=list)
     self_ttft: list[float] = field(default_factory=list)
     over_context: int | None = None  # not run: longer than the context this engine stated once started
+    fatal: bool = False  # the engine failed: the arm's later rungs are not run
 
 
 @dataclass
@@ -124,6 +125,8 @@ def measure_rung(engine: Engine, ladder: Ladder, rung: Rung, runs: int, warmup: 
                             out.self_ttft.append(r.timing.ttft_s)
             if rep >= warmup:
                 out.reps.append(units)
+    except EngineError as e:  # the engine itself failed: later rungs must not silently restart it
+        out.error, out.fatal = f"{engine.kind}: {e}", True
     except (StrictGateError, RuntimeError, LookupError, NotImplementedError) as e:
         out.error = f"{engine.kind}: {e}"
     out.prompt_sha256 = digest.hexdigest()
@@ -135,8 +138,12 @@ def measure_arm(engine: Engine, ladder: Ladder, runs: int, warmup: int,
     """Every rung of the ladder on one started engine (start() is idempotent for every kind)."""
     engine.start()
     context = engine.speed_settings().get("max_context")  # a command engine's hello states it only now
-    rungs = {}
+    rungs: dict[str, ArmRung] = {}
+    failed: str | None = None
     for rung in ladder.rungs:
+        if failed is not None:
+            rungs[rung.name] = ArmRung(error=f"not run: the engine failed on rung {failed}")
+            continue
         if rung.prompt_tokens is not None and isinstance(context, int) \
                 and rung.prompt_tokens + rung.max_tokens > context:
             rungs[rung.name] = ArmRung(over_context=context)
@@ -144,6 +151,8 @@ def measure_arm(engine: Engine, ladder: Ladder, runs: int, warmup: int,
         if on_rung is not None:
             on_rung(rung.name)
         rungs[rung.name] = measure_rung(engine, ladder, rung, runs, warmup)
+        if rungs[rung.name].fatal:
+            failed = rung.name
     return ArmMeasurement(engine.kind, engine.speed_settings(), engine.streams, rungs)
 
 

@@ -2,12 +2,14 @@
 """A command engine with a known speed, for the speed arm's method tests.
 
     python speed_engine.py [--ttft S] [--per-token S] [--stream] [--eos-at N] [--hello-json JSON]
+                           [--die-after N]
 
 It sleeps --ttft seconds before its first token and --per-token seconds before each later
 one (defaults 0.2 and 0.05), so the gate must measure TTFT ~ 0.2 s and decode ~ 20 tok/s.
 --stream declares the "stream" capability and writes a token event per token as it is made.
 Without "ignore_eos" in a request it stops at token --eos-at (when given), as an EOS would.
 --hello-json merges extra fields into the hello (e.g. '{"eager": false, "dtype": "float32"}').
+--die-after N exits with code 7 on request number N + 1 (an engine that crashes mid-ladder).
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--eos-at", type=int, default=0)
     ap.add_argument("--hello-json", default="{}")
+    ap.add_argument("--die-after", type=int, default=-1)
     args = ap.parse_args()
     caps = ["generate", "stream"] if args.stream else ["generate"]
     send({"hello": "strict-gate/engine@1", "name": "speed-engine", "version": "1", "capabilities": caps,
           **json.loads(args.hello_json)})
-    for line in sys.stdin:
+    for served, line in enumerate(sys.stdin):
         req = json.loads(line)
         if req.get("op") == "shutdown":
             return
+        if served == args.die_after:
+            sys.exit(7)
         n = req["max_tokens"]
         if args.eos_at and not req.get("ignore_eos"):
             n = min(n, args.eos_at)
