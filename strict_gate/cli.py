@@ -198,16 +198,18 @@ def bench(
     """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
     Exit 0, 4 below min_speed_ratio, 3 not measured while a bar is set, 2 bad input."""
     from strict_gate.config import load_gate_config
+    from strict_gate.report.console import print_speed
+    from strict_gate.report.speed_view import build
     from strict_gate.report.text import visible
     from strict_gate.speed.bench import run_bench
-    from strict_gate.speed.console import print_speed
 
     from strict_gate.engine_log import terminal_stderr
 
     cfg = load_gate_config(config)
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
     outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
-    print_speed(outcome.result, console, visible(str(outcome.path)))
+    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
+    console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
 
 

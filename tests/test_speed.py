@@ -159,7 +159,7 @@ def test_a_bar_not_met_exits_4_and_an_engine_that_dies_is_incomplete(tmp_path):
                      'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }')
     result = runner.invoke(app, ["bench", str(path)])
     assert result.exit_code == 4, result.output
-    assert "FAIL" in result.output and "8/4" in result.output
+    assert "speed: fail" in result.output and "8/4" in result.output
     dead = '\n'.join(['kind = "command"', f'command = ["{sys.executable}", "-c", "import sys; sys.exit(5)"]',
                       'tokenizer = "bundled:tiny-llama"'])
     path = gate_file(tmp_path, dead, command_arm(), 'warmup = 0\nruns = 1\nrungs = ["gate"]\nmin_speed_ratio = 1.0')

@@ -102,7 +102,7 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     gate = ROOT / "gates" / "speed-hf-vs-vllm.toml"
     result = CliRunner().invoke(app, ["bench", str(gate), "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "128/32" in result.output and "INFORMATIONAL" in result.output
+    assert "128/32" in result.output and "speed: informational" in result.output
     data = json.loads((tmp_path / "speed-hf-vs-vllm" / "speed.json").read_text())
     cfg = load_gate_config(gate)
     assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
