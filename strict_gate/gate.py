@@ -33,7 +33,7 @@ from strict_gate.records import Run, Sampling, now_iso, write_text_atomic
 from strict_gate.redact import redact_toml, scrub_tree
 from strict_gate.report import GateResult
 from strict_gate.runner import OnRecord, determinism_summary, prompt_inputs, run_arm
-from strict_gate.speed.bench import gate_speed
+from strict_gate.speed.bench import gate_speed, timed_run
 from strict_gate.staleness import baseline_staleness
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
@@ -349,7 +349,7 @@ def play_gate(
                 prior.get("candidate"),
             )
             if speed is not None:  # timed on the engine the arm just ran, before it is stopped
-                speed.measure("candidate", candidate, report_dir / "candidate")
+                timed_run(speed, "candidate", candidate, cand_run, report_dir / "candidate")
             if cfg.drift and reference.kind == "recorded":  # the baseline's tokens are known: no extra load
                 drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
@@ -374,7 +374,8 @@ def play_gate(
             if rescorer is not None and rescorer is not reference and result.diagnoses:
                 result = replace(result, rescorer=rescorer.info())
             if speed is not None:
-                speed.measure("reference", speed_ref, report_dir / "reference")
+                timed_run(speed, "reference", speed_ref, ref_run if speed_ref is reference else None,
+                          report_dir / "reference")
                 result = replace(result, speed=speed.result())
         finally:
             for extra in {id(e): e for e in (rescorer, speed_ref) if e is not None and e is not reference}.values():

@@ -279,3 +279,14 @@ def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(t
     speed = outcome.result.speed
     assert speed.rungs[0].reference is not None and speed.rungs[0].error is None
     assert any("[rescorer]" in n for n in speed.notes)
+
+
+def test_an_arm_whose_token_run_failed_is_not_restarted_to_be_timed(tmp_path):
+    from strict_gate.gate import run_gate
+
+    path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01", "--die-after", "1"),
+                     'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = 0.5')
+    result = run_gate(load_gate_config(path)).result
+    assert result.verdict.verdict == "incomplete" and result.exit_code == 3  # the token verdict's code
+    assert "candidate's token run did not complete" in result.speed.rungs[0].error
+    assert result.speed.rungs[0].reference is not None

@@ -77,6 +77,12 @@ class SpeedSession:
                                               on_rung=(lambda name: on_rung(role, name)) if on_rung else None)
         except StrictGateError as e:
             self.failed[role] = f"the {role} engine failed: {e}"
+        except Exception as e:  # an engine bug: the token verdict and the reports must still be written
+            self.failed[role] = f"the {role} engine failed: {type(e).__name__}: {e}"
+
+    def skip(self, role: str, why: str) -> None:
+        """Not measured (e.g. its token run failed: the engine is not restarted just to be timed)."""
+        self.failed[role] = why
 
     def result(self) -> SpeedResult:
         ref, cand = self.arms.get("reference"), self.arms.get("candidate")
@@ -120,6 +126,15 @@ def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, ca
     speed_ref = reference if cfg.reference.kind != "recorded" else build_rescorer()
     engines = {"reference": speed_ref, "candidate": candidate}
     return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg)), speed_ref
+
+
+def timed_run(session: SpeedSession, role: str, engine: Engine, run, run_dir: Path) -> None:
+    """Time a gate's arm on its engine, unless its token run failed (an engine that died is not
+    restarted just to be timed: the rungs say why they were not measured)."""
+    if run is not None and not run.complete:
+        session.skip(role, f"the {role}'s token run did not complete ({run.manifest.error or 'not finished'})")
+    else:
+        session.measure(role, engine, run_dir)
 
 
 @dataclass(frozen=True)
