@@ -174,7 +174,7 @@ def figures(arm: ArmRung, method: Method) -> ArmFigures | None:
         decode = [_ratio(sum(u.tokens - u.seqs for u in units), sum(u.full_wall - med for u in units))
                   for units in arm.reps]
     e2e = [_ratio(sum(u.tokens for u in units), sum(u.full_wall for u in units)) for units in arm.reps]
-    self_reported = {"record_ttft_s": statistics.median(arm.self_ttft)} if arm.self_ttft else None
+    self_reported = {"record_ttft_s": round(statistics.median(arm.self_ttft), 6)} if arm.self_ttft else None
     return ArmFigures(
         ttft_s=Figure(tuple(ttft)),
         decode_tok_s=Figure(tuple(d for d in decode if d is not None)),
