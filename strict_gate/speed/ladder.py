@@ -4,7 +4,9 @@ Ladder prompts are synthesised token ids, drawn by a seeded generator from the m
 vocabulary minus its special and added tokens (so no EOS or BOS in the middle of a prompt).
 Each request of each repetition gets its own prompt, so no request reads a KV prefix cached
 by an earlier one; the seeds depend only on the rung, the repetition and the request, so
-both arms get the very same ids. Rungs longer than the models' context are dropped, saying so.
+both arms get the very same ids. The gate rung repeats the gate's own prompts, which an
+engine with a prefix cache reuses: the matched check compares prefix caching for that reason.
+Rungs longer than the models' context are dropped, saying so.
 """
 
 from __future__ import annotations
