@@ -239,6 +239,17 @@ def test_matched_check_flags_a_flattering_denominator_and_states_the_unknown():
     assert "kv_cache" in notes[0] and "prefix_cache" in notes[0]
 
 
+def test_a_launched_vllm_server_states_its_settings_from_its_flags():
+    from strict_gate.engines.vllm_args import vllm_serve_settings
+
+    argv = ["vllm", "serve", "m", "--dtype", "float32", "--enforce-eager", "--max-model-len=512",
+            "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.3"]
+    assert vllm_serve_settings(argv) == {"dtype": "float32", "eager": True, "kv_cache": "gpu_memory_utilization=0.3",
+                                         "prefix_cache": False, "max_context": 512}
+    assert vllm_serve_settings(["vllm", "serve", "m"])["eager"] is False  # vLLM compiles by default
+    assert vllm_serve_settings(["./my-server", "--port", "1"]) == {}
+
+
 # ---------------------------------------------------------------------------- properties
 
 

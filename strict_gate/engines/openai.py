@@ -287,6 +287,12 @@ class OpenAIEngine(Engine):
             return ServerFailed(f"openai: {self._label(s)} exited with code {code} {what}{s.process.log_tail()}")
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 
+    def speed_settings(self) -> dict:
+        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown."""
+        from strict_gate.engines.vllm_args import vllm_serve_settings
+
+        return vllm_serve_settings(list(self.options.serve or []))
+
     def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
         self.start()
         return self._generate_one(self.servers[0], prompt, sampling, on_token=on_token)

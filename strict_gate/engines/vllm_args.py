@@ -92,3 +92,27 @@ def vllm_speed_settings(options, effective: dict, model_path: str) -> dict:
         "prefix_cache": bool(pick("enable_prefix_caching", True)),
         "max_context": pick("max_model_len") or model_max_context(model_path),
     }
+
+
+def vllm_serve_settings(argv: list[str]) -> dict:
+    """The matched-config facts of a launched `vllm serve` (an openai arm's `serve`), read from
+    its flags with vLLM's defaults; {} for a command that is not vLLM (then nothing is assumed)."""
+    if not any("vllm" in a for a in argv[:3]):
+        return {}
+
+    def flag(name: str) -> str | None:
+        for i, a in enumerate(argv):
+            if a == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(name + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    kv, util, ctx = flag("--kv-cache-memory-bytes"), flag("--gpu-memory-utilization"), flag("--max-model-len")
+    return {
+        "dtype": None if flag("--dtype") in (None, "auto") else flag("--dtype"),
+        "eager": "--enforce-eager" in argv,
+        "kv_cache": f"kv_cache_memory_bytes={kv}" if kv else f"gpu_memory_utilization={util}" if util else None,
+        "prefix_cache": "--no-enable-prefix-caching" not in argv,
+        "max_context": int(ctx) if ctx and ctx.isdigit() else None,
+    }
