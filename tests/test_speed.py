@@ -234,8 +234,8 @@ def test_matched_check_flags_a_flattering_denominator_and_states_the_unknown():
     eager, compiled = arm(eager=True, dtype="float32"), arm(eager=False, dtype="float32")
     (m,), notes = check_matched(eager, compiled, ())
     assert (m.field, m.flattering) == ("eager", True)
-    (m,), _ = check_matched(compiled, eager, ())
-    assert (m.field, m.flattering) == ("eager", False)
+    (m,), _ = check_matched(compiled, eager, ())  # the reverse is flagged too: the ratio compares compilation
+    assert (m.field, m.flattering) == ("eager", True) and "understates" in m.message
     assert check_matched(eager, arm(eager=True, dtype="float32"), ())[0] == ()
     assert "kv_cache" in notes[0] and "prefix_cache" in notes[0]
 
