@@ -56,11 +56,12 @@ def cli(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
-def engine(model: str, log: Path, compute_type: str | None = None, **env: str) -> CommandEngine:
+def engine(model: str, log: Path, compute_type: str | None = None, eos: list[int] | None = None,
+           **env: str) -> CommandEngine:
     """The adapter on build/ct2/tiny-llama-<model>, started over the command protocol."""
     argv = [str(PYTHON), str(ADAPTER), "--model", str(MODELS / f"tiny-llama-{model}"),
             "--compute-type", compute_type or model]
-    eng = CommandEngine(CommandOptions(command=argv, log=str(log)), env=env, base_dir=ROOT)
+    eng = CommandEngine(CommandOptions(command=argv, log=str(log), eos_token_ids=eos), env=env, base_dir=ROOT)
     eng.start()
     return eng
 
@@ -159,6 +160,20 @@ def test_score_reads_back_the_engines_own_tokens(tmp_path):
         assert s.argmax == top[0][0]  # greedy: the generated token is the scored argmax
         assert abs(s.logprob - top[0][1]) < 1e-4
         assert len(s.top) == 5 and all(a[1] >= b[1] for a, b in zip(s.top, s.top[1:]))
+
+
+def test_the_requests_eos_token_ids_end_the_sequence(tmp_path):
+    """The gate's eos_token_ids (vLLM's set) are what the engine stops on, EOS included."""
+    prompt, sampling = PromptInput("p", (1, 50, 81, 317, 311, 623, 263, 898)), Sampling(max_tokens=12, top_logprobs=2)
+    eng = engine("float32", tmp_path / "e.log")
+    (free,) = eng.generate([prompt], sampling)
+    eng.close()
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    stop = free.token_ids[3]
+    eng = engine("float32", tmp_path / "e.log", eos=[stop])
+    (rec,) = eng.generate([prompt], sampling)
+    eng.close()
+    assert rec.finish_reason == "stop" and rec.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
 
 
 @pytest.mark.parametrize("model, compute_type", [("float32", "bfloat16"), ("int16", "int16")])

@@ -22,9 +22,14 @@ Traps of CTranslate2 4.8 that this adapter handles:
     to be inside it.
   * `return_logits_vocab` returns RAW logits, although its docstring says log probabilities:
     log_softmax is applied here, in float32.
-  * EOS: vLLM stops on the tokenizer's EOS and on generation_config.json's eos_token_id(s),
-    and includes the EOS in its tokens (finish_reason "stop"). The same set is passed as
-    `end_token`, with `return_end_token=True`.
+  * EOS: CTranslate2 stops only on the tokenizer's EOS string by default, and drops it from
+    the result. The adapter stops on the request's `eos_token_ids` (the set vLLM stops on, sent
+    by the gate), else on its own model files' set (config.json's eos_token plus
+    generation_config.json's eos_token_id(s), which the converter copies), passed as
+    `end_token` with `return_end_token=True`: the EOS ends `token_ids`, finish_reason "stop".
+  * Exact ties at the argmax: CTranslate2's greedy step picks among exactly equal logits its
+    own way, not necessarily the lowest id as vLLM does; the gate's greedy check accepts it
+    and a flip there shows as a near-tie with gap 0. The reported top-k lists ties by id.
   * Compute types: CTranslate2 silently swaps a compute type the CPU cannot run for another
     (an int16 model loads as int8_float32). The requested --compute-type is checked against
     what CTranslate2 selected and refused, exit 2, when it differs: bfloat16 needs a CPU or GPU
@@ -130,6 +135,7 @@ class CT2Engine:
         if not ids:
             raise ValueError("prompt_token_ids is empty")
         max_tokens, k = int(req.get("max_tokens", 16)), int(req.get("top_logprobs", 0))
+        eos = set(self._check_ids(req["eos_token_ids"], "eos_token_ids")) if req.get("eos_token_ids") else self.eos
         first: list[float] = []
 
         def on_step(step) -> bool:  # times the first token; False: go on decoding
@@ -140,7 +146,7 @@ class CT2Engine:
         t0 = time.perf_counter()
         (res,) = self.generator.generate_batch(
             [[self.vocab[t] for t in ids]], max_length=max_tokens, beam_size=1, sampling_topk=1,
-            include_prompt_in_result=False, end_token=sorted(self.eos), return_end_token=True,
+            include_prompt_in_result=False, end_token=sorted(eos), return_end_token=True,
             return_logits_vocab=True, callback=on_step,
         )
         total = time.perf_counter() - t0
@@ -159,7 +165,7 @@ class CT2Engine:
             tops.append(top if tok in {t for t, _ in top} else top + [[tok, float(lp[tok])]])
         return {
             "id": req["id"], "prompt_token_ids": ids, "token_ids": toks,
-            "finish_reason": "stop" if toks[-1] in self.eos else "length", "top_logprobs": tops,
+            "finish_reason": "stop" if toks[-1] in eos else "length", "top_logprobs": tops,
             "timing": {"ttft_s": first[0] - t0 if first else None, "total_s": total},
         }
 
@@ -186,6 +192,8 @@ def serve(engine: CT2Engine, out, hello: dict) -> int:
 
     send(hello)
     for line in sys.stdin:
+        if not line.endswith("\n"):  # EOF inside a line: the gate died while writing it
+            break
         if not line.strip():
             continue
         try:
