@@ -166,7 +166,7 @@ class CT2Engine:
         return {
             "id": req["id"], "prompt_token_ids": ids, "token_ids": toks,
             "finish_reason": "stop" if toks[-1] in eos else "length", "top_logprobs": tops,
-            "timing": {"ttft_s": first[0] - t0 if first else None, "total_s": total},
+            "timing": {"total_s": total, **({"ttft_s": first[0] - t0} if first else {})},
         }
 
     def score(self, req: dict) -> dict:
