@@ -108,3 +108,34 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
     assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]
     assert all(r["error"] is None and r["candidate"]["tokens"] == r["max_tokens"] for r in data["rungs"])
+
+
+@pytest.mark.vllm
+def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_path):
+    """The bundled demo gate (recorded vLLM baseline, hf bf16 candidate) with a `[speed]` table
+    added: its live [rescorer] (vLLM, the same model) is timed as the speed reference; the token
+    verdict is the demo's own (fail, exit 1) and every report carries the speed section."""
+    need("vllm")
+    need("transformers")
+    from strict_gate.cli import app
+
+    demo = (ROOT / "gates" / "demo.toml").read_text()
+    demo = demo.replace('"../', f'"{ROOT}/')
+    config = tmp_path / "demo-speed.toml"
+    config.write_text(demo + '\n[speed]\nwarmup = 0\nruns = 2\nrungs = ["32/8"]\nconcurrency = [1]\n'
+                      'min_speed_ratio = { decode = 0.0001 }\n')
+    result = CliRunner().invoke(app, ["gate", str(config), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output  # bf16 flips: the token verdict wins, speed never changes it
+    (report_dir,) = (tmp_path / "out").glob("demo-hf-bf16-vs-vllm-fp32*/")
+    data = json.loads((report_dir / "report.json").read_text())
+    assert data["verdict"] == "fail"
+    speed = data["speed"]
+    assert [r["name"] for r in speed["rungs"]] == ["32/8"]
+    rung = speed["rungs"][0]
+    assert rung["error"] is None and rung["reference"]["tokens"] == rung["candidate"]["tokens"] == 8
+    assert rung["ratio"]["decode_tok_s"]["median"] > 0 and speed["verdict"] == "pass"
+    assert any("rescorer" in n for n in speed["notes"]), speed["notes"]
+    md = (report_dir / "report.md").read_text()
+    assert "## Speed" in md and "speed: pass" in md
+    assert "speed" in (report_dir / "report.html").read_text()
+    assert 'name="speed"' in (report_dir / "junit.xml").read_text()
