@@ -229,7 +229,7 @@ def _x(x: float | None) -> str:
 
 def _bar(x: object) -> str:
     n = _num(x)
-    return f"{n:.2f}x" if n is not None else str(x)
+    return f"{n:g}x" if n is not None else str(x)  # the user's own bar, as written
 
 
 def _int(x: object) -> str:

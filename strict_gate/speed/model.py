@@ -244,13 +244,23 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float]) 
             ok = got is not None and got >= bar
             checks.append(SpeedCheck(names[key], rung.rung.name, bar, got, ok))
             if got is not None and not ok:
-                reasons.append(f"rung {rung.rung.name}: {key} speed {got:.2f}x reference < {bar:.2f}x")
+                shown_got, shown_bar = _fmt_below(got, bar)
+                reasons.append(f"rung {rung.rung.name}: {key} speed {shown_got}x reference < {shown_bar}x")
     if not rungs:
         incomplete = True
         reasons.append("no rung was measured")
     kind = (SpeedVerdictKind.INCOMPLETE if incomplete
             else SpeedVerdictKind.FAIL if any(not c.passed for c in checks) else SpeedVerdictKind.PASS)
     return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
+
+
+def _fmt_below(got: float, bar: float) -> tuple[str, str]:
+    """Both with enough decimals that "0.95x < 0.95x" never reads as a contradiction."""
+    for digits in range(2, 18):
+        a, b = f"{got:.{digits}f}", f"{bar:.{digits}f}"
+        if a != b:
+            return a, f"{bar:g}" if float(f"{bar:g}") == bar else b
+    return repr(got), repr(bar)
 
 
 def _r(x: float | None) -> float | None:
