@@ -106,7 +106,7 @@ def audit_steps(table: StepTable, chosen: np.ndarray, vocab_size: int | None) ->
     srt = np.sort(ids, axis=1)
     s = _first((srt[:, 1:] == srt[:, :-1]).any(axis=1))
     if s is not None:
-        return s, f"rule unique-ids: step {{pos}} lists a token id twice"
+        return s, "rule unique-ids: step {pos} lists a token id twice"
     if w > 1:
         nxt = valid[:, 1:]
         drop = lps[:, 1:] > lps[:, :-1]

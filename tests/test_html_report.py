@@ -11,11 +11,10 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import rec, write_run
+from helpers import rec
 from typer.testing import CliRunner
 
 from strict_gate.cli import app

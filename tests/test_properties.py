@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import write_run
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strict_gate import reader

@@ -15,7 +15,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path

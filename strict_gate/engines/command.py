@@ -9,7 +9,10 @@ command_replies.py checks what a reply may hold. The protocol is docs/engine-pro
 from __future__ import annotations
 
 import os
+import queue
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace

@@ -65,9 +65,10 @@ from enum import Enum
 from strict_gate.engines.base import Engine, PromptInput, ScoredStep, portable_model_ref, resolve_model
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.vllm_args import unknown_llm_args, vllm_speed_settings
+from strict_gate.engines.vllm_outputs import output_record, scored_steps
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.options import Fraction, PositiveInt, did_you_mean
-from strict_gate.records import FINISH_REASONS, EngineInfo, Record, Sampling, Timing, sort_topk
+from strict_gate.records import EngineInfo, Record, Sampling
 from strict_gate.staleness import model_digest
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -406,53 +407,13 @@ class VLLMEngine(Engine):
         if len(outs) != len(prompts):
             raise EngineError(f"vllm: {len(outs)} outputs for {len(prompts)} prompts ({names})")
         for p, out in zip(prompts, outs):
-            yield self._record(p, out, total if len(prompts) == 1 else None)
+            yield output_record(p, out, total if len(prompts) == 1 else None)
 
     def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
         return list(self.generate(prompts, sampling, batch_all=True))
 
     def speed_settings(self) -> dict:
         return vllm_speed_settings(self.options, self._effective or {}, self.model_path)
-
-    @staticmethod
-    def _ttft(out) -> float | None:
-        m = getattr(out, "metrics", None)
-        v = getattr(m, "first_token_latency", None) if m is not None else None
-        return float(v) if isinstance(v, (int, float)) and v > 0 else None
-
-    def _record(self, p: PromptInput, out, total: float | None) -> Record:
-        prompt_ids = tuple(int(t) for t in (out.prompt_token_ids or p.token_ids))
-        timing = Timing(ttft_s=self._ttft(out), total_s=total)
-        if not out.outputs:
-            return Record(id=p.id, prompt_token_ids=prompt_ids, error="vllm returned no completion", timing=timing)
-        c = out.outputs[0]
-        toks = tuple(int(t) for t in c.token_ids)
-        if c.finish_reason not in FINISH_REASONS:
-            return Record(
-                id=p.id,
-                prompt_token_ids=prompt_ids,
-                token_ids=toks,
-                error=f"vllm finished with reason {c.finish_reason!r} ({c.stop_reason!r})",
-                timing=timing,
-            )
-        if c.logprobs is None or len(c.logprobs) != len(toks):
-            return Record(
-                id=p.id,
-                prompt_token_ids=prompt_ids,
-                token_ids=toks,
-                error=f"vllm returned {0 if c.logprobs is None else len(c.logprobs)} logprob steps "
-                f"for {len(toks)} tokens",
-                timing=timing,
-            )
-        top = tuple(sort_topk((t, lp.logprob) for t, lp in step.items()) for step in c.logprobs)
-        return Record(
-            id=p.id,
-            prompt_token_ids=prompt_ids,
-            token_ids=toks,
-            finish_reason=c.finish_reason,
-            top_logprobs=top,
-            timing=timing,
-        )
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """Teacher forcing: prompt_logprobs=k over prompt + continuation, one request.
@@ -482,23 +443,4 @@ class VLLMEngine(Engine):
             raise EngineError(
                 f"vllm: prompt_logprobs has {0 if plp is None else len(plp)} entries for {len(ids)} tokens"
             )
-        n = len(prompt_ids)
-        steps = []
-        for i, tok in enumerate(continuation_ids):
-            d = plp[n + i]
-            if d is None:
-                raise EngineError(f"vllm: no prompt logprobs at position {n + i}")
-            actual = d.get(int(tok))
-            pairs = []
-            for t, lp in d.items():
-                if t == tok and len(d) > k and (lp.rank is None or lp.rank > k):
-                    continue  # the actual token, added beyond the top-k
-                pairs.append((t, lp.logprob))
-            steps.append(
-                ScoredStep(
-                    token_id=int(tok),
-                    logprob=None if actual is None else float(actual.logprob),
-                    top=sort_topk(pairs)[:k] if k > 0 else (),
-                )
-            )
-        return steps
+        return scored_steps(plp, len(prompt_ids), continuation_ids, k)

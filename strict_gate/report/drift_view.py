@@ -86,7 +86,6 @@ def near_tie_scales(r: GateResult) -> list[str]:
         "orders of magnitude and depend on the hardware (docs/drift.md).",
         "",
     ]
-    return out
 
 
 def console_line(d: DriftReport) -> str:
