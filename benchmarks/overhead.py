@@ -149,14 +149,14 @@ def gate_arm(engine: Engine, inputs: list[PromptInput], sampling: Sampling, ps: 
     return run_arm(engine, inputs, sampling, out, prompt_set=ps)
 
 
-def per_gate_costs(run, other, ps: PromptSet, sampling: Sampling, work: Path) -> dict[str, float]:
+def per_gate_costs(run, other, ps: PromptSet, ids: list[str], sampling: Sampling, work: Path) -> dict[str, float]:
     """Comparing two runs and writing every report: once per gate, whatever the prompt count."""
     from strict_gate.gate import judge
     from strict_gate.report import write_reports
 
     t0 = time.perf_counter()
     result = judge("overhead", {"name": ps.name, "sha256": ps.sha256, "count": len(ps)}, sampling, other, run,
-                   prompt_ids=ps.ids, policy="auto", band=0.5, problems=[])
+                   prompt_ids=ids, policy="auto", band=0.5, problems=[])
     t1 = time.perf_counter()
     write_reports(result, work / "report")
     return {"compare": t1 - t0, "reports": time.perf_counter() - t1}
@@ -218,7 +218,8 @@ def measure(kind: str, args, ps: PromptSet, work: Path) -> list[dict]:
         gate_tokens = sum(len(r.token_ids) for r in run.records.values())
         if gate_tokens != made:
             raise SystemExit(f"{kind} T={t}: the gate made {gate_tokens} tokens, bare {made}: not the same work")
-        fixed = per_gate_costs(run, args.reference_runs.get(t, run), ps, sampling, work / f"judge-{kind}-{t}")
+        fixed = per_gate_costs(run, args.reference_runs.get(t, run), ps, [p.id for p in inputs], sampling,
+                               work / f"judge-{kind}-{t}")
         med = {m: statistics.median(v) for m, v in times.items() if v}
         sec = {k: statistics.median(s.get(k, 0.0) for s in per_section) for k in {k for s in per_section for k in s}}
         sec["extraction, record building, other"] = med["gate"] - sum(sec.values())
