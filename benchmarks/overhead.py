@@ -225,7 +225,8 @@ def measure(kind: str, args, ps: PromptSet, work: Path) -> list[dict]:
         sec["extraction, record building, other"] = med["gate"] - sum(sec.values())
         row = {
             "engine": kind, "max_tokens": t, "prompts": len(inputs), "tokens": made, "reps": args.reps,
-            "times": times, "median": med, "first_gate_pass": first_gate, "start_s": start_s, "sections": sec, "tokenise": tokenise, **fixed,
+            "times": times, "median": med, "first_gate_pass": first_gate, "start_s": start_s, "sections": sec,
+            "tokenise": tokenise, **fixed,
             "ratio": med["gate"] / med["bare"],
             "ratio_whole": (tokenise + med["gate"] + fixed["compare"] + fixed["reports"]) / (tokenise + med["bare"]),
         }
@@ -317,7 +318,8 @@ def main() -> None:
         args.md.write_text(table)
     print(table)
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "machine": machine(), "load": load_average(load_start), "rows": rows}, indent=1))
+        summary = {"command": command, "machine": machine(), "load": load_average(load_start), "rows": rows}
+        args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
