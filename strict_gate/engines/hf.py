@@ -189,32 +189,38 @@ class HFEngine(Engine):
             return
         total = time.perf_counter() - t0
         k = sampling.top_logprobs
+        gen = out.sequences[:, width:]
         # logits[step] is (batch, vocab) before any logits processor: the raw distribution.
-        steps = [torch.log_softmax(l.float(), dim=-1) for l in out.logits]
-        tops = [torch.topk(s, k, dim=-1) if k > 0 else None for s in steps]
-        seqs = out.sequences[:, width:].tolist()
+        # All steps in one log_softmax/topk/gather and one copy to the host each, not one
+        # kernel launch and one device sync per step. Row for row the same kernels: the same values.
+        lps = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # (batch, steps, vocab)
+        chosen = lps.gather(-1, gen.unsqueeze(-1)).squeeze(-1).tolist()
+        top = torch.topk(lps, k, dim=-1) if k > 0 else None
+        top_ids = top.indices.tolist() if top is not None else None
+        top_lps = top.values.tolist() if top is not None else None
+        seqs = gen.tolist()
         for b, p in enumerate(prompts):
             toks: list[int] = []
             for t in seqs[b]:
-                toks.append(int(t))
+                toks.append(t)
                 if t in eos:
                     break
-            top = []
-            for s in range(len(toks)):
-                if tops[s] is None:
-                    pairs = [(toks[s], float(steps[s][b, toks[s]]))]
+            steps = []
+            for s, tok in enumerate(toks):
+                if top is None:
+                    pairs = [(tok, chosen[b][s])]
                 else:
-                    pairs = list(zip(tops[s].indices[b].tolist(), tops[s].values[b].tolist()))
-                    if toks[s] not in {t for t, _ in pairs}:
-                        pairs.append((toks[s], float(steps[s][b, toks[s]])))
-                top.append(sort_topk(pairs))
+                    pairs = list(zip(top_ids[b][s], top_lps[b][s]))
+                    if tok not in top_ids[b][s]:
+                        pairs.append((tok, chosen[b][s]))
+                steps.append(sort_topk(pairs))
             ttft = (streamer.first - t0) if streamer is not None and streamer.first else None
             yield Record(
                 id=p.id,
                 prompt_token_ids=p.token_ids,
                 token_ids=tuple(toks),
                 finish_reason=greedy_finish_reason(toks, eos),
-                top_logprobs=tuple(top),
+                top_logprobs=tuple(steps),
                 timing=Timing(ttft_s=ttft, total_s=total if len(prompts) == 1 else None),
             )
 
