@@ -135,19 +135,26 @@ def diagnose(
 ) -> dict[str, Diagnosis]:
     """Re-score each divergent or near-tie prompt's candidate sequence with the reference engine."""
     out: dict[str, Diagnosis] = {}
-    for pc in comparison.prompts:
-        if pc.status not in DIAGNOSED:
-            continue
+    todo = [pc for pc in comparison.prompts if pc.status in DIAGNOSED]
+    if not todo:
+        return out
+    try:  # started once: an engine that cannot start is not started again for every prompt
+        with engine.scoped_env():
+            engine.start()
+    except Exception as e:  # a failed re-score is reported, it does not change the verdict
+        return {pc.id: _failed(pc, f"the engine did not start: {type(e).__name__}: {e}") for pc in todo}
+    for pc in todo:
         ref, cand = reference[pc.id], candidate[pc.id]
         try:
             with engine.scoped_env():
                 steps = engine.score(cand.prompt_token_ids, cand.token_ids, k)
-        except Exception as e:  # a failed re-score is reported, it does not change the verdict
-            d = pc.first_divergence
-            out[pc.id] = Diagnosis(
-                pc.id, d.position, d.reference_gap, None, None, False, (), (),
-                "re-scoring failed", error=f"{type(e).__name__}: {e}",
-            )
+        except Exception as e:
+            out[pc.id] = _failed(pc, f"{type(e).__name__}: {e}")
             continue
         out[pc.id] = diagnose_prompt(pc, ref, cand, steps, comparison.band)
     return out
+
+
+def _failed(pc, error: str) -> Diagnosis:
+    d = pc.first_divergence
+    return Diagnosis(pc.id, d.position, d.reference_gap, None, None, False, (), (), "re-scoring failed", error=error)

@@ -83,3 +83,20 @@ def test_run_refuses_max_tokens_below_one(tmp_path):
     result = CliRunner().invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(tmp_path / "o"),
                                       "--max-tokens", "0"])
     assert result.exit_code == 2 and not (tmp_path / "o").exists()
+
+
+def test_a_rescorer_that_cannot_start_is_started_once_not_once_per_divergent_prompt(tmp_path):
+    canned = tmp_path / "canned.jsonl"  # three prompts, each off the reference's top-k at position 1
+    canned.write_text("".join(json.dumps({"id": "x", "token_ids": [21, 5000], "finish_reason": "length",
+                                          "top_logprobs": [[[21, -0.1], [1021, -5.0]], [[5000, -0.2], [7, -3.0]]]})
+                              + "\n" for _ in range(3)))
+    starts = tmp_path / "starts"
+    argv = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('start\\n'); raise SystemExit(3)"]
+    gate = _gate(tmp_path, _fake("--mode", "no_score"), _fake("--canned", str(canned)),
+                 extra=f'[rescorer]\nkind = "command"\ncommand = {json.dumps(argv)}\n', n=3)
+    result = CliRunner().invoke(app, ["gate", str(gate)], terminal_width=100)
+    assert result.exit_code == 1, result.output  # the divergences decide; a failed re-score never does
+    assert starts.read_text().count("start") == 1
+    report = json.loads((_report_dir(tmp_path) / "report.json").read_text())
+    diagnoses = [p["diagnosis"] for p in report["prompts"]]
+    assert len(diagnoses) == 3 and all("did not start" in d["error"] for d in diagnoses), diagnoses
