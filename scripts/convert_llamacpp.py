@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert the bundled tiny-llama to GGUF (F32, F16, Q8_0) with llama.cpp's own tools.
+"""Convert an HF Llama (default: the bundled tiny-llama) to GGUF F32, F16, Q8_0 with llama.cpp's tools.
 
 Run under the llama.cpp venv (.venvs/llamacpp, made by scripts/install-llamacpp.sh), which
 holds llama-cpp-python, gguf-py and a CPU torch. F32 and F16 come from llama.cpp's
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{src}/convert_hf_to_gguf.py not found: run bash scripts/install-llamacpp.sh")
     args.out.mkdir(parents=True, exist_ok=True)
     want = stamp(args.model, src)
-    stamp_file = args.out / "STAMP"
-    files = {t: args.out / f"tiny-llama-{t}.gguf" for t in ("f32", "f16", "q8_0")}
+    stamp_file = args.out / f"{args.model.resolve().name}.stamp"
+    files = {t: args.out / f"{args.model.resolve().name}-{t}.gguf" for t in ("f32", "f16", "q8_0")}
     if not args.force and stamp_file.is_file() and stamp_file.read_text().strip() == want \
             and all(p.is_file() for p in files.values()):
         print(f"convert_llamacpp: {args.out} is current", file=sys.stderr)
