@@ -21,20 +21,21 @@ not llama.cpp's sampler, and each setting below has to be under our control.
 
 Traps this adapter handles, each measured on the bundled tiny-llama (benchmarks/README.md):
 - KV cache type. llama.cpp stores K and V in f16 by default, so an F32 GGUF is NOT computed in
-  float32 end to end and does not match vLLM's fp32 tokens. The default here is an f32 KV
+  float32 end to end (tiny-llama: 127/128, one near-tie, against vLLM's fp32 tokens). The default here is an f32 KV
   cache (type_k = type_v = GGML_TYPE_F32); `--kv-type f16` gives llama.cpp's default back.
   The hello's settings say which one ran.
 - Flash attention. llama.cpp's default (auto, on for the CPU) casts K and V to f16 before
   its flash-attention kernel (llama-graph.cpp, build_attn_mha), so an f32 KV cache is f16
-  again inside attention. The default here is `--flash-attn off`; the hello says which ran.
+  again inside attention (tiny-llama: 126/128). The default here is `--flash-attn off`; the
+  hello says which ran.
 - Context size. llama.cpp rounds n_ctx up to a multiple of 256, while llama-cpp-python's
   `Llama` sizes its arrays to the value asked for; `--n-ctx` must be a multiple of 256 and the
   prompt limit is what llama_n_ctx reports. n_batch = n_ubatch = n_ctx, so a prompt is never
   split across micro-batches.
 - Extra buffer types. On load llama.cpp repacks quantized weights into CPU-specific layouts
-  (its AMX and repack "extra buffer types"); Q8_0 died of SIGILL in that path on the
-  development machine. The default here loads with use_extra_bufts = False (plain CPU
-  buffers); `--extra-bufts` turns them back on. Should the engine ever die of a signal, the
+  (its AMX and repack "extra buffer types"), a path where Q8_0 has been seen to die of SIGILL
+  (not on the development machine's AVX2 build, where it changed no token). The default here
+  loads with use_extra_bufts = False (plain CPU buffers); `--extra-bufts` turns them back on. Should the engine ever die of a signal, the
   gate reports it (exit 3, "was killed by SIGILL") and keeps the prompts finished so far;
   faulthandler writes the Python stack to the engine log first.
 
