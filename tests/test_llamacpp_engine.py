@@ -91,15 +91,30 @@ def test_llamacpp_tokenizer_matches_the_hf_tokenizer():
     assert [i for i, (g, w) in enumerate(zip(got, want)) if g != w] == []
 
 
-def test_engine_exits_quietly_when_the_gate_goes_away():
-    """stdin closed without a shutdown (the gate died): exit 0, promptly, nothing but the hello on stdout."""
+def test_engine_stops_on_the_requests_eos_and_exits_quietly_when_the_gate_goes_away():
+    """The request's eos_token_ids end a sequence; stdin closed inside a line (the gate died while
+    writing): exit 0, promptly, nothing more on stdout."""
     need_llamacpp()
-    proc = subprocess.Popen([str(VENV_PY), str(ADAPTER), "--model", str(GGUF["f32"])], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen([str(VENV_PY), str(ADAPTER), "--model", str(GGUF["f32"]), "--threads", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def ask(**req) -> dict:
+        proc.stdin.write(json.dumps({"op": "generate", "id": "a", "prompt_token_ids": [1, 300, 301, 302],
+                                     "max_tokens": 6, "top_logprobs": 2, **req}) + "\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
     hello = json.loads(proc.stdout.readline())
     assert hello["hello"] == "strict-gate/engine@1" and hello["capabilities"] == ["generate", "score"]
     s = hello["settings"]
-    assert (s["kv_type"], s["extra_bufts"], s["n_ctx"], s["eog_ids"]) == ("f32", False, 512, [2])
+    assert (s["kv_type"], s["flash_attn"], s["extra_bufts"], s["n_ctx"], s["eog_ids"]) == ("f32", "off", False, 512, [2])
+    free = ask()
+    assert len(free["token_ids"]) == 6 and free["finish_reason"] == "length"
+    stop = free["token_ids"][2]
+    cut = ask(eos_token_ids=[stop])
+    assert cut["token_ids"] == free["token_ids"][: free["token_ids"].index(stop) + 1]
+    assert cut["finish_reason"] == "stop"
+    proc.stdin.write('{"op": "gener')
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
     assert proc.stdout.read() == ""

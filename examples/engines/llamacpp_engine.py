@@ -12,10 +12,11 @@ not llama.cpp's sampler, and each setting below has to be under our control.
   prompt, then one per generated token against the KV cache. The token is the argmax of the
   raw float32 logits (llama_get_logits_ith); logprobs and the top k are log_softmax of the
   same full logits in float32 (not llama.cpp's sampler top-k, which sees a truncated,
-  possibly temperature-scaled list). Generation stops on an end-of-generation token of the
-  GGUF vocabulary (llama_vocab_is_eog: the eos id and any eot/eom ids), included in
-  token_ids with finish_reason "stop": what vLLM does with the tokenizer's and
-  generation_config's eos ids (for the bundled tiny-llama both sides say {2}).
+  possibly temperature-scaled list); on an exact tie np.argmax takes the lowest id, as vLLM.
+  Generation stops on the request's eos_token_ids (the set vLLM stops on: the tokenizer's and
+  generation_config's eos ids, sent by the gate), else on the GGUF vocabulary's
+  end-of-generation ids (llama_vocab_is_eog: eos and any eot/eom ids); the EOS is included in
+  token_ids with finish_reason "stop". For the bundled tiny-llama both sets are {2}.
 - score: teacher forcing, one llama_decode over prompt + continuation with logits kept at
   positions len(prompt)-1 ... (each continuation token given everything before it).
 
@@ -40,8 +41,8 @@ Traps this adapter handles, each measured on the bundled tiny-llama (benchmarks/
   faulthandler writes the Python stack to the engine log first.
 
 stdout carries only protocol lines (the real stdout is kept on a private descriptor, fd 1 goes
-to stderr, where llama.cpp's own log goes too). When stdin closes or stdout breaks (the gate
-died), the engine exits quietly.
+to stderr, where llama.cpp's own log goes too). When stdin closes (also inside a line) or
+stdout breaks (the gate died), the engine exits 0 quietly.
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ class LlamaCppEngine:
             raise RuntimeError(f"llama.cpp kept no logits at batch index {i}")
         return np.ctypeslib.as_array(p, shape=(self.n_vocab,)).astype(np.float32)
 
+    def _eos(self, req: dict) -> set[int]:
+        """The request's eos_token_ids (vLLM's set, sent by the gate), else the GGUF's eog ids."""
+        ids = req.get("eos_token_ids")
+        if ids is None:
+            return set(self.eog)
+        self._check_ids(ids, "eos_token_ids")
+        return set(ids)
+
     def _reset(self) -> None:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
 
@@ -175,7 +184,7 @@ class LlamaCppEngine:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         self._fits(len(ids) + max_tokens - 1)
-        eog = set(self.eog)
+        eog = self._eos(req)
         t0 = time.perf_counter()
         ttft = None
         self._reset()
@@ -246,6 +255,8 @@ def serve(engine: LlamaCppEngine, out) -> int:
         "settings": engine.settings,
     })
     for line in sys.stdin:
+        if not line.endswith("\n"):  # EOF inside a line: the gate died while writing it
+            break
         if not line.strip():
             continue
         try:
