@@ -114,6 +114,7 @@ def test_engine_stops_on_the_requests_eos_and_exits_quietly_when_the_gate_goes_a
     cut = ask(eos_token_ids=[stop])
     assert cut["token_ids"] == free["token_ids"][: free["token_ids"].index(stop) + 1]
     assert cut["finish_reason"] == "stop"
+    assert ask(eos_token_ids=[stop], ignore_eos=True)["token_ids"] == free["token_ids"]  # the speed arm's
     proc.stdin.write('{"op": "gener')
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0

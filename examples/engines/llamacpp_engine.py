@@ -184,7 +184,7 @@ class LlamaCppEngine:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         self._fits(len(ids) + max_tokens - 1)
-        eog = self._eos(req)
+        eog = set() if req.get("ignore_eos") else self._eos(req)  # the speed arm times max_tokens tokens
         t0 = time.perf_counter()
         ttft = None
         self._reset()
@@ -253,6 +253,9 @@ def serve(engine: LlamaCppEngine, out) -> int:
         "versions": {"llama-cpp-python": llama_cpp.__version__, "numpy": np.__version__,
                      "system_info": llama_cpp.llama_print_system_info().decode().strip()},
         "settings": engine.settings,
+        # facts the speed arm's matched-config check compares (docs/engine-protocol.md)
+        "kv_cache": f"{engine.settings['kv_type']}, {engine.n_ctx} tokens", "prefix_cache": False,
+        "max_context": engine.n_ctx,
     })
     for line in sys.stdin:
         if not line.endswith("\n"):  # EOF inside a line: the gate died while writing it
