@@ -10,7 +10,7 @@
 - optional hello fields for the matched-config check: "dtype", "eager", "kv_cache",
   "prefix_cache", "max_context".
 
-Specified in docs/engine-protocol.md, "Streaming token events (for `strict-gate bench`)".
+Specified in docs/engine-protocol.md, section 5 (events and the speed arm).
 """
 
 from __future__ import annotations
