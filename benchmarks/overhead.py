@@ -240,20 +240,13 @@ def measure(kind: str, args, ps: PromptSet, work: Path) -> list[dict]:
 
 
 def machine() -> str:
-    """What the figures were measured on."""
+    """What the figures were measured on (the speed arm's own description, plus the stack)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{os.cpu_count()} cores ({cpu}), {dev}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    from strict_gate.speed.bench import machine as cpu_and_gpus
+
+    dev = "" if torch.cuda.is_available() else ", no GPU"
+    return f"{cpu_and_gpus()}{dev}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def load_average(start: tuple[float, ...]) -> str:

@@ -37,9 +37,9 @@ DEFAULT_BAND = 0.5
 BAND_EPS = 1e-9  # a gap equal to the band up to float representation is within it
 
 
-def fmt_vs(x: float, limit: float) -> tuple[str, str]:
+def fmt_vs(x: float, limit: float, min_digits: int = 4) -> tuple[str, str]:
     """Both numbers with just enough decimals to tell them apart ("0.50001 > band 0.5")."""
-    for digits in range(4, 18):
+    for digits in range(min_digits, 18):
         a, b = f"{x:.{digits}f}", f"{limit:.{digits}f}"
         if a != b:
             return a, f"{limit:g}" if float(f"{limit:g}") == limit else b

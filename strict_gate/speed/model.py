@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from strict_gate.compare import fmt_vs
+
 
 class Method(StrEnum):
     """How TTFT was measured; both arms of one ladder always use the same method."""
@@ -244,7 +246,7 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float]) 
             ok = got is not None and got >= bar
             checks.append(SpeedCheck(names[key], rung.rung.name, bar, got, ok))
             if got is not None and not ok:
-                shown_got, shown_bar = _fmt_below(got, bar)
+                shown_got, shown_bar = fmt_vs(got, bar, min_digits=2)
                 reasons.append(f"rung {rung.rung.name}: {key} speed {shown_got}x reference < {shown_bar}x")
     if not rungs:
         incomplete = True
@@ -252,15 +254,6 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float]) 
     kind = (SpeedVerdictKind.INCOMPLETE if incomplete
             else SpeedVerdictKind.FAIL if any(not c.passed for c in checks) else SpeedVerdictKind.PASS)
     return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
-
-
-def _fmt_below(got: float, bar: float) -> tuple[str, str]:
-    """Both with enough decimals that "0.95x < 0.95x" never reads as a contradiction."""
-    for digits in range(2, 18):
-        a, b = f"{got:.{digits}f}", f"{bar:.{digits}f}"
-        if a != b:
-            return a, f"{bar:g}" if float(f"{bar:g}") == bar else b
-    return repr(got), repr(bar)
 
 
 def _r(x: float | None) -> float | None:
