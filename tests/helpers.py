@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strict_gate.records import EngineInfo, Manifest, Record, RunWriter, Sampling, now_iso, sort_topk
+from strict_gate.records import (
+    EngineInfo,
+    Manifest,
+    Record,
+    RunWriter,
+    Sampling,
+    now_iso,
+    sort_topk,
+)
 
 
 def step(*pairs: tuple[int, float]):
@@ -47,3 +55,15 @@ def write_run(path: Path, records, *, sha="0" * 64, max_tokens=4, top=5, model="
     return path
 
 
+def child_pid(parent_pid: int, marker: bytes) -> int | None:
+    """The child of parent_pid whose command line holds marker (an engine the gate started),
+    found through /proc (Linux)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent_pid and marker in cmd:
+            return int(stat.parent.name)
+    return None

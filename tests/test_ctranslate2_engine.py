@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import child_pid
 
 from strict_gate.config import load_gate_config
 from strict_gate.engines.base import PromptInput
@@ -103,16 +104,7 @@ def test_int8_gate_fails_with_its_flips_classified(tmp_path):
 
 
 def _engine_pid(gate_pid: int) -> int | None:
-    """The adapter process the gate started (its child), found through /proc."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == gate_pid and str(ADAPTER).encode() in cmd:
-            return int(stat.parent.name)
-    return None
+    return child_pid(gate_pid, str(ADAPTER).encode())
 
 
 def test_kill_9_of_the_engine_mid_run_is_exit_3_and_keeps_finished_prompts(tmp_path):

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import child_pid
 
 from strict_gate.engines.command import CommandEngine, CommandOptions
 from strict_gate.reader import load_run
@@ -155,16 +156,7 @@ def test_q8_0_gate_fails_with_its_flips_classified(tmp_path):
 
 
 def _engine_pid(gate_pid: int) -> int | None:
-    """The llama.cpp engine among the gate's children."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == gate_pid and b"llamacpp_engine.py" in cmd:
-            return int(stat.parent.name)
-    return None
+    return child_pid(gate_pid, b"llamacpp_engine.py")
 
 
 @pytest.mark.slow
