@@ -3,7 +3,7 @@
 # ./.venvs/llamacpp, a venv of its own: the adapter runs under that interpreter, so
 # llama.cpp's numpy/gguf pins never touch strict-gate's .venv. Idempotent.
 #
-# llama-cpp-python builds llama.cpp from source (36 min on the busy 2-core development
+# llama-cpp-python builds llama.cpp from source (7.5 min on 2 quiet cores, 36 min on busy ones, on the 2-core development
 # machine, once), so the built wheel is cached under $STRICT_GATE_CACHE/wheels (default ~/.cache/strict-gate) and
 # reused. The build uses -march=native (llama.cpp's default), so the cache key includes a
 # hash of the CPU's flags: another CPU rebuilds instead of dying of SIGILL.
@@ -32,7 +32,7 @@ if [ ! -f "$SDIST_DIR/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
 fi
 
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMACPP_VERSION from source (36 min on the busy 2-core development machine; a one-time cost)..." >&2
+  echo "building llama-cpp-python $LLAMACPP_VERSION from source (7.5 min on 2 quiet cores, 36 min on busy ones; a one-time cost)..." >&2
   # LLAVA_BUILD=OFF: the multimodal library is not needed and is a third of the build.
   CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps \
