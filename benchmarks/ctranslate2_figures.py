@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from strict_gate.reader import load_run
+from strict_gate.runs.reader import load_run
 
 
 def chosen_lp(step, token: int) -> float:

@@ -58,7 +58,7 @@ def ladder(model: Path, device: str, lengths: list[int], new_tokens: int, runs: 
     """TTFT and decode tok/s of the gate's hf engine per prompt length, measured from outside."""
     from strict_gate.engines.base import PromptInput
     from strict_gate.engines.hf import HFEngine, HFOptions
-    from strict_gate.records import Sampling
+    from strict_gate.runs.records import Sampling
 
     engine = HFEngine(HFOptions(model=str(model), dtype="bfloat16", device=device))
     engine.start()

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from strict_gate.reader import load_run  # noqa: E402
+from strict_gate.runs.reader import load_run
 
 GATES = ("llamacpp-f32", "llamacpp-f32-kv-f16", "llamacpp-f16", "llamacpp-q8_0")
 

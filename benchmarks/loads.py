@@ -50,8 +50,8 @@ def count_loads(counts: Counter) -> None:
 
 def one_gate(config: Path, output_dir: Path) -> dict:
     """Run one gate with the counters on; its verdict, who re-scored, and the loads."""
-    from strict_gate.config import load_gate_config
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.run import run_gate
 
     counts: Counter = Counter()
     count_loads(counts)

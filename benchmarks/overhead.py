@@ -41,8 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.prompts import PromptSet, load_prompts
-from strict_gate.records import Sampling
+from strict_gate.runs.prompts import PromptSet, load_prompts
+from strict_gate.runs.records import Sampling
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def build_engine(kind: str, model: str, dtype: str, device: str, threads: int | 
         from strict_gate.engines.hf import HFEngine, HFOptions
 
         return HFEngine(HFOptions(model=model, dtype=dtype, device=device, threads=threads), base_dir=REPO)
-    from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
+    from strict_gate.engines.vllm.engine import VLLMEngine, VLLMOptions
 
     return VLLMEngine(
         VLLMOptions(model=model, dtype=dtype, enforce_eager=True, kv_cache_memory_bytes=64 << 20,
@@ -126,8 +126,8 @@ def bare_vllm(engine: Engine, inputs: list[PromptInput], sampling: Sampling) -> 
 
 def instrument(engine: Engine, sections: Sections) -> None:
     """Time the gate arm's parts: the library's generate, audit, writing, the manifest, reading back."""
-    import strict_gate.records as records
-    import strict_gate.runner as runner
+    import strict_gate.gate.arm as runner
+    import strict_gate.runs.records as records
 
     if engine.kind == "hf":
         sections.wrap(engine._model, "generate", "library generate")
@@ -144,14 +144,14 @@ def instrument(engine: Engine, sections: Sections) -> None:
 
 def gate_arm(engine: Engine, inputs: list[PromptInput], sampling: Sampling, ps: PromptSet, out: Path):
     """The gate's path for one arm: runner.run_arm into a fresh run directory."""
-    from strict_gate.runner import run_arm
+    from strict_gate.gate.arm import run_arm
 
     return run_arm(engine, inputs, sampling, out, prompt_set=ps)
 
 
 def per_gate_costs(run, other, ps: PromptSet, ids: list[str], sampling: Sampling, work: Path) -> dict[str, float]:
     """Comparing two runs and writing every report: once per gate, whatever the prompt count."""
-    from strict_gate.gate import judge
+    from strict_gate.gate.run import judge
     from strict_gate.report import write_reports
 
     t0 = time.perf_counter()
@@ -173,7 +173,7 @@ def profile_top(fn: Callable[[], object], lines: int) -> str:
 
 def measure(kind: str, args, ps: PromptSet, work: Path) -> list[dict]:
     """Every max_tokens for one engine: interleaved bare/gate passes, sections, per-gate costs."""
-    from strict_gate.runner import prompt_inputs
+    from strict_gate.gate.arm import prompt_inputs
 
     engine = build_engine(kind, args.model, args.dtype, args.device, args.threads)
     t0 = time.perf_counter()
@@ -243,7 +243,7 @@ def machine() -> str:
     """What the figures were measured on (the speed arm's own description, plus the stack)."""
     import torch
 
-    from strict_gate.speed.bench import machine as cpu_and_gpus
+    from strict_gate.gate.bench import machine as cpu_and_gpus
 
     dev = "" if torch.cuda.is_available() else ", no GPU"
     return f"{cpu_and_gpus()}{dev}, Python {platform.python_version()}, torch {torch.__version__}"

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import msgspec
+import numpy as np
 
 VOCAB = 151_000
 

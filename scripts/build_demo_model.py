@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     t_start = time.time()
 
     import numpy as np
-    import torch
     import tokenizers
+    import torch
     import transformers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 

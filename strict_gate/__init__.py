@@ -10,17 +10,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    "load_gate_config": "strict_gate.config",
-    "GateConfig": "strict_gate.config",
-    "run_gate": "strict_gate.gate",
-    "compare_run_dirs": "strict_gate.gate",
-    "capture_baseline": "strict_gate.gate",
-    "GateOutcome": "strict_gate.gate",
-    "rediagnose": "strict_gate.rescore",
-    "run_bench": "strict_gate.speed.bench",
-    "BenchOutcome": "strict_gate.speed.bench",
+    "load_gate_config": "strict_gate.gate.config",
+    "GateConfig": "strict_gate.gate.config",
+    "run_gate": "strict_gate.gate.run",
+    "compare_run_dirs": "strict_gate.gate.run",
+    "capture_baseline": "strict_gate.gate.run",
+    "GateOutcome": "strict_gate.gate.run",
+    "rediagnose": "strict_gate.gate.rescore",
+    "run_bench": "strict_gate.gate.bench",
+    "BenchOutcome": "strict_gate.gate.bench",
     "SpeedResult": "strict_gate.speed.model",
-    "GateResult": "strict_gate.report.result",
+    "GateResult": "strict_gate.judge.result",
     "StrictGateError": "strict_gate.errors",
     "InputError": "strict_gate.errors",
     "ConfigError": "strict_gate.errors",
@@ -32,7 +32,6 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from strict_gate.config import GateConfig, load_gate_config
     from strict_gate.errors import (
         ConfigError,
         EngineError,
@@ -41,11 +40,12 @@ if TYPE_CHECKING:
         MissingExtraError,
         StrictGateError,
     )
-    from strict_gate.gate import GateOutcome, capture_baseline, compare_run_dirs, run_gate
-    from strict_gate.rescore import rediagnose
-    from strict_gate.speed.bench import BenchOutcome, run_bench
+    from strict_gate.gate.bench import BenchOutcome, run_bench
+    from strict_gate.gate.config import GateConfig, load_gate_config
+    from strict_gate.gate.rescore import rediagnose
+    from strict_gate.gate.run import GateOutcome, capture_baseline, compare_run_dirs, run_gate
+    from strict_gate.judge.result import GateResult
     from strict_gate.speed.model import SpeedResult
-    from strict_gate.report.result import GateResult
 
     __version__: str
 

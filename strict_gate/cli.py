@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -32,16 +32,16 @@ err = Console(stderr=True, markup=False, highlight=False)
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "gates" / "demo.toml"
 
 PolicyOpt = Annotated[
-    Optional[str], typer.Option("--policy", help="strict | near-tie | distributional | auto (default: the config's)")
+    str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto (default: the config's)")
 ]
-BandOpt = Annotated[Optional[float], typer.Option("--band", help="near-tie band in nats (default 0.5)")]
+BandOpt = Annotated[float | None, typer.Option("--band", help="near-tie band in nats (default 0.5)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]
 SummaryOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--summary", metavar="FILE", help="write the markdown summary here ($GITHUB_STEP_SUMMARY is appended to when set)"),
 ]
 FailOnOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--fail-on", help="regressions that exit 1, comma-separated: new-failure, status-worse, "
                  "positions-drop, drift-worse, or none (default: the first three)"),
 ]
@@ -63,7 +63,7 @@ def _fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except StrictGateError as e:
-            from strict_gate.redact import scrub
+            from strict_gate.core.redact import scrub
             from strict_gate.report.text import visible
 
             message = visible(scrub(str(e)), keep_newlines=True)
@@ -83,7 +83,7 @@ def _progress():
     drawn on the terminal itself, since an in-process arm points stdout and stderr at its engine.log."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from strict_gate.engine_log import terminal_stderr
+    from strict_gate.core.engine_log import terminal_stderr
 
     progress = Progress(
         TextColumn("{task.description:<10}"),
@@ -122,13 +122,13 @@ def _finish(result, report_dir: Path | None) -> None:
 def _summarise(result, summary: Path | None) -> None:
     """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
     if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
-        from strict_gate.nightly import summary_markdown, write_summary
+        from strict_gate.nightly.loop import summary_markdown, write_summary
 
         write_summary(summary_markdown(result), summary)
 
 
 def _fail_on(text: str | None):
-    from strict_gate.diff import DEFAULT_FAIL_ON, parse_fail_on
+    from strict_gate.nightly.diff import DEFAULT_FAIL_ON, parse_fail_on
 
     return DEFAULT_FAIL_ON if text is None else parse_fail_on(text)
 
@@ -136,12 +136,12 @@ def _fail_on(text: str | None):
 @app.command()
 @_fail_cleanly
 def gate(
-    config: Annotated[Optional[Path], typer.Argument(help="gate TOML; default: the bundled demo gate")] = None,
+    config: Annotated[Path | None, typer.Argument(help="gate TOML; default: the bundled demo gate")] = None,
     policy: PolicyOpt = None,
     band: BandOpt = None,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="where reports go")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where reports go")] = None,
     resume: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--resume", metavar="REPORT_DIR", help="continue an interrupted gate, keeping the prompts done"),
     ] = None,
     summary: SummaryOpt = None,
@@ -153,7 +153,7 @@ def gate(
     """Run both arms per the config, compare them, and write the report."""
     from contextlib import nullcontext
 
-    from strict_gate.engine_log import engine_logs_on_console
+    from strict_gate.core.engine_log import engine_logs_on_console
 
     with engine_logs_on_console() if verbose else nullcontext():
         _gate(config, policy, band, output_dir, resume, summary)
@@ -165,7 +165,7 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         if config is not None or policy is not None or band is not None or output_dir is not None:
             raise StrictGateError("--resume runs the gate under its own REPORT_DIR/gate.toml: "
                                   "give no CONFIG, --policy, --band or -o with it")
-        from strict_gate.resume import resume_gate
+        from strict_gate.gate.resume import resume_gate
 
         progress, hook = _progress()
         with progress:
@@ -173,8 +173,8 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         err.print(resumed.describe())
         _summarise(resumed.outcome.result, summary)
         return _finish(resumed.outcome.result, resumed.outcome.report_dir)
-    from strict_gate.config import load_gate_config
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.run import run_gate
 
     if config is None:
         if not DEMO_CONFIG.exists():
@@ -193,17 +193,16 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
 @_fail_cleanly
 def bench(
     config: Annotated[Path, typer.Argument(help="gate TOML with a [speed] table")],
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
 ) -> None:
     """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
     Exit 0, 4 below min_speed_ratio, 3 not measured while a bar is set, 2 bad input."""
-    from strict_gate.config import load_gate_config
+    from strict_gate.core.engine_log import terminal_stderr
+    from strict_gate.gate.bench import run_bench
+    from strict_gate.gate.config import load_gate_config
     from strict_gate.report.console import print_speed
     from strict_gate.report.speed_view import build
     from strict_gate.report.text import visible
-    from strict_gate.speed.bench import run_bench
-
-    from strict_gate.engine_log import terminal_stderr
 
     cfg = load_gate_config(config)
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
@@ -225,12 +224,12 @@ def run(
     force: ForceOpt = False,
 ) -> None:
     """Run one arm only, to record a run or a baseline."""
-    from strict_gate.config import load_arm_config
-    from strict_gate.output import staged_run_dir
-    from strict_gate.prompts import load_prompts
-    from strict_gate.records import Sampling
+    from strict_gate.gate.arm import prompt_inputs, run_arm
+    from strict_gate.gate.config import load_arm_config
     from strict_gate.report.text import visible
-    from strict_gate.runner import prompt_inputs, run_arm
+    from strict_gate.runs.output import staged_run_dir
+    from strict_gate.runs.prompts import load_prompts
+    from strict_gate.runs.records import Sampling
 
     arm = load_arm_config(engine_config)
     ps = load_prompts(prompts)
@@ -253,15 +252,15 @@ def run(
 @_fail_cleanly
 def capture(
     config: Annotated[Path, typer.Argument(help="gate TOML whose [reference] is captured")],
-    runs: Annotated[Optional[int], typer.Option("--runs", "-k", help="K runs per prompt (default: [reference] runs, else 5)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="default: baselines/<name>")] = None,
+    runs: Annotated[int | None, typer.Option("--runs", "-k", help="K runs per prompt (default: [reference] runs, else 5)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="default: baselines/<name>")] = None,
     force: ForceOpt = False,
 ) -> None:
     """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
-    from strict_gate.config import load_gate_config
-    from strict_gate.gate import capture_baseline
-    from strict_gate.output import safe_name
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.run import capture_baseline
     from strict_gate.report.text import visible
+    from strict_gate.runs.output import safe_name
 
     cfg = load_gate_config(config, require_candidate=False)
     k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else 5)
@@ -288,13 +287,13 @@ def compare(
     candidate_run: Annotated[Path, typer.Argument(help="candidate run directory")],
     policy: Annotated[str, typer.Option("--policy")] = "auto",
     band: Annotated[float, typer.Option("--band")] = 0.5,
-    out: Annotated[Optional[Path], typer.Option("--out", help="write reports to this directory")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write reports to this directory")] = None,
     prompts: Annotated[
-        Optional[Path], typer.Option("--prompts", "-p", help="the prompt set both runs were made from (expected ids)")
+        Path | None, typer.Option("--prompts", "-p", help="the prompt set both runs were made from (expected ids)")
     ] = None,
 ) -> None:
     """Compare two stored runs: no engine, no torch."""
-    from strict_gate.gate import compare_run_dirs
+    from strict_gate.gate.run import compare_run_dirs
 
     result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=band, prompts=prompts, out=out)
     _finish(result, out)
@@ -307,11 +306,11 @@ def diff(
     new_report: Annotated[Path, typer.Argument(help="tonight's report directory or report.json")],
     fail_on: FailOnOpt = None,
     json_out: Annotated[
-        Optional[Path], typer.Option("--json", help="where diff.json goes (default: beside the new report.json)")
+        Path | None, typer.Option("--json", help="where diff.json goes (default: beside the new report.json)")
     ] = None,
 ) -> None:
     """What changed from one night's report to the next; exit 1 on a regression. No torch."""
-    from strict_gate.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
+    from strict_gate.nightly.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
 
     d = diff_report_files(old_report, new_report, fail_on=_fail_on(fail_on))
     console.print(render_markdown(d))
@@ -324,19 +323,19 @@ def diff(
 def nightly(
     config: Annotated[Path, typer.Argument(help="gate TOML (its reference usually a committed baseline)")],
     previous: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--previous", metavar="REPORT", help="last night's report (default: the newest in the output dir's history)"),
     ] = None,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="kept from night to night")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="kept from night to night")] = None,
     fail_on: FailOnOpt = None,
     keep: Annotated[int, typer.Option("--keep", help="report directories of this gate kept in the output dir")] = 14,
     summary: SummaryOpt = None,
 ) -> None:
     """Run a gate, diff it against the previous night, write the summary; exit 1 on a failed
     verdict or a regression, 3 on an incomplete gate."""
-    from strict_gate.config import load_gate_config
-    from strict_gate.diff import render_markdown
-    from strict_gate.nightly import NO_PREVIOUS, run_nightly, write_summary
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.nightly.diff import render_markdown
+    from strict_gate.nightly.loop import NO_PREVIOUS, run_nightly, write_summary
     from strict_gate.report.console import print_result
 
     cfg = load_gate_config(config)
@@ -356,7 +355,7 @@ def diagnose(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
 ) -> None:
     """Re-score a finished gate's divergences with its reference engine and rewrite the report."""
-    from strict_gate.rescore import rediagnose
+    from strict_gate.gate.rescore import rediagnose
 
     outcome = rediagnose(report_dir)
     _finish(outcome.result, outcome.report_dir)
@@ -366,7 +365,7 @@ def diagnose(
 @_fail_cleanly
 def show(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
-    prompt: Annotated[Optional[str], typer.Option("--prompt", help="show this prompt (any status)")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="show this prompt (any status)")] = None,
 ) -> None:
     """Both continuations side by side in the terminal: tokens, top-k, gaps, diagnosis, text."""
     from strict_gate.report.show import show as show_report
@@ -378,7 +377,7 @@ def show(
 @_fail_cleanly
 def prompts(file: Annotated[Path, typer.Argument(help="prompt set .jsonl")]) -> None:
     """Validate a prompt set and print its size and sha256."""
-    from strict_gate.prompts import load_prompts
+    from strict_gate.runs.prompts import load_prompts
 
     ps = load_prompts(file)
     n_text = sum(1 for p in ps.prompts if p.text is not None)

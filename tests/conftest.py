@@ -60,7 +60,7 @@ def need_vllm() -> None:
 def vllm_engine():
     """One started VLLMEngine on the bundled model, float32, for the whole session."""
     need_vllm()
-    from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
+    from strict_gate.engines.vllm.engine import VLLMEngine, VLLMOptions
 
     eng = VLLMEngine(VLLMOptions(**VLLM_OPTIONS), base_dir=ROOT)
     with eng.scoped_env():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strict_gate.records import (
+from strict_gate.runs.records import (
     EngineInfo,
     Manifest,
     Record,

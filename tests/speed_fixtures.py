@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from helpers import rec
 
-from strict_gate.gate import judge
-from strict_gate.records import EngineInfo, Manifest, Run, Sampling, now_iso
+from strict_gate.gate.run import judge
 from strict_gate.report import GateResult
+from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
 from strict_gate.speed.model import ArmFigures, Figure, Method, Mismatch, Rung, RungResult, SpeedResult, judge_speed
 
 RUNGS = (Rung("128/128", 128, 128), Rung("1024/128@4", 1024, 128, concurrency=4))

@@ -10,9 +10,9 @@ from helpers import confident, rec, step, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.compare import Status, compare_runs
-from strict_gate.config import parse_gate_config
 from strict_gate.errors import ConfigError
+from strict_gate.gate.config import parse_gate_config
+from strict_gate.judge.compare import Status, compare_runs
 
 runner = CliRunner()
 HERE = Path(__file__).resolve().parent
@@ -162,7 +162,7 @@ def test_runs_that_differ_are_not_comparable_exit_2_naming_the_field(tmp_path, c
 def test_prompt_missing_from_both_runs_is_missing_not_absent(tmp_path):
     prompts = tmp_path / "set.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 2]}) + "\n" for i in range(3)))
-    from strict_gate.prompts import load_prompts
+    from strict_gate.runs.prompts import load_prompts
 
     sha = load_prompts(prompts).sha256
     both = [rec("p0", [5]), rec("p1", [6])]  # p2 is in neither run

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from strict_gate.engines import PromptInput, engine_class
-from strict_gate.engines.command import CommandEngine, CommandOptions
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.errors import ConfigError, EngineError
-from strict_gate.records import Sampling
+from strict_gate.runs.records import Sampling
 
 HERE = Path(__file__).resolve().parent
 FAKE = HERE / "engines" / "fake_engine.py"
@@ -83,8 +83,8 @@ def test_registry_and_flags():
 
 
 def test_runner_puts_the_engine_log_in_the_run_directory(tmp_path):
-    from strict_gate.prompts import load_prompts
-    from strict_gate.runner import run_arm
+    from strict_gate.gate.arm import run_arm
+    from strict_gate.runs.prompts import load_prompts
 
     (tmp_path / "p.jsonl").write_text('{"id": "p1", "token_ids": [1, 10, 11]}\n')
     eng = CommandEngine(CommandOptions(command=[sys.executable, str(FAKE)]), base_dir=tmp_path)
@@ -225,7 +225,7 @@ def test_bad_json_is_truncated(tmp_path):
     eng.start()
     pid = eng.hello["pid"]
     # a huge bad line: the quote must stay short
-    from strict_gate.engines.command_process import _quote
+    from strict_gate.engines.command.process import _quote
 
     q = _quote("x" * 5000)
     assert len(q) < 300 and "5000 chars" in q

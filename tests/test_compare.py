@@ -3,9 +3,9 @@
 import pytest
 from helpers import confident, rec, step
 
-from strict_gate.compare import compare_runs
 from strict_gate.errors import ConfigError
-from strict_gate.policy import apply_policy
+from strict_gate.judge.compare import compare_runs
+from strict_gate.judge.policy import apply_policy
 
 
 def cmp(ref, cand, band=0.5, ids=None):

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from helpers import child_pid
 
-from strict_gate.config import load_gate_config
 from strict_gate.engines.base import PromptInput
-from strict_gate.engines.command import CommandEngine, CommandOptions
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.errors import EngineError
-from strict_gate.gate import run_gate
-from strict_gate.reader import load_run
-from strict_gate.records import Sampling
+from strict_gate.gate.config import load_gate_config
+from strict_gate.gate.run import run_gate
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import Sampling
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from helpers import rec, step
 
-from strict_gate.config import parse_gate_config
-from strict_gate.drift import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
-from strict_gate.engines.base import ScoredStep
 from strict_gate.errors import ConfigError
-from strict_gate.prefix_drift import DriftScale
+from strict_gate.gate.config import parse_gate_config
+from strict_gate.judge.drift import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
+from strict_gate.judge.prefix_drift import DriftScale
+from strict_gate.runs.records import ScoredStep
 
 
 def scored(token, *pairs, logprob=None):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import need
 
-from strict_gate.engine_log import engine_log, engine_logs_on_console
+from strict_gate.core.engine_log import engine_log, engine_logs_on_console
 
 REPO = Path(__file__).resolve().parent.parent
 

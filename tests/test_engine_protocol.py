@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from strict_gate.engines import PromptInput
-from strict_gate.engines.command import CommandEngine, CommandOptions
-from strict_gate.engines.command_replies import ReplyError, generate_record, scored_steps
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
+from strict_gate.engines.command.replies import ReplyError, generate_record, scored_steps
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError
-from strict_gate.records import Sampling
+from strict_gate.runs.records import Sampling
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "engine-protocol.md"

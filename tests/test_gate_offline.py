@@ -7,8 +7,8 @@ from helpers import confident, rec, step, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.prompts import load_prompts
 from strict_gate.report.text import md
+from strict_gate.runs.prompts import load_prompts
 
 runner = CliRunner()
 

@@ -81,7 +81,7 @@ def perturbed_model(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from strict_gate.engines.base import resolve_model
+    from strict_gate.core.model_files import resolve_model
 
     src = Path(resolve_model("bundled:tiny-llama", REPO))
     out = tmp_path_factory.mktemp("perturbed")
@@ -137,10 +137,10 @@ def test_run_then_compare_and_diagnose(tmp_path):
 def test_batch_option_reaches_the_engine(tmp_path):
     """batch = 4 sends four prompts per generate() (left-padded); records stay per prompt, in order."""
     from strict_gate.engines.hf import HFEngine, HFOptions
-    from strict_gate.prompts import load_prompts
-    from strict_gate.reader import load_run
-    from strict_gate.records import Sampling
-    from strict_gate.runner import prompt_inputs, run_arm
+    from strict_gate.gate.arm import prompt_inputs, run_arm
+    from strict_gate.runs.prompts import load_prompts
+    from strict_gate.runs.reader import load_run
+    from strict_gate.runs.records import Sampling
 
     ps = load_prompts(SMOKE)
     eng = HFEngine(HFOptions(model="bundled:tiny-llama", batch=4), base_dir=REPO)

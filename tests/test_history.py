@@ -11,10 +11,11 @@ from helpers import rec, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.history import HISTORY_FILE, append_history, git_commit, read_history
-from strict_gate.prompts import load_prompts
-from strict_gate.records import EngineInfo
-from strict_gate.staleness import baseline_staleness, model_digest
+from strict_gate.core.model_files import model_digest
+from strict_gate.judge.history import HISTORY_FILE, append_history, git_commit, read_history
+from strict_gate.judge.staleness import baseline_staleness
+from strict_gate.runs.prompts import load_prompts
+from strict_gate.runs.records import EngineInfo
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,11 +91,11 @@ def test_baseline_staleness(tmp_path, monkeypatch):
     info = EngineInfo(kind="vllm", model=str(model),
                       options={"replayed_from": "baselines/x", "resolved_model": str(model), "model_digest": digest},
                       versions={"vllm": "0.32.0"})
-    monkeypatch.setattr("strict_gate.staleness.installed_vllm", lambda: "0.32.0")
+    monkeypatch.setattr("strict_gate.judge.staleness.installed_vllm", lambda: "0.32.0")
     assert baseline_staleness(info) == ()
     assert baseline_staleness(replace(info, options={})) == ()  # a live reference: nothing to say
     (model / "w.bin").write_bytes(b"\1" * 100)
-    monkeypatch.setattr("strict_gate.staleness.installed_vllm", lambda: "0.33.1")
+    monkeypatch.setattr("strict_gate.judge.staleness.installed_vllm", lambda: "0.33.1")
     (note,) = baseline_staleness(info)
     assert "baseline baselines/x may be stale" in note and "vLLM 0.32.0 and vLLM 0.33.1 is installed" in note
     assert f"the model files at {model} differ" in note and "--out baselines/x --force" in note
@@ -133,7 +134,7 @@ def test_gate_notes_a_stale_baseline(tmp_path, monkeypatch):
     manifest = json.loads((tmp_path / "ref" / "manifest.json").read_text())
     manifest["engine"]["versions"] = {"vllm": "0.1.0"}
     (tmp_path / "ref" / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr("strict_gate.staleness.installed_vllm", lambda: "0.32.0")
+    monkeypatch.setattr("strict_gate.judge.staleness.installed_vllm", lambda: "0.32.0")
     assert runner.invoke(app, ["gate", str(g)]).exit_code == 0  # a note, not a failure
     (d,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
     (note,) = [n for n in json.loads((d / "report.json").read_text())["notes"] if "may be stale" in n]

@@ -18,9 +18,10 @@ from helpers import rec
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.gate import compare_run_dirs, judge
-from strict_gate.records import EngineInfo, Manifest, Run, Sampling, now_iso
-from strict_gate.report import GateResult, html as html_report
+from strict_gate.gate.run import compare_run_dirs, judge
+from strict_gate.report import GateResult
+from strict_gate.report import html as html_report
+from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINES = REPO / "baselines"
@@ -151,8 +152,8 @@ def test_a_10000_prompt_gate_stays_a_small_file():
 def test_report_md_stays_pr_comment_sized_on_a_10000_prompt_gate():
     """1,000 of 10,000 prompts diverge: report.md lists the first 50 and counts the rest, under
     GitHub's 65,536-character comment limit; report.json still has every one."""
+    from strict_gate.judge.result import to_json
     from strict_gate.report import markdown
-    from strict_gate.report.result import to_json
 
     result = big_gate(10)
     text = markdown.render(result)

@@ -8,11 +8,11 @@ from helpers import rec, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.config import parse_gate_config
 from strict_gate.errors import ConfigError, IncompleteRunError, InputError
-from strict_gate.prompts import load_prompts
-from strict_gate.reader import load_run
-from strict_gate.records import EngineInfo, Manifest, RunWriter, Sampling, now_iso
+from strict_gate.gate.config import parse_gate_config
+from strict_gate.runs.prompts import load_prompts
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import EngineInfo, Manifest, RunWriter, Sampling, now_iso
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -200,7 +200,7 @@ def test_cli_help_and_compare_do_not_import_torch():
 
 @pytest.mark.parametrize("gate", sorted((REPO / "gates").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_gates_are_valid(gate):
-    from strict_gate.config import load_gate_config
+    from strict_gate.gate.config import load_gate_config
 
     cfg = load_gate_config(gate, require_candidate=not gate.name.startswith("capture-"))
     load_prompts(cfg.prompts)

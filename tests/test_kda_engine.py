@@ -14,9 +14,9 @@ import pytest
 from conftest import need
 
 from strict_gate.engines import PromptInput
-from strict_gate.engines.command import CommandEngine, CommandOptions
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.errors import EngineError
-from strict_gate.records import Sampling
+from strict_gate.runs.records import Sampling
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples/models/tiny-kimi-linear"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import need
 
-from strict_gate.config import load_gate_config
-from strict_gate.gate import run_gate
+from strict_gate.gate.config import load_gate_config
+from strict_gate.gate.run import run_gate
 
 need("transformers")
 pytestmark = pytest.mark.slow

@@ -25,13 +25,13 @@ def test_import_loads_no_submodule_and_the_entry_points_no_engine():
     assert not [m for m in _modules_after("import strict_gate") if m.startswith("strict_gate.")]
     loaded = _modules_after("import strict_gate as s\nfor n in s.__all__: getattr(s, n)")
     assert not [m for m in loaded if m.split(".")[0] in HEAVY]
-    assert "strict_gate.rescore" in loaded
+    assert "strict_gate.gate.rescore" in loaded
 
 
 def test_exports():
     assert set(strict_gate.__all__) <= set(dir(strict_gate))
     assert isinstance(strict_gate.__version__, str) and strict_gate.__version__
-    importlib.import_module("strict_gate.rescore")  # binds the submodule on the package; the export must win
+    importlib.import_module("strict_gate.gate.rescore")  # binds the submodule on the package; the export must win
     assert callable(strict_gate.rediagnose) and strict_gate.rediagnose.__name__ == "rediagnose"
     assert issubclass(strict_gate.ConfigError, strict_gate.StrictGateError)
     with pytest.raises(AttributeError):

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import child_pid
 
-from strict_gate.engines.command import CommandEngine, CommandOptions
-from strict_gate.reader import load_run
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
+from strict_gate.runs.reader import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PY = ROOT / ".venvs" / "llamacpp" / "bin" / "python"

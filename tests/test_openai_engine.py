@@ -185,14 +185,14 @@ if __name__ == "__main__":
     sys.exit(0)
 
 
-import pytest  # noqa: E402
-from conftest import need, need_vllm  # noqa: E402
+import pytest
+from conftest import need, need_vllm
 
-from strict_gate.engines.base import PromptInput  # noqa: E402
-from strict_gate.engines.openai import OpenAIEngine, OpenAIOptions  # noqa: E402
-from strict_gate.errors import ConfigError, EngineError  # noqa: E402
-from strict_gate.options import parse_options  # noqa: E402
-from strict_gate.records import FINISH_REASONS, Sampling  # noqa: E402
+from strict_gate.core.options import parse_options
+from strict_gate.engines.base import PromptInput
+from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
+from strict_gate.errors import ConfigError, EngineError
+from strict_gate.runs.records import FINISH_REASONS, Sampling
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -536,7 +536,7 @@ def server(api_key, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompts(server) -> list[PromptInput]:
-    from strict_gate.prompts import load_prompts
+    from strict_gate.runs.prompts import load_prompts
 
     ps = load_prompts(SMOKE).prompts[:N_PROMPTS]
     assert len(ps) == N_PROMPTS
@@ -646,8 +646,8 @@ def test_vllm_teacher_forced_score_is_argmax_on_own_output(server, records):
 @pytest.mark.vllm
 def test_gate_vllm_offline_against_the_same_model_over_http(server, vllm_engine, tmp_path):
     """The reference is vLLM in process, the candidate the same model served over HTTP."""
-    from strict_gate.config import parse_gate_config
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.config import parse_gate_config
+    from strict_gate.gate.run import run_gate
 
     text = (
         f'name = "http"\nprompts = "{SMOKE}"\nmax_tokens = {MAX_TOKENS}\ntop_logprobs = {TOP_K}\n'

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strict_gate import reader
-from strict_gate.audit import greedy_violation
-from strict_gate.compare import BAND_EPS, Status, compare_runs
 from strict_gate.errors import StrictGateError
-from strict_gate.policy import apply_policy
-from strict_gate.reader import load_run
-from strict_gate.records import Record, sort_topk
+from strict_gate.judge.compare import BAND_EPS, Status, compare_runs
+from strict_gate.judge.policy import apply_policy
+from strict_gate.runs.audit import greedy_violation
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import Record, sort_topk
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 DISK = settings(SETTINGS, max_examples=40)  # examples that write run directories
@@ -143,9 +143,9 @@ def _strict_json(text: str):
 @DISK
 @given(run_pair(), st.text(min_size=1, max_size=12))
 def test_report_json_is_always_strict_json(tmp_path_factory, pair, weird):
-    from strict_gate.gate import judge
-    from strict_gate.records import EngineInfo, Manifest, Run, Sampling, Timing
+    from strict_gate.gate.run import judge
     from strict_gate.report import write_reports
+    from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, Timing
 
     ref, cand = pair
     # Weird ids (control characters, quotes, non-ASCII) and timings that are not finite.
@@ -227,8 +227,8 @@ def test_the_fast_path_is_taken_for_large_files(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("status", list(Status))
 def test_every_status_but_match_and_near_tie_fails_every_policy(status):
-    from strict_gate.compare import Comparison, Divergence, PromptComparison, summarize
-    from strict_gate.policy import POLICIES
+    from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, summarize
+    from strict_gate.judge.policy import POLICIES
 
     div = Divergence(0, 3, 4, 0.1, 0.1, 0.1, "why")
     pc = PromptComparison("p", status, None if status == Status.MATCH else div, 0, 0, 1, 1, "detail")

@@ -17,10 +17,10 @@ from helpers import confident, rec, step, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.config import load_gate_config
-from strict_gate.gate import run_gate
-from strict_gate.prompts import load_prompts
-from strict_gate.reader import load_run
+from strict_gate.gate.config import load_gate_config
+from strict_gate.gate.run import run_gate
+from strict_gate.runs.prompts import load_prompts
+from strict_gate.runs.reader import load_run
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent

@@ -24,11 +24,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.gate import judge
-from strict_gate.records import EngineInfo, Manifest, Run, Sampling, Timing, now_iso
-from strict_gate.redact import REDACTED, is_secret_name, redact_toml
+from strict_gate.core.redact import REDACTED, is_secret_name, redact_toml
+from strict_gate.gate.run import judge
 from strict_gate.report import write_reports
 from strict_gate.report.console import print_result
+from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, Timing, now_iso
 
 FAKE = Path(__file__).parent / "engines" / "fake_engine.py"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # anything but a newline
@@ -133,7 +133,7 @@ def test_secrets_never_reach_the_report_dir_or_the_console(tmp_path, echo_server
 
 
 def test_the_engine_still_gets_the_real_secret(tmp_path):
-    from strict_gate.engines.command import CommandEngine, CommandOptions
+    from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 
     value = "ghp_" + secrets.token_hex(10)
     eng = CommandEngine(CommandOptions(command=[sys.executable, str(FAKE)]), env={"GH_TOKEN": value, "FAKE_ECHO_ENV": "GH_TOKEN"},
@@ -169,7 +169,7 @@ def test_redacted_gate_toml_is_valid_and_unchanged_without_secrets():
 
 def test_a_redacted_entry_read_back_is_not_applied(tmp_path):
     """strict-gate diagnose reloads the report's gate.toml: the engine inherits the real variable."""
-    from strict_gate.config import parse_gate_config
+    from strict_gate.gate.config import parse_gate_config
 
     text = ('name = "x"\nprompts = "p.jsonl"\n[reference]\nkind = "recorded"\npath = "r"\n'
             f'[reference.env]\nHF_TOKEN = "{REDACTED}"\nDEVICE_KDA = "1"\n')
@@ -286,9 +286,9 @@ def test_prompt_file_must_be_a_bounded_regular_file(tmp_path, special, monkeypat
     elif special == "dir":
         path = tmp_path
     elif special == "huge":
-        import strict_gate.prompts
+        import strict_gate.runs.prompts
 
-        monkeypatch.setattr(strict_gate.prompts, "MAX_PROMPT_BYTES", 10)
+        monkeypatch.setattr(strict_gate.runs.prompts, "MAX_PROMPT_BYTES", 10)
         path = prompts_file(tmp_path)
     else:
         path = Path(special)

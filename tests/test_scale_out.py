@@ -23,11 +23,11 @@ import pytest
 from conftest import ROOT, need_vllm
 from test_openai_engine import _fake_token, fake  # noqa: F401 (fake is a fixture)
 
-from strict_gate.config import parse_gate_config
 from strict_gate.engines.base import PromptInput
-from strict_gate.engines.openai import OpenAIEngine, OpenAIOptions
+from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
 from strict_gate.errors import ConfigError, EngineError
-from strict_gate.records import Sampling
+from strict_gate.gate.config import parse_gate_config
+from strict_gate.runs.records import Sampling
 
 PROMPTS = [PromptInput(f"p{i}", (1, 5 + i, 9)) for i in range(8)]
 SAMPLING = Sampling(max_tokens=3, top_logprobs=2)
@@ -98,7 +98,7 @@ def test_gate_with_a_dying_server_then_resume(fakes, tmp_path):
     from typer.testing import CliRunner
 
     from strict_gate.cli import app
-    from strict_gate.reader import load_run
+    from strict_gate.runs.reader import load_run
 
     _, ref = fakes()
     _, good = fakes()
@@ -191,7 +191,7 @@ def test_config_checks_import_no_vllm():
     """Reading a gate without a vllm arm, or with valid vLLM arguments, imports neither vLLM nor torch."""
     code = (
         "import sys, pathlib, tempfile\n"
-        "from strict_gate.config import parse_gate_config\n"
+        "from strict_gate.gate.config import parse_gate_config\n"
         f"parse_gate_config({TP!r}, '/tmp/x.toml', require_candidate=False)\n"
         "parse_gate_config('prompts = \"p.jsonl\"\\n[reference]\\nkind = \"hf\"\\nmodel = \"m\"\\n', '/tmp/y.toml', "
         "require_candidate=False)\n"
@@ -226,8 +226,8 @@ SMOKE = ROOT / "prompts" / "smoke.jsonl"
 def test_two_launched_vllm_servers_give_the_offline_engines_tokens(vllm_engine, tmp_path):
     """servers = 2: two vLLM OpenAI servers launched by the engine share the smoke set; every
     record equals the offline vLLM engine's, and each server answered some of the prompts."""
-    from strict_gate.prompts import load_prompts
-    from strict_gate.runner import prompt_inputs, run_arm
+    from strict_gate.gate.arm import prompt_inputs, run_arm
+    from strict_gate.runs.prompts import load_prompts
 
     ps = load_prompts(SMOKE)
     inputs = prompt_inputs(ps, vllm_engine)

@@ -9,8 +9,8 @@ from test_html_report import offline_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.reader import load_run
 from strict_gate.report.text import Decoder
+from strict_gate.runs.reader import load_run
 
 runner = CliRunner()
 

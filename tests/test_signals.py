@@ -158,7 +158,7 @@ def test_an_engine_never_closed_is_stopped_at_exit(tmp_path):
     """The atexit net: a script that starts an engine and exits without close() leaves nothing."""
     code = (
         "import sys\n"
-        "from strict_gate.engines.command import CommandEngine, CommandOptions\n"
+        "from strict_gate.engines.command.engine import CommandEngine, CommandOptions\n"
         f"eng = CommandEngine(CommandOptions(command=[sys.executable, {str(FAKE)!r}, '--ignore-term', '--shutdown-delay', '120', "
         f"'--pidfile', {str(tmp_path / 'cand.pid')!r}]))\n"
         "eng.start()\n"

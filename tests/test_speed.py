@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.config import load_gate_config
 from strict_gate.errors import ConfigError
-from strict_gate.speed.bench import run_bench
+from strict_gate.gate.bench import run_bench
+from strict_gate.gate.config import load_gate_config
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement
 from strict_gate.speed.model import Figure, Method, Ratio, SpeedVerdictKind
@@ -180,7 +180,7 @@ def test_an_engine_that_dies_mid_ladder_is_not_restarted(tmp_path):
 
 
 def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tmp_path):
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.run import run_gate
 
     speed = 'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }'
     path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01"), speed,
@@ -241,7 +241,7 @@ def test_matched_check_flags_a_flattering_denominator_and_states_the_unknown():
 
 
 def test_a_launched_vllm_server_states_its_settings_from_its_flags():
-    from strict_gate.engines.vllm_args import vllm_serve_settings
+    from strict_gate.engines.vllm.args import vllm_serve_settings
 
     argv = ["vllm", "serve", "m", "--dtype", "float32", "--enforce-eager", "--max-model-len=512",
             "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.3"]
@@ -272,7 +272,7 @@ def test_ratio_spread_contains_the_median_ratio(cand, ref):
 
 
 def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(tmp_path):
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.run import run_gate
 
     engine = tmp_path / "engine.toml"
     engine.write_text(command_arm("--per-token", "0.01") + 'model = "speed-model"\n')
@@ -294,7 +294,7 @@ def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(t
 
 
 def test_an_arm_whose_token_run_failed_is_not_restarted_to_be_timed(tmp_path):
-    from strict_gate.gate import run_gate
+    from strict_gate.gate.run import run_gate
 
     path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01", "--die-after", "1"),
                      'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = 0.5')

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, VLLM_OPTIONS, need
 from typer.testing import CliRunner
 
-from strict_gate.config import load_gate_config
-from strict_gate.speed.bench import SpeedSession
+from strict_gate.gate.bench import SpeedSession
+from strict_gate.gate.config import load_gate_config
 from strict_gate.speed.config import SpeedConfig, parse_rung
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement
@@ -36,8 +36,8 @@ def small_ladder() -> SpeedConfig:
 
 
 def gate_inputs(engine):
-    from strict_gate.prompts import load_prompts
-    from strict_gate.runner import prompt_inputs
+    from strict_gate.gate.arm import prompt_inputs
+    from strict_gate.runs.prompts import load_prompts
 
     return prompt_inputs(load_prompts(ROOT / "prompts" / "smoke.jsonl"), engine)[:2]
 
@@ -82,7 +82,7 @@ def test_hf_against_hf_is_matched_and_bf16_flatters():
 
 def test_eager_reference_against_compiled_vllm_is_flagged_flattering():
     need("transformers")
-    from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
+    from strict_gate.engines.vllm.engine import VLLMEngine, VLLMOptions
 
     compiled = VLLMEngine(VLLMOptions(**{**VLLM_OPTIONS, "enforce_eager": None}), base_dir=ROOT)  # not started
     eager = VLLMEngine(VLLMOptions(**VLLM_OPTIONS), base_dir=ROOT)

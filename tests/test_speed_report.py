@@ -21,12 +21,21 @@ from speed_fixtures import CASES, FLATTERING, RUNGS, arm, gate, speed
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
+from strict_gate.judge.result import overall_exit_code
 from strict_gate.report import html, junit, markdown, speed_view, write_reports
 from strict_gate.report.console import print_result
-from strict_gate.report.result import overall_exit_code
 from strict_gate.report.text import md
-from strict_gate.speed.model import (ArmFigures, Figure, Method, Mismatch, RungResult, SpeedResult, SpeedVerdict,
-                                     SpeedVerdictKind, judge_speed)
+from strict_gate.speed.model import (
+    ArmFigures,
+    Figure,
+    Method,
+    Mismatch,
+    RungResult,
+    SpeedResult,
+    SpeedVerdict,
+    SpeedVerdictKind,
+    judge_speed,
+)
 
 runner = CliRunner()
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from strict_gate.core.options import parse_options
 from strict_gate.engines.base import PromptInput
 from strict_gate.errors import ConfigError
-from strict_gate.options import parse_options
-from strict_gate.prompts import load_prompts
-from strict_gate.records import FINISH_REASONS, Sampling
+from strict_gate.runs.prompts import load_prompts
+from strict_gate.runs.records import FINISH_REASONS, Sampling
 
 pytestmark = pytest.mark.vllm
 
 from conftest import need_vllm
 
-from strict_gate.engines.vllm import VLLMEngine, VLLMOptions
+from strict_gate.engines.vllm.engine import VLLMEngine, VLLMOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "prompts" / "smoke.jsonl"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, VLLM_OPTIONS
 
-from strict_gate.config import parse_gate_config
 from strict_gate.errors import ConfigError
-from strict_gate.gate import capture_baseline, run_gate
-from strict_gate.reader import load_run
+from strict_gate.gate.config import parse_gate_config
+from strict_gate.gate.run import capture_baseline, run_gate
+from strict_gate.runs.reader import load_run
 
 pytestmark = pytest.mark.vllm
 SMOKE = ROOT / "prompts" / "smoke.jsonl"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import importlib
 
-from strict_gate.engines.base import Engine, PromptInput, ScoredStep
+from strict_gate.core.options import did_you_mean
+from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError
-from strict_gate.options import did_you_mean
+from strict_gate.runs.records import ScoredStep
 
 ENGINES: dict[str, str] = {
     "hf": "strict_gate.engines.hf:HFEngine",
-    "vllm": "strict_gate.engines.vllm:VLLMEngine",
-    "openai": "strict_gate.engines.openai:OpenAIEngine",
-    "command": "strict_gate.engines.command:CommandEngine",
+    "vllm": "strict_gate.engines.vllm.engine:VLLMEngine",
+    "openai": "strict_gate.engines.openai.engine:OpenAIEngine",
+    "command": "strict_gate.engines.command.engine:CommandEngine",
     "recorded": "strict_gate.engines.recorded:RecordedEngine",
 }
 

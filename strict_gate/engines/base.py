@@ -15,12 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from strict_gate.errors import ConfigError
-from strict_gate.records import EngineInfo, Record, Sampling, TopK
-from strict_gate.redact import register_env
-
-BUNDLED_PREFIX = "bundled:"
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
+from strict_gate.core.redact import register_env
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
 
 
 @dataclass(frozen=True)
@@ -30,19 +26,6 @@ class PromptInput:
     id: str
     token_ids: tuple[int, ...]
     text: str | None = None
-
-
-@dataclass(frozen=True)
-class ScoredStep:
-    """Teacher-forced scoring of one continuation token given everything before it."""
-
-    token_id: int
-    logprob: float | None  # logprob of token_id; None when the engine only reports its top-k
-    top: TopK
-
-    @property
-    def argmax(self) -> int:
-        return self.top[0][0]
 
 
 class Engine(ABC):
@@ -152,53 +135,6 @@ class Engine(ABC):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-
-
-def resolve_model(model: str, base_dir: Path) -> str:
-    """`bundled:NAME` -> the model shipped in the package; a relative path -> against the config."""
-    if model.startswith(BUNDLED_PREFIX):
-        name = model[len(BUNDLED_PREFIX):]
-        path = BUNDLED_DIR / name
-        if not path.is_dir():
-            known = sorted(p.name for p in BUNDLED_DIR.iterdir() if p.is_dir()) if BUNDLED_DIR.is_dir() else []
-            raise ConfigError(f"no bundled model {name!r}; bundled models: {', '.join(known) or 'none'}")
-        return str(path)
-    p = Path(model)
-    if not p.is_absolute() and (base_dir / p).exists():
-        return str((base_dir / p).resolve())
-    return model
-
-
-def find_tokenizer_json(spec: str, base_dir: Path) -> Path | None:
-    """A tokenizer.json named as the file itself or as a model directory holding one
-    (`bundled:NAME` included); None when there is none."""
-    try:
-        path = Path(resolve_model(spec, base_dir))
-    except ConfigError:
-        return None
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    return path if path.is_file() else None
-
-
-def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
-    """What a manifest records as a tokenizer/model location: `bundled:NAME` stays portable
-    across checkouts (a baseline is read on other machines); anything else is the resolved path."""
-    if given and given.startswith(BUNDLED_PREFIX):
-        return given
-    return resolved
-
-
-def model_max_context(model_path: str) -> int | None:
-    """The context a model directory's config.json declares (max_position_embeddings), else None."""
-    import json
-
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int]) -> str:

@@ -11,19 +11,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from strict_gate.engines.base import (
-    Engine,
-    PromptInput,
-    ScoredStep,
-    greedy_finish_reason,
-    model_max_context,
-    portable_model_ref,
-    resolve_model,
-)
+from strict_gate.core.model_files import model_digest, model_max_context, portable_model_ref, resolve_model
+from strict_gate.core.options import Device, PositiveInt
+from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
-from strict_gate.options import Device, PositiveInt
-from strict_gate.records import EngineInfo, Record, Sampling, Timing, sort_topk
-from strict_gate.staleness import model_digest
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 

@@ -134,7 +134,7 @@ def open_log(path: str | Path | None, prefix: str, header: str) -> tuple[BinaryI
         os.close(fd)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "ab")
+    f = open(path, "ab")  # noqa: SIM115 (the log outlives this call: close_log closes it)
     f.write(f"{header}\n".encode("utf-8", "replace"))
     f.flush()
     return f, os.path.abspath(path), is_temp

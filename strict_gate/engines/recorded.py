@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError
-from strict_gate.reader import load_run
-from strict_gate.records import EngineInfo, Record, Run, Sampling
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import EngineInfo, Record, Run, Sampling
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from strict_gate.records import write_text_atomic
-from strict_gate.redact import scrub_obj
+from strict_gate.core.redact import scrub_obj
+from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report import html, junit, markdown
-from strict_gate.report.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report.text import visible
+from strict_gate.runs.records import write_text_atomic
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 FORMATS = ("json", "md", "html", "junit")

@@ -7,12 +7,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from strict_gate.compare import Status
-from strict_gate.redact import scrub_obj
+from strict_gate.core.redact import scrub_obj
+from strict_gate.judge.compare import Status
+from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import console_line
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult, matched_drift
 from strict_gate.report.text import Decoder, visible
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold"}

@@ -1,14 +1,14 @@
-"""How drift (strict_gate/drift.py) reads in report.md, the console and junit.xml.
+"""How drift (strict_gate/judge/drift.py) reads in report.md, the console and junit.xml.
 
 Kept apart from the format modules so that each of them gains a line or two, not a section.
 """
 
 from __future__ import annotations
 
-from strict_gate.compare import Status
-from strict_gate.drift import DriftReport, PromptDrift, Stats
-from strict_gate.prefix_drift import HALF_PRECISION_MAX, REDUCTION_ORDER_MAX, DriftScale
-from strict_gate.report.result import GateResult, matched_drift
+from strict_gate.judge.compare import Status
+from strict_gate.judge.drift import DriftReport, PromptDrift, Stats
+from strict_gate.judge.prefix_drift import HALF_PRECISION_MAX, REDUCTION_ORDER_MAX, DriftScale
+from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report.text import md
 
 WORST_PROMPTS = 20  # rows of the per-prompt drift table in report.md

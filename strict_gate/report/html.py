@@ -7,11 +7,11 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from strict_gate.judge.result import GateResult, status_label, to_json
 from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult, status_label, to_json
 from strict_gate.report.text import Decoder
 
 DETAIL_CAP = 500  # prompts drawn in full detail; the rest are in report.json

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 
-from strict_gate.compare import PromptComparison, Status
-from strict_gate.diagnose import Diagnosis
-from strict_gate.records import Record, TopK
+from strict_gate.judge.compare import PromptComparison, Status
+from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.report.text import Decoder, visible
+from strict_gate.runs.records import Record, TopK
 
 PROMPT_TAIL = 240  # characters of the decoded prompt shown before the continuations
 

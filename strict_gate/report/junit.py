@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from strict_gate.judge.result import GateResult
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import junit_properties
-from strict_gate.report.result import GateResult
 from strict_gate.report.text import visible
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from strict_gate.records import TopK
+from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report.text import Decoder, md, show_token
+from strict_gate.runs.records import TopK
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
 

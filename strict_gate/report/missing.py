@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from strict_gate.compare import PromptComparison, Status
+from strict_gate.judge.compare import PromptComparison, Status
 
 SHOWN_IDS = 5
 

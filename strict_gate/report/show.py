@@ -17,11 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.errors import InputError
-from strict_gate.reader import load_run
-from strict_gate.records import Record
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import Record
 
 SHOWN = 10  # non-matching prompts shown without --prompt
 _CELL = {"m": "on #1b4d2b", "t": "bold black on #d4a72c", "d": "bold white on #cf222e", "a": "dim"}

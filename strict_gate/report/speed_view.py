@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from strict_gate.report.result import GateResult
+from strict_gate.judge.result import GateResult
 
 REFERENCE_NAMES = {"vllm": "vLLM"}  # an engine kind as a reviewer names it
 # (report.json key, label, unit, scale to that unit), in the order the words give them

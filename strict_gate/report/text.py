@@ -34,7 +34,7 @@ def _byte_level_bytes(piece: str) -> bytes | None:
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
     if not tokenizer:
         return None
-    from strict_gate.engines.base import find_tokenizer_json
+    from strict_gate.core.model_files import find_tokenizer_json
 
     return find_tokenizer_json(tokenizer, Path.cwd())
 
@@ -72,7 +72,7 @@ class Decoder:
             return "".join(f"<{i}>" for i in ids)
         return self._tok.decode(ids, skip_special_tokens=False)
 
-    @lru_cache(maxsize=4096)
+    @lru_cache(maxsize=4096)  # noqa: B019 (a Decoder lives for one report; the cache is the point)
     def token(self, token_id: int | None) -> str:
         """One token's text; a byte-level piece of a multi-byte character shows as its bytes
         (\\xe6\\x9c) rather than as an unreadable replacement character."""

@@ -19,8 +19,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError
-from strict_gate.options import did_you_mean
 
 SPEED_KEYS = {"warmup", "runs", "rungs", "concurrency", "min_speed_ratio", "seed"}
 BAR_KEYS = ("decode", "ttft", "e2e")

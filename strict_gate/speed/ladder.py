@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.engines.base import Engine, PromptInput, find_tokenizer_json
+from strict_gate.core.model_files import find_tokenizer_json
+from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.speed.config import SpeedConfig
 from strict_gate.speed.model import Rung
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, StrictGateError
-from strict_gate.records import Record, Sampling
+from strict_gate.runs.records import Record, Sampling
 from strict_gate.speed.ladder import Ladder
 from strict_gate.speed.model import ArmFigures, Figure, Method, Rung
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from strict_gate.compare import fmt_vs
+from strict_gate.core.fmt import fmt_vs
 
 
 class Method(StrEnum):

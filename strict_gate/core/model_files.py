@@ -1,0 +1,94 @@
+"""Model files on disk: where a model named in a config lives, its tokenizer, its context, its digest.
+
+The audit, the engines, staleness and the report text all need these; they read files only
+(no torch, no transformers), so every wing may import them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from strict_gate.errors import ConfigError
+
+BUNDLED_PREFIX = "bundled:"
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
+WHOLE_FILE_BYTES = 256 * 1024 * 1024  # files up to this size are hashed whole
+SAMPLE_BYTES = 16 * 1024 * 1024  # larger ones: their size, first and last 16 MiB
+DIGEST_PREFIX = "sha256-files:"
+
+
+def model_digest(model_dir: str | Path) -> str | None:
+    """A digest of a model directory's files (names, sizes, contents), or None when it is not a
+    directory. Weight files over 256 MiB are sampled (size, head, tail) so a 100 GB checkpoint
+    costs seconds: a fingerprint that catches a changed or re-converted checkpoint, not a proof.
+    Cached on the files' names, sizes and modification times (engines describe themselves often)."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        return None
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+    stamp = tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest(root, stamp)
+
+
+@lru_cache(maxsize=32)
+def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for name, size, _ in stamp:
+        h.update(f"{name}\0{size}\0".encode())
+        with (root / name).open("rb") as fh:
+            if size <= WHOLE_FILE_BYTES:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            else:
+                h.update(fh.read(SAMPLE_BYTES))
+                fh.seek(size - SAMPLE_BYTES)
+                h.update(fh.read(SAMPLE_BYTES))
+    return DIGEST_PREFIX + h.hexdigest()
+
+
+def resolve_model(model: str, base_dir: Path) -> str:
+    """`bundled:NAME` -> the model shipped in the package; a relative path -> against the config."""
+    if model.startswith(BUNDLED_PREFIX):
+        name = model[len(BUNDLED_PREFIX):]
+        path = BUNDLED_DIR / name
+        if not path.is_dir():
+            known = sorted(p.name for p in BUNDLED_DIR.iterdir() if p.is_dir()) if BUNDLED_DIR.is_dir() else []
+            raise ConfigError(f"no bundled model {name!r}; bundled models: {', '.join(known) or 'none'}")
+        return str(path)
+    p = Path(model)
+    if not p.is_absolute() and (base_dir / p).exists():
+        return str((base_dir / p).resolve())
+    return model
+
+
+def find_tokenizer_json(spec: str, base_dir: Path) -> Path | None:
+    """A tokenizer.json named as the file itself or as a model directory holding one
+    (`bundled:NAME` included); None when there is none."""
+    try:
+        path = Path(resolve_model(spec, base_dir))
+    except ConfigError:
+        return None
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
+    """What a manifest records as a tokenizer/model location: `bundled:NAME` stays portable
+    across checkouts (a baseline is read on other machines); anything else is the resolved path."""
+    if given and given.startswith(BUNDLED_PREFIX):
+        return given
+    return resolved
+
+
+def model_max_context(model_path: str) -> int | None:
+    """The context a model directory's config.json declares (max_position_embeddings), else None."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

@@ -1,0 +1,207 @@
+"""Any engine binary, driven over stdin/stdout JSON lines (protocol strict-gate/engine@1).
+
+The gate starts the command in its own process group, reads a hello line, then sends one
+request at a time (batch 1) and reads one response line per request. This module is the
+configuration and the requests; command_process.py runs the process and says how it failed,
+command_replies.py checks what a reply may hold. The protocol is docs/engine-protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from strict_gate.core.model_files import find_tokenizer_json
+from strict_gate.core.options import Seconds
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.command.process import PROTOCOL, EngineProcess
+from strict_gate.engines.command.replies import ReplyError, generate_record, scored_steps
+from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
+from strict_gate.engines.eos import eos_token_ids
+from strict_gate.errors import ConfigError, EngineError, MissingExtraError
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    command: list[str]
+    tokenizer: str | None = None  # tokenizer.json or a model dir holding one (for text prompts)
+    model: str | None = None  # informational: what the binary serves (the hello may say it too)
+    timeout_s: Seconds = 120.0  # per request
+    startup_timeout_s: Seconds = 300.0  # until the hello line
+    cwd: str | None = None  # default: the config's directory
+    log: str | None = None  # stderr log; default: the run directory's engine.log, else a temp file
+    eos_token_ids: list[int] | None = None  # default: from generation_config.json / config.json by the tokenizer
+
+
+class CommandEngine(EngineProcess, Engine):
+    kind = "command"
+    Options = CommandOptions
+    can_score = True  # narrowed per instance to what the hello declares
+    in_process = False
+    writes_log = True
+
+    def __init__(self, options: CommandOptions, env=None, base_dir="."):
+        super().__init__(options, env, base_dir)
+        if not options.command or not all(isinstance(a, str) and a for a in options.command):
+            raise ConfigError("command: `command` must be a non-empty list of strings (no shell)")
+        if options.timeout_s <= 0 or options.startup_timeout_s <= 0:
+            raise ConfigError("command: timeout_s and startup_timeout_s must be > 0")
+        self.argv = [self._resolve_arg(a) for a in options.command]
+        if self.argv[0] in ("python", "python3"):  # the gate's own interpreter (its venv), not PATH's
+            self.argv[0] = sys.executable
+        self.cwd = str((self.base_dir / options.cwd).resolve()) if options.cwd else str(self.base_dir.resolve())
+        self.tokenizer_path = self._tokenizer_file() if options.tokenizer else None
+        self.eos_token_ids = self._eos_ids()
+        self.hello: dict | None = None
+        self._proc: subprocess.Popen | None = None
+        self._pgid: int | None = None
+        self._lines: queue.Queue | None = None
+        self._reader: threading.Thread | None = None
+        self._log_file = None
+        self._log_used: str | None = None
+        self._tok = None
+        self._seq = 0
+
+    # -- configuration
+    def _resolve_arg(self, arg: str) -> str:
+        """A relative path that exists next to the config is made absolute; anything else passes."""
+        if arg.startswith("-") or os.path.isabs(arg):
+            return arg
+        p = self.base_dir / arg
+        # abspath, not resolve(): a venv's bin/python is a symlink, and resolving it would run
+        # the base interpreter outside the venv
+        return os.path.abspath(p) if p.exists() else arg
+
+    def _tokenizer_file(self) -> str:
+        path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
+        if path is None:
+            raise ConfigError(
+                f"command: tokenizer {self.options.tokenizer!r} not found "
+                "(give a tokenizer.json file or a model directory holding one)"
+            )
+        return str(path)
+
+    def _eos_ids(self) -> tuple[int, ...] | None:
+        """The ids the engine is told to stop on: the option, else what vLLM stops on for the
+        model directory holding the tokenizer (strict_gate.engines.eos)."""
+        if self.options.eos_token_ids is not None:
+            return tuple(self.options.eos_token_ids)
+        if self.tokenizer_path is None:
+            return None
+        return eos_token_ids(Path(self.tokenizer_path))
+
+    # -- the protocol
+    def info(self) -> EngineInfo:
+        versions: dict = {"protocol": PROTOCOL}
+        model = self.options.model
+        if self.hello is not None:
+            versions.update({str(k): str(v) for k, v in (self.hello.get("versions") or {}).items()})
+            name = self.hello.get("name") or os.path.basename(self.argv[0])
+            versions[name] = self.hello.get("version") or "?"
+            model = model or self.hello.get("model")
+        options = asdict(self.options) | {"resolved_command": self.argv, "resolved_cwd": self.cwd}
+        if self._log_used:
+            options["log_used"] = self._log_used
+        if self.hello is not None:
+            options["hello"] = self.hello
+        return EngineInfo(
+            kind=self.kind,
+            model=model,
+            options=options,
+            env=self.env,
+            versions=versions,
+            tokenizer=self.tokenizer_path,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.tokenizer_path is None:
+            raise ConfigError(
+                "command: cannot tokenize text prompts without `tokenizer` (a tokenizer.json or a model "
+                "directory); set it, or give the prompts as token_ids"
+            )
+        if self._tok is None:
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise MissingExtraError("tokenizers", "hf") from None
+            try:
+                self._tok = Tokenizer.from_file(self.tokenizer_path)
+            except Exception as e:
+                raise ConfigError(f"command: cannot load tokenizer {self.tokenizer_path}: {e}") from None
+        return list(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+        self.start()
+        for p in prompts:
+            yield self._generate_one(p, sampling)
+
+    def speed_settings(self) -> dict:
+        return hello_settings(self.hello)
+
+    def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
+        self.start()
+        events = TokenEvents(prompt.id, on_token)
+        return events.check(self._generate_one(prompt, sampling, events), self._fail)
+
+    def _generate_one(self, p: PromptInput, sampling: Sampling, events: TokenEvents | None = None) -> Record:
+        label = f"prompt {p.id!r}"
+        req = {
+            "op": "generate",
+            "id": p.id,
+            "prompt_token_ids": list(p.token_ids),
+            "max_tokens": sampling.max_tokens,
+            "top_logprobs": sampling.top_logprobs,
+            **speed_fields(sampling, events),
+        }
+        if self.eos_token_ids:
+            req["eos_token_ids"] = list(self.eos_token_ids)
+        t0 = time.perf_counter()
+        obj = self._request(req, label, events)
+        wall = time.perf_counter() - t0
+        if "error" in obj:
+            if not isinstance(obj["error"], str) or not obj["error"]:
+                raise self._invalid(label, '"error" must be a non-empty string', obj)
+            return Record(id=p.id, prompt_token_ids=p.token_ids, error=obj["error"])
+        try:
+            rec = generate_record(obj, p.token_ids, sampling, label, self.eos_token_ids)
+        except ReplyError as e:
+            raise self._invalid(label, str(e), obj) from None
+        if rec.timing is None or rec.timing.total_s is None:
+            rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=wall))
+        return rec
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+        self.start()
+        if not self.can_score:
+            raise EngineError(
+                f"command engine {self._name()} cannot score: its hello capabilities are "
+                f"{(self.hello or {}).get('capabilities')!r} (no \"score\")"
+            )
+        if not continuation_ids:
+            return []
+        self._seq += 1
+        rid = f"score-{self._seq}"
+        label = f"score request {rid!r} ({len(prompt_ids)} prompt + {len(continuation_ids)} continuation ids)"
+        req = {
+            "op": "score",
+            "id": rid,
+            "prompt_token_ids": list(prompt_ids),
+            "continuation_ids": list(continuation_ids),
+            "top_logprobs": max(k, 1),  # a step's top always holds its argmax
+        }
+        obj = self._request(req, label)
+        if "error" in obj:
+            # the engine is still in step and alive: the error is this request's, not the engine's
+            raise EngineError(f"command engine {self._name()}: {label}: the engine answered {obj['error']!r}")
+        try:
+            return scored_steps(obj, continuation_ids, req["top_logprobs"])
+        except ReplyError as e:
+            raise self._invalid(label, str(e), obj) from None

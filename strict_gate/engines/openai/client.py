@@ -1,0 +1,332 @@
+"""HTTP half of the openai engine: requests to one OpenAI-compatible server, and parsing.
+
+Token ids in, token ids out: a prompt goes to `/v1/completions` as a list of ids and the
+generated tokens come back as ids (`return_tokens_as_token_ids`, vLLM's `"token_id:123"`
+form, and `return_token_ids`). A server that can only answer with text is refused:
+comparing re-tokenized text would hide exactly the differences this tool exists to find.
+Teacher-forced scoring reads `prompt_logprobs` (vLLM): entry i scores token i given 0..i-1.
+
+Only the standard library is used (urllib), so the core stays light. The API key is read
+at each use from the environment variable named by `api_key_env`; it is never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from http.client import HTTPException
+
+from strict_gate.core.redact import register
+from strict_gate.engines.base import PromptInput
+from strict_gate.errors import EngineError
+from strict_gate.runs.records import Record, ScoredStep, Timing, sort_topk
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+class HTTPStatus(Exception):
+    """A non-2xx answer that is not retried (4xx) or that outlived its retries (5xx)."""
+
+    def __init__(self, code: int, message: str):
+        self.code = code
+        self.message = message
+        super().__init__(f"HTTP {code}: {message}")
+
+
+class Unreachable(Exception):
+    """No answer at all: connection refused/reset, server gone, or a timeout."""
+
+
+class ServerExited(Unreachable):
+    """The launched server process is gone (its exit code is known)."""
+
+    def __init__(self, code: int):
+        self.code = code
+        super().__init__(f"the server process exited with code {code}")
+
+
+class PromptError(Exception):
+    """A failure that belongs to one prompt (recorded on its Record, the run goes on)."""
+
+
+def server_message(body: bytes) -> str:
+    """The error text of an OpenAI-style error body, else the body itself (shortened)."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:500]
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+        if isinstance(err, str):
+            return err[:500]
+        if obj.get("message"):
+            return str(obj["message"])[:500]
+    return text[:500]
+
+
+def token_id(s: object) -> int | None:
+    """123 from "token_id:123"; None for a token that came back as text."""
+    if isinstance(s, str) and s.startswith(TOKEN_ID_PREFIX):
+        try:
+            return int(s[len(TOKEN_ID_PREFIX):])
+        except ValueError:
+            return None
+    return None
+
+
+def logprob_value(v: object) -> float:
+    lp = float(v)  # json reads -Infinity as -inf; vLLM clamps to -9999.0
+    if math.isnan(lp):
+        raise ValueError("NaN logprob")
+    return lp
+
+
+class OpenAIClient:
+    """Requests to one server, with bounded retries. `alive` (launch mode) raises ServerExited
+    when the server process is gone, so a retry loop does not wait on a dead server."""
+
+    def __init__(self, base_url: str, api_key_env: str | None, request_timeout_s: float, retries: int,
+                 alive: Callable[[], None] | None = None):
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.request_timeout_s = request_timeout_s
+        self.retries = retries
+        self.alive = alive or (lambda: None)
+
+    @property
+    def api_key(self) -> str | None:
+        """Read at each use from the variable named by api_key_env; never stored, and registered
+        so that whatever the gate writes (an error echoing it) is scrubbed."""
+        key = (os.environ.get(self.api_key_env) or None) if self.api_key_env else None
+        register(key)
+        return key
+
+    def _open(self, method: str, path: str, body: dict | None, timeout: float):
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = path if path.startswith(("http://", "https://")) else self.base_url + path
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        return urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers),
+                                      timeout=timeout)
+
+    def call(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None,
+             retries: int | None = None, stream: bool = False, parse: bool = True):
+        """One request with bounded retries (connection errors and 5xx only, with backoff).
+
+        Returns the parsed JSON (the raw body when parse=False, the open response when
+        stream=True). Raises HTTPStatus for a 4xx (or a 5xx after the retries) and
+        Unreachable when no answer came.
+        """
+        timeout = self.request_timeout_s if timeout is None else timeout
+        retries = self.retries if retries is None else retries
+        last: Exception | None = None
+        for attempt in range(retries + 1):
+            if attempt:
+                self.alive()
+                time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            try:
+                resp = self._open(method, path, body, timeout)
+                if stream:
+                    return resp
+                with resp:
+                    raw = resp.read()
+                if not parse:
+                    return raw
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    raise HTTPStatus(resp.status, "the answer is not JSON: " + raw[:200].decode(errors="replace")) from None
+            except urllib.error.HTTPError as e:
+                msg = server_message(e.read() if e.fp else b"")
+                e.close()
+                if 500 <= e.code < 600:
+                    last = HTTPStatus(e.code, msg)
+                    continue
+                raise HTTPStatus(e.code, msg) from None
+            except TimeoutError as e:  # socket.timeout: the server hangs; retrying doubles the wait
+                raise Unreachable(f"no answer within {timeout:g} s ({e})") from None
+            except (urllib.error.URLError, ConnectionError, HTTPException, OSError) as e:
+                reason = getattr(e, "reason", e)
+                if isinstance(reason, TimeoutError):
+                    raise Unreachable(f"no answer within {timeout:g} s") from None
+                last = Unreachable(f"{type(reason).__name__}: {reason}")
+                continue
+        if isinstance(last, HTTPStatus):
+            raise last
+        raise Unreachable(f"{last} (after {retries + 1} attempts)")
+
+    def complete(self, body: dict, on_token: Callable[[int], None] | None = None) -> tuple[dict, float | None]:
+        """One completion: (its choice, time to first token when streamed, else None).
+        Streamed, on_token(n) is called as each chunk brings n new tokens (the speed arm)."""
+        t0 = time.perf_counter()
+        if body.get("stream"):
+            return self._stream(body, t0, on_token)
+        return choice_of(self.call("POST", "/v1/completions", body)), None
+
+    def _stream(self, body: dict, t0: float, on_token: Callable[[int], None] | None = None
+                ) -> tuple[dict, float | None]:
+        """Stream one completion (SSE) and fold its chunks into one choice; TTFT = first token."""
+        resp = self.call("POST", "/v1/completions", body, stream=True)
+        merged: dict = {"logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": []}, "token_ids": None}
+        ttft = None
+        saw_logprobs = False
+        try:
+            with resp:
+                for raw in resp:
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        obj = json.loads(data)
+                    except ValueError:
+                        raise PromptError(f"unreadable stream chunk: {data[:200]}") from None
+                    if isinstance(obj, dict) and obj.get("error"):
+                        raise PromptError(f"server error mid-stream: {server_message(data.encode())}")
+                    for ch in obj.get("choices") or []:
+                        lp = ch.get("logprobs")
+                        n_new = 0
+                        if lp:
+                            saw_logprobs = True
+                            for key in ("tokens", "token_logprobs", "top_logprobs"):
+                                merged["logprobs"][key].extend(lp.get(key) or [])
+                            n_new = len(lp.get("tokens") or [])
+                        if ch.get("token_ids") is not None:
+                            merged["token_ids"] = (merged["token_ids"] or []) + list(ch["token_ids"])
+                            n_new = n_new or len(ch["token_ids"])
+                        if ch.get("prompt_token_ids") is not None:
+                            merged["prompt_token_ids"] = ch["prompt_token_ids"]
+                        if ch.get("finish_reason") is not None:
+                            merged["finish_reason"] = ch["finish_reason"]
+                        if n_new and ttft is None:
+                            ttft = time.perf_counter() - t0
+                        if n_new and on_token is not None:
+                            on_token(n_new)
+        except (TimeoutError, ConnectionError, HTTPException, OSError) as e:
+            self.alive()
+            raise Unreachable(f"the stream broke: {type(e).__name__}: {e}") from None
+        if "finish_reason" not in merged:
+            self.alive()
+            raise Unreachable("the stream ended without a finish_reason")
+        if not saw_logprobs:
+            merged["logprobs"] = None
+        return merged, ttft
+
+
+def choice_of(resp: object) -> dict:
+    if not isinstance(resp, dict) or not resp.get("choices") or not isinstance(resp["choices"][0], dict):
+        raise PromptError(f"the server's answer has no choices: {str(resp)[:300]}")
+    return resp["choices"][0]
+
+
+def parse_completion(p: PromptInput, choice: dict, timing: Timing) -> Record:
+    """A completion's choice as a Record: generated ids, top-k by id, finish reason."""
+    lp = choice.get("logprobs") or {}
+    tokens = lp.get("tokens") or []
+    parsed = [token_id(t) for t in tokens]
+    as_ids = bool(tokens) and all(t is not None for t in parsed)
+    server_ids = choice.get("token_ids")
+    if server_ids is not None and not (isinstance(server_ids, list) and all(isinstance(t, int) for t in server_ids)):
+        raise EngineError(f"openai: prompt {p.id!r}: token_ids in the answer is not a list of integers")
+    if as_ids:
+        gen = parsed
+        if server_ids is not None and list(server_ids) != gen:
+            raise EngineError(
+                f"openai: prompt {p.id!r}: the server's token_ids {server_ids} disagree with its "
+                f"logprobs tokens {gen}"
+            )
+    elif server_ids is not None:
+        gen = list(server_ids)
+    elif not tokens and lp and choice.get("finish_reason") is not None and not choice.get("text"):
+        gen = []  # nothing generated (e.g. max_tokens 0)
+    else:
+        raise EngineError(
+            "openai: the server cannot return token ids: its tokens came back as text "
+            f"(e.g. {tokens[:3]!r}) and the answer has no token_ids. Comparing re-tokenized text is "
+            "refused: it hides the differences this gate looks for. Use a server that supports "
+            "return_tokens_as_token_ids / return_token_ids (vLLM does)."
+        )
+    top = None
+    if as_ids or not tokens:
+        top = _top_logprobs(p, gen, lp) if lp else None
+    # else: ids are known (token_ids) but the top-k came back as text: alternatives cannot be
+    # identified without re-tokenizing, so no logprobs are recorded rather than guessed ones.
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length"):
+        return Record(
+            id=p.id, prompt_token_ids=p.token_ids, token_ids=tuple(gen),
+            error=f"server finished with finish_reason {finish!r}", timing=timing,
+        )
+    reported = choice.get("prompt_token_ids")
+    if isinstance(reported, list) and all(isinstance(t, int) for t in reported):
+        prompt_ids = tuple(reported)
+    else:
+        prompt_ids = tuple(p.token_ids)
+    return Record(id=p.id, prompt_token_ids=prompt_ids, token_ids=tuple(gen), finish_reason=finish,
+                  top_logprobs=top, timing=timing)
+
+
+def _top_logprobs(p: PromptInput, gen: list[int], lp: dict):
+    tops = lp.get("top_logprobs")
+    sampled = lp.get("token_logprobs") or []
+    if tops is None or len(tops) != len(gen):
+        raise EngineError(
+            f"openai: prompt {p.id!r}: the server returned {0 if tops is None else len(tops)} top_logprobs "
+            f"steps for {len(gen)} tokens"
+        )
+    steps = []
+    for i, (tok, step) in enumerate(zip(gen, tops)):
+        pairs: dict[int, float] = {}
+        for key, value in (step or {}).items():
+            tid = token_id(key)
+            if tid is None:
+                raise EngineError(
+                    f"openai: prompt {p.id!r} step {i}: a top-k token came back as text ({key!r}), not as "
+                    "a token id; comparing re-tokenized text is refused"
+                )
+            pairs[tid] = logprob_value(value)
+        if tok not in pairs and i < len(sampled) and sampled[i] is not None:
+            pairs[tok] = logprob_value(sampled[i])
+        steps.append(sort_topk(pairs.items()))
+    return tuple(steps)
+
+
+def parse_prompt_logprobs(plp: list, n_prompt: int, continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+    """Steps for the continuation from a prompt_logprobs list over prompt + continuation."""
+    out = []
+    for i, tok in enumerate(continuation_ids):
+        entry = plp[n_prompt + i]
+        if not isinstance(entry, dict):
+            raise EngineError(f"openai: prompt_logprobs[{n_prompt + i}] is {entry!r}, expected a dict")
+        pairs: list[tuple[int, float]] = []
+        logprob = None
+        for key, val in entry.items():
+            try:
+                tid = int(key)
+            except ValueError:
+                tid = token_id(key)
+            if tid is None:
+                raise EngineError(f"openai: prompt_logprobs[{n_prompt + i}] has a non-id key {key!r}")
+            lpv = logprob_value(val["logprob"] if isinstance(val, dict) else val)
+            rank = val.get("rank") if isinstance(val, dict) else None
+            if tid == tok:
+                logprob = lpv
+            # The answer holds the top-k plus the scored token itself; keep the top-k only.
+            if tid != tok or rank is None or rank <= k:
+                pairs.append((tid, lpv))
+        top = sort_topk(pairs)
+        if len(top) > k:  # rank missing: drop the scored token if it is outside the top-k
+            top = top[:k]
+        out.append(ScoredStep(token_id=int(tok), logprob=logprob, top=top))
+    return out

@@ -1,0 +1,386 @@
+"""An OpenAI-compatible completions server (vLLM's `api_server`, or any server that speaks it).
+
+Two modes:
+- connect: `base_url` names a running server, or a list of running servers;
+- launch: `serve` is a command (argv, no shell) that starts a server; `servers = N` launches N
+  copies. `{port}` in `serve`, `base_url` or `health_url` is a free port on 127.0.0.1, a
+  different one per copy, and `{server}` (0..N-1) in `serve` or in the arm's env values tells
+  the copies apart (`CUDA_VISIBLE_DEVICES = "{server}"`: one GPU each). Each runs in its own
+  process group with its output in a log file, is polled until healthy and is stopped as a
+  group by close(), at exit and on Ctrl-C (openai_server.py, engines/process.py).
+
+The HTTP requests and their parsing are in openai_client.py; with several servers the prompts
+are shared out by openai_pool.py (one worker per server, batch 1 each, records in prompt
+order, a failed server's prompt recorded as an error naming it, the rest going on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from strict_gate.core.model_files import find_tokenizer_json
+from strict_gate.core.options import NonNegativeInt, PositiveInt, Seconds
+from strict_gate.core.redact import register, scrub_json
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.openai.client import (
+    HTTPStatus,
+    PromptError,
+    Unreachable,
+    choice_of,
+    parse_completion,
+    parse_prompt_logprobs,
+)
+from strict_gate.engines.openai.pool import ServerFailed, dispatch
+from strict_gate.engines.openai.server import Server, arm_servers
+from strict_gate.errors import ConfigError, EngineError
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
+
+# Sent with every completion so that the server's greedy choice is the raw argmax, whatever
+# defaults the model's generation_config carries (vLLM's server applies them to requests).
+NEUTRAL = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    base_url: str | list[str] | None = None  # http://127.0.0.1:8000 (a trailing /v1 is accepted), or a list
+    model: str | None = None  # the served model name; None: the first of GET /v1/models
+    api_key_env: str | None = None  # NAME of the env var that holds the key (never the key)
+    serve: list[str] | None = None  # command that launches the server (argv, no shell)
+    servers: PositiveInt = 1  # copies of `serve` to launch, each on its own {port}
+    health_url: str | None = None  # default: base_url/health, then base_url/v1/models
+    startup_timeout_s: Seconds = 600.0
+    request_timeout_s: Seconds = 120.0
+    retries: NonNegativeInt = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
+    tokenizer: str | None = None  # tokenizer.json or a model dir; None: the server's /tokenize
+    prompt_logprobs: bool = True  # teacher-forced scoring through prompt_logprobs
+    stream_timing: bool = False  # stream each request to measure time to first token
+    # Merged into every completion request over the neutral settings (top_p 1, presence and
+    # frequency penalties 0, repetition_penalty 1: vLLM's server otherwise takes defaults such as
+    # a repetition penalty from the model's generation_config). A key set to null is not sent.
+    extra_body: dict = field(default_factory=dict)
+    stop_timeout_s: Seconds = 30.0  # SIGTERM grace period before SIGKILL
+
+
+class OpenAIEngine(Engine):
+    kind = "openai"
+    Options = OpenAIOptions
+    can_score = True
+    in_process = False
+    writes_log = True
+    streams = True  # server-sent events (the speed arm times each token on receipt)
+    can_batch = True  # concurrent requests, one thread each
+
+    def __init__(self, options: OpenAIOptions, env=None, base_dir="."):
+        super().__init__(options, env, base_dir)
+        if not options.prompt_logprobs:
+            self.can_score = False
+        self.servers = arm_servers(options, self.env, self.base_dir)
+        self.port = self.servers[0].port
+        self.base_url = self.servers[0].base_url
+        self._model: str | None = options.model
+        self._versions: dict | None = None
+        self._started = False
+        self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
+        self._tok = None
+        self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
+        register(self._api_key)  # scrubbed from whatever is written, from now on
+
+    # ---------------------------------------------------------------- configuration
+    def _resolve_tokenizer(self, spec: str) -> str:
+        path = find_tokenizer_json(spec, self.base_dir)
+        if path is None:
+            raise ConfigError(
+                f"openai: tokenizer {spec!r}: no tokenizer.json there "
+                "(give a tokenizer.json file or a model directory that has one)"
+            )
+        return str(path)
+
+    def _log_for(self, s: Server) -> str | Path | None:
+        """The run's engine.log for one server; engine-0.log, engine-1.log... for several."""
+        if self.log_path is None or len(self.servers) == 1:
+            return self.log_path
+        p = Path(self.log_path)
+        return p.with_name(f"{p.stem}-{s.index}{p.suffix}")
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def _api_key(self) -> str | None:
+        return self.servers[0].client.api_key
+
+    def start(self) -> None:
+        if self._started:
+            return
+        try:
+            for s in self.servers:
+                if s.process is not None:
+                    s.process.log_path = self._log_for(s)
+                    s.process.launch(self._redact(s.process.argv))
+            for s in self.servers:
+                if s.process is not None:
+                    s.process.wait_healthy(s.client, s.health_url, self.options.startup_timeout_s)
+                else:
+                    self._connect(s)
+            self._describe_servers()
+        except BaseException:  # includes KeyboardInterrupt: never leave a server behind
+            self.close()
+            raise
+        launched = [s.process.startup_s for s in self.servers if s.process is not None]
+        self.startup_s = max(launched) if launched else None
+        self._started = True
+
+    def _connect(self, s: Server) -> None:
+        try:
+            s.client.call("GET", "/v1/models")
+        except Unreachable as e:
+            raise EngineError(f"openai: no server answers at {s.base_url} ({e}); start it or fix base_url") from None
+        except HTTPStatus as e:
+            if e.code in (401, 403):
+                raise EngineError(self._auth_hint(e)) from None
+            # Some servers have no /v1/models: the first completion will tell.
+
+    def _describe_servers(self) -> None:
+        """Model name and versions; several servers must serve the same model, same versions."""
+        models = {self._resolve_model(s) for s in self.servers}
+        versions = [self._fetch_versions(s) for s in self.servers]
+        if len(models) > 1 or any(v != versions[0] for v in versions):
+            raise EngineError(
+                "openai: the servers of one arm must be identical, but they serve "
+                + "; ".join(f"{s.name}: model {self._resolve_model(s)!r}, versions {v}" for s, v in zip(self.servers, versions))
+            )
+        self._model = models.pop()
+        self._versions = versions[0]
+
+    def _auth_hint(self, e: HTTPStatus) -> str:
+        env = self.options.api_key_env
+        if env and not self._api_key:
+            return f"openai: the server refused the request ({e}); environment variable {env} (api_key_env) is not set"
+        if not env:
+            return f"openai: the server refused the request ({e}); set api_key_env to the variable holding its key"
+        return f"openai: the server refused the key from ${env} ({e})"
+
+    def close(self) -> None:
+        for s in self.servers:
+            if s.process is not None:
+                s.process.stop()
+        self._started = False
+
+    @property
+    def server_pgid(self) -> int | None:
+        """The first launched server's process group (None in connect mode or once stopped)."""
+        return self.servers[0].process.pgid if self.servers[0].process is not None else None
+
+    # ---------------------------------------------------------------- metadata
+    def _resolve_model(self, s: Server | None = None) -> str:
+        if self.options.model is not None:
+            return self.options.model
+        if s is None:
+            if self._model is not None:
+                return self._model
+            s = self.servers[0]
+        try:
+            models = s.client.call("GET", "/v1/models")
+        except (HTTPStatus, Unreachable) as e:
+            raise EngineError(f"openai: model is not set and GET /v1/models failed ({e}); set model") from None
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data or not isinstance(data[0], dict) or not data[0].get("id"):
+            raise EngineError("openai: model is not set and GET /v1/models lists no model; set model")
+        return str(data[0]["id"])
+
+    @staticmethod
+    def _fetch_versions(s: Server) -> dict:
+        try:
+            v = s.client.call("GET", "/version", timeout=10.0, retries=0)
+        except (HTTPStatus, Unreachable):
+            return {}
+        return {"server": str(v["version"])} if isinstance(v, dict) and v.get("version") else {}
+
+    def _redact(self, obj):
+        register(self._api_key)  # set after the engine was made: still scrubbed
+        return scrub_json(obj)
+
+    def _describe(self, s: Server) -> dict:
+        if s.process is None:
+            return {"base_url": s.base_url}
+        log = s.process.log_path or self._log_for(s)
+        return {"base_url": s.base_url, "serve": s.process.argv, "log": None if log is None else str(log)}
+
+    def info(self) -> EngineInfo:
+        opts = asdict(self.options)
+        opts["resolved_base_url"] = self.base_url
+        if self.servers[0].process is not None:
+            opts["resolved_serve"] = list(self.servers[0].process.argv)
+        if len(self.servers) > 1:
+            opts["resolved_servers"] = [self._describe(s) for s in self.servers]
+        opts["served_model"] = self._model
+        versions = dict(self._versions or {})
+        versions.setdefault("client", "strict-gate openai (urllib)")
+        return EngineInfo(
+            kind=self.kind,
+            model=self._redact(self._model or self.options.model),
+            options=self._redact(opts),
+            env=self._redact(dict(self.env)),
+            versions=self._redact(versions),
+            tokenizer=self._tokenizer_path or (f"server {self.base_url}/tokenize" if not self.options.tokenizer else None),
+        )
+
+    # ---------------------------------------------------------------- tokenize
+    def tokenize(self, text: str) -> list[int]:
+        if self._tokenizer_path is not None:
+            if self._tok is None:
+                from tokenizers import Tokenizer
+
+                try:
+                    self._tok = Tokenizer.from_file(self._tokenizer_path)
+                except Exception as e:
+                    raise ConfigError(f"openai: cannot load tokenizer {self._tokenizer_path}: {e}") from None
+            return list(self._tok.encode(text).ids)
+        if self.options.serve and not self._started:
+            raise ConfigError(
+                "openai: text prompts need a tokenizer before the server is launched; "
+                "set tokenizer (a tokenizer.json or the model directory)"
+            )
+        try:
+            out = self.servers[0].client.call("POST", "/tokenize", {"model": self._resolve_model(), "prompt": text})
+        except HTTPStatus as e:
+            if e.code in (404, 405):
+                raise ConfigError(
+                    f"openai: the server has no /tokenize endpoint ({e}); set tokenizer "
+                    "(a tokenizer.json or the model directory)"
+                ) from None
+            raise EngineError(f"openai: /tokenize failed: {e}") from None
+        except Unreachable as e:
+            raise EngineError(f"openai: /tokenize failed, no server at {self.base_url} ({e})") from None
+        tokens = out.get("tokens") if isinstance(out, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineError(f"openai: /tokenize answered without a token list: {str(out)[:200]}")
+        return tokens
+
+    # ---------------------------------------------------------------- generate
+    def _extra(self) -> dict:
+        body = {**NEUTRAL, **self.options.extra_body}
+        return {k: v for k, v in body.items() if v is not None}
+
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
+        self.start()
+        if sampling.temperature != 0:
+            raise ConfigError("openai: strict-gate compares greedy decoding; temperature must be 0")
+        try:
+            if len(self.servers) == 1:  # a server failure fails the arm (EngineError)
+                for p in prompts:
+                    yield self._generate_one(self.servers[0], p, sampling)
+            else:
+                yield from dispatch(self.servers, prompts, lambda s, p: self._generate_one(s, p, sampling),
+                                    lambda s: s.name)
+        except KeyboardInterrupt:
+            self.close()
+            raise
+
+    def _label(self, s: Server) -> str:
+        return "the server" if len(self.servers) == 1 else s.name
+
+    def _died(self, s: Server, what: str) -> ServerFailed:
+        s.failed = True
+        code = s.process.returncode if s.process is not None else None
+        if code is not None:
+            return ServerFailed(f"openai: {self._label(s)} exited with code {code} {what}{s.process.log_tail()}")
+        return ServerFailed(f"openai: {self._label(s)} failed {what}")
+
+    def speed_settings(self) -> dict:
+        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown."""
+        from strict_gate.engines.vllm.args import vllm_serve_settings
+
+        return vllm_serve_settings(list(self.options.serve or []))
+
+    def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
+        self.start()
+        return self._generate_one(self.servers[0], prompt, sampling, on_token=on_token)
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        """All prompts in flight at once (a thread each), shared out over the arm's servers."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.start()
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            futures = [pool.submit(self._generate_one, self.servers[i % len(self.servers)], p, sampling)
+                       for i, p in enumerate(prompts)]
+            return [f.result() for f in futures]
+
+    def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
+        body = {
+            **self._extra(),
+            "model": self._resolve_model(),
+            "prompt": list(p.token_ids),
+            "max_tokens": sampling.max_tokens,
+            "temperature": 0.0,  # explicit: the server's default comes from the model's generation config
+            "n": 1,
+            "echo": False,
+            "logprobs": sampling.top_logprobs,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "stream": self.options.stream_timing or on_token is not None,
+        }
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extra parameter; the real token count is recorded either way
+        t0 = time.perf_counter()
+        try:
+            choice, ttft = s.client.complete(body, on_token)
+        except Unreachable as e:  # includes ServerExited
+            raise self._died(s, f"on prompt {p.id!r}: {e}") from None
+        except HTTPStatus as e:
+            if e.code in (400, 422):  # this prompt's own problem (e.g. too long for the context)
+                return Record(id=p.id, prompt_token_ids=p.token_ids, error=f"server rejected the request: {e}")
+            if e.code in (401, 403):
+                raise EngineError(self._auth_hint(e)) from None
+            raise self._died(s, f"on prompt {p.id!r}: {e}") from None
+        except PromptError as e:
+            return Record(id=p.id, prompt_token_ids=p.token_ids, error=str(e))
+        s.served.append(p.id)
+        return parse_completion(p, choice, Timing(ttft_s=ttft, total_s=time.perf_counter() - t0))
+
+    # ---------------------------------------------------------------- score
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+        """Teacher-forced: one request over prompt + continuation with prompt_logprobs = k."""
+        if not self.options.prompt_logprobs:
+            raise EngineError("openai: teacher-forced scoring is off (prompt_logprobs = false)")
+        if not self.can_score:
+            raise EngineError("openai: the server does not support teacher-forced scoring (prompt_logprobs)")
+        self.start()
+        if not continuation_ids:
+            return []
+        s = next((s for s in self.servers if not s.failed), None)
+        if s is None:
+            raise EngineError("openai: cannot score, every server of the arm has failed")
+        ids = list(prompt_ids) + list(continuation_ids)
+        body = {**self._extra(), "model": self._resolve_model(), "prompt": ids, "max_tokens": 1,
+                "temperature": 0.0, "prompt_logprobs": k, "return_token_ids": True, "stream": False}
+
+        def unsupported(why: str) -> EngineError:
+            self.can_score = False
+            return EngineError(
+                f"openai: the server does not support teacher-forced scoring: {why} "
+                "(it needs vLLM's prompt_logprobs on /v1/completions)"
+            )
+
+        try:
+            choice = choice_of(s.client.call("POST", "/v1/completions", body))
+        except HTTPStatus as e:
+            if e.code in (401, 403):
+                raise EngineError(self._auth_hint(e)) from None
+            if 400 <= e.code < 500 and ("logprob" in e.message.lower() or e.code in (404, 405, 501)):
+                raise unsupported(f"it rejected prompt_logprobs = {k} ({e})") from None
+            if 400 <= e.code < 500:
+                raise EngineError(f"openai: the scoring request was rejected ({e})") from None
+            raise EngineError(f"openai: scoring failed: {e}") from None
+        except Unreachable as e:
+            raise EngineError(str(self._died(s, f"while scoring ({e})"))) from None
+        except PromptError as e:
+            raise EngineError(f"openai: scoring failed: {e}") from None
+        plp = choice.get("prompt_logprobs")
+        if not isinstance(plp, list):
+            raise unsupported("its answer has no prompt_logprobs")
+        if len(plp) != len(ids):
+            raise EngineError(f"openai: prompt_logprobs has {len(plp)} entries for a prompt of {len(ids)} tokens")
+        return parse_prompt_logprobs(plp, len(prompt_ids), continuation_ids, k)

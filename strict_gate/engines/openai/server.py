@@ -1,0 +1,216 @@
+"""The servers of an openai arm: where each listens, and the process of a launched one.
+
+`arm_servers` reads the arm's shape: one `base_url`, a list of them, or `servers = N` copies
+of `serve`, each with its own `{port}` and its index as `{server}`. A launched server
+(`ServerProcess`) runs without a shell in its own process group (engines/process.py, shared
+with the command engine), its output appended to a log file; it is polled until healthy and
+stopped as a group (vLLM's engine-core and workers too): SIGTERM, `stop_timeout_s`, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from strict_gate.core.model_files import BUNDLED_PREFIX, resolve_model
+from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
+from strict_gate.engines.process import close_log, open_log, spawn, stop_group
+from strict_gate.errors import ConfigError, EngineError
+
+LOG_TAIL_LINES = 40
+KILL_WAIT_S = 10.0  # after SIGKILL: time for the server's group to be gone (workers freeing the GPU)
+HEALTH_POLL_S = 0.5
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports on 127.0.0.1 (held open together, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class ServerProcess:
+    """One launched server: spawn, health wait, liveness, log tail, stop. Safe to stop twice."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, stop_timeout_s: float):
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.cwd = cwd
+        self.stop_timeout_s = stop_timeout_s
+        self.log_path: str | Path | None = None
+        self.startup_s: float | None = None  # seconds from launch to healthy
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+        self._t0 = 0.0
+
+    @property
+    def pgid(self) -> int | None:
+        """The process group (None before launch or once stopped)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def launch(self, shown_argv: Sequence[str]) -> None:
+        """Start the command; shown_argv is what the log header prints (secrets redacted)."""
+        self._log_file, path, is_temp = open_log(
+            self.log_path, "strict-gate-openai-", f"# strict-gate openai: launching {list(shown_argv)}"
+        )
+        if is_temp:
+            self.log_path = path
+        try:
+            self._proc = spawn(self.argv, self.env, self.cwd,
+                               stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT)
+        except OSError as e:
+            close_log(self._log_file)
+            self._log_file = None
+            raise EngineError(f"openai: cannot launch {self.argv[0]!r}: {e}") from None
+        self._t0 = time.monotonic()
+
+    def check_alive(self) -> None:
+        """Raise ServerExited when the launched process is gone."""
+        code = self.returncode
+        if self._proc is not None and code is not None:
+            raise ServerExited(code)
+
+    def wait_healthy(self, client: OpenAIClient, health_url: str | None, timeout_s: float) -> None:
+        """Poll health_url (default /health, then /v1/models) until any 2xx or an auth refusal."""
+        deadline = self._t0 + timeout_s
+        urls = [health_url] if health_url else ["/health", "/v1/models"]
+        idx = 0
+        last = "no answer yet"
+        while True:
+            code = self.returncode
+            if code is not None:
+                raise EngineError(
+                    f"openai: the server exited with code {code} while starting ({' '.join(self.argv)}){self.log_tail()}"
+                )
+            try:
+                client.call("GET", urls[idx], timeout=5.0, retries=0, parse=False)  # any 2xx, any body
+                break
+            except HTTPStatus as e:
+                last = f"{urls[idx]}: {e}"
+                if e.code == 404 and idx + 1 < len(urls):
+                    idx += 1
+                    continue
+                if e.code in (401, 403):  # it answers: it is up (auth is checked on the first request)
+                    break
+            except Unreachable as e:
+                last = f"{urls[idx]}: {e}"
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"openai: the server was not healthy within startup_timeout_s = {timeout_s:g} s "
+                    f"(last: {last}); stopped it{self.log_tail()}"
+                )
+            time.sleep(HEALTH_POLL_S)
+        self.startup_s = time.monotonic() - self._t0
+
+    def log_tail(self) -> str:
+        """The last lines of the log, as a suffix for an error message ('' when there are none)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                lines = f.read().decode("utf-8", errors="replace").splitlines()
+        except (OSError, TypeError):
+            return ""
+        tail = "\n".join(lines[-LOG_TAIL_LINES:])
+        return f"\n--- last lines of {self.log_path} ---\n{tail}" if tail else ""
+
+    def stop(self) -> None:
+        """Stop the whole group (SIGTERM, grace, SIGKILL) and close the log."""
+        proc, self._proc = self._proc, None
+        try:
+            if proc is not None:
+                stop_group(proc, proc.pid, self.stop_timeout_s, KILL_WAIT_S)
+        finally:
+            close_log(self._log_file)
+            self._log_file = None
+
+
+class Server:
+    """One server of the arm: its client, its process when launched, the prompts it answered."""
+
+    def __init__(self, index: int, base_url: str, port: int | None, client: OpenAIClient,
+                 process: ServerProcess | None, health_url: str | None):
+        self.index = index
+        self.base_url = base_url
+        self.port = port
+        self.client = client
+        self.process = process
+        self.health_url = health_url
+        self.served: list[str] = []
+        self.failed = False
+
+    @property
+    def name(self) -> str:
+        return f"server {self.index} ({self.base_url})"
+
+
+def _check_shape(o) -> None:
+    urls = o.base_url if isinstance(o.base_url, list) else None
+    if not o.base_url and not o.serve:
+        raise ConfigError("openai: set base_url (a running server) or serve (a command that launches one)")
+    if o.serve is not None and (not o.serve or not all(isinstance(a, str) for a in o.serve)):
+        raise ConfigError("openai: serve must be a non-empty list of strings (argv, no shell)")
+    if o.servers < 1 or (o.servers > 1 and not o.serve):
+        raise ConfigError("openai: servers = N (>= 1) is the number of copies of serve to launch; "
+                          "for several running servers give base_url as a list")
+    if urls is not None and (o.serve or not urls):
+        raise ConfigError("openai: base_url as a list names running servers (connect mode): "
+                          "give it without serve, with at least one URL; to launch several use servers = N")
+    if o.servers > 1 and not any("{port}" in a for a in o.serve):
+        raise ConfigError("openai: with servers > 1 put {port} in serve, so each copy listens on its own port")
+    if o.retries < 0 or o.retries > 10:
+        raise ConfigError("openai: retries must be between 0 and 10")
+    for name in ("startup_timeout_s", "request_timeout_s", "stop_timeout_s"):
+        if getattr(o, name) <= 0:
+            raise ConfigError(f"openai: {name} must be > 0")
+
+
+def arm_servers(o, env: Mapping[str, str], base_dir: Path) -> list[Server]:
+    """The servers named by an arm's OpenAIOptions `o` (nothing launched yet); ConfigError for a
+    shape that cannot work."""
+    _check_shape(o)
+    urls = o.base_url if isinstance(o.base_url, list) else [o.base_url] * o.servers
+    templates = [*(u or "" for u in urls), o.health_url or "", *(o.serve or [])]
+    ports = free_ports(len(urls)) if any("{port}" in t for t in templates) else [None] * len(urls)
+    return [_server(o, env, base_dir, i, port, url) for i, (port, url) in enumerate(zip(ports, urls))]
+
+
+def _server(o, env: Mapping[str, str], base_dir: Path, i: int, port: int | None, base_template: str | None) -> Server:
+    def sub(s: str) -> str:
+        s = s.replace("{server}", str(i))
+        return s.replace("{port}", str(port)) if port is not None else s
+
+    if base_template:
+        base = sub(base_template).rstrip("/")
+    elif port is not None:
+        base = f"http://127.0.0.1:{port}"
+    else:
+        raise ConfigError(
+            "openai: with serve and no base_url, put {port} in the serve command "
+            "(e.g. \"--port\", \"{port}\") so the engine knows where the server listens"
+        )
+    base = base.removesuffix("/v1")
+    if not base.startswith(("http://", "https://")):
+        raise ConfigError(f"openai: base_url {base_template!r} must start with http:// or https://")
+    process = None
+    if o.serve:
+        argv = [resolve_model(a, base_dir) if a.startswith(BUNDLED_PREFIX) else a for a in map(sub, o.serve)]
+        process = ServerProcess(argv, {k: sub(str(v)) for k, v in env.items()}, str(base_dir), o.stop_timeout_s)
+    client = OpenAIClient(base, o.api_key_env, o.request_timeout_s, o.retries,
+                          alive=process.check_alive if process else None)
+    return Server(i, base, port, client, process, sub(o.health_url) if o.health_url else None)

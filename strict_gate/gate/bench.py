@@ -1,0 +1,181 @@
+"""Running the speed arm: inside a gate (the engines it already started) or alone (`strict-gate bench`).
+
+One engine at a time, as in a gate: the candidate is measured on every rung and stopped,
+then the reference. A recorded reference is stood in for by the gate's [rescorer] (a live
+engine of the same model; config.py refuses [speed] otherwise). The speed verdict never
+changes the token verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from strict_gate.core.engine_log import engine_log
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import ConfigError, StrictGateError
+from strict_gate.gate.config import GateConfig
+from strict_gate.runs.output import ensure_writable_dir, inside, safe_name
+from strict_gate.runs.records import write_text_atomic
+from strict_gate.speed.config import SpeedConfig
+from strict_gate.speed.ladder import build_ladder
+from strict_gate.speed.matched import check_matched
+from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm
+from strict_gate.speed.model import Method, RungResult, SpeedResult, judge_speed
+
+SPEED_FILE = "speed.json"
+ROLES = ("reference", "candidate")
+OnRung = Callable[[str, str], None]  # (role, rung name), as each rung starts
+
+
+def machine() -> str:
+    """CPU model and cores (and GPUs when torch already sees them): the figures depend on it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    out = f"{cpu}, {os.cpu_count()} cores"
+    torch = sys.modules.get("torch")  # never imported for this
+    try:
+        if torch is not None and torch.cuda.is_available():
+            out += ", " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    except Exception:
+        pass
+    return out
+
+
+class SpeedSession:
+    """The speed arm of one gate or bench: the ladder, then each arm measured on its engine."""
+
+    def __init__(self, cfg: SpeedConfig, gate_max_tokens: int, gate_inputs: list[PromptInput],
+                 engines: dict[str, Engine], notes: tuple[str, ...] = ()):
+        self.cfg = cfg
+        self.ladder = build_ladder(cfg, gate_max_tokens, gate_inputs, [engines[r] for r in ROLES])
+        self.arms: dict[str, ArmMeasurement] = {}
+        self.failed: dict[str, str] = {}
+        self.notes = list(notes)
+
+    def measure(self, role: str, engine: Engine, run_dir: Path | None = None, on_rung: OnRung | None = None) -> None:
+        """Time every rung on `engine` (started if it is not); a failure becomes the arm's error."""
+        if not engine.measurable:
+            self.failed[role] = f"the {role} engine ({engine.kind}) is a stored run and cannot be timed"
+            return
+        log = engine_log(run_dir / "engine.log", engine.log_libraries) if run_dir is not None else nullcontext()
+        try:
+            with engine.scoped_env(), log:
+                self.arms[role] = measure_arm(engine, self.ladder, self.cfg.runs, self.cfg.warmup,
+                                              on_rung=(lambda name: on_rung(role, name)) if on_rung else None)
+        except StrictGateError as e:
+            self.failed[role] = f"the {role} engine failed: {e}"
+        except Exception as e:  # an engine bug: the token verdict and the reports must still be written
+            self.failed[role] = f"the {role} engine failed: {type(e).__name__}: {e}"
+
+    def skip(self, role: str, why: str) -> None:
+        """Not measured (e.g. its token run failed: the engine is not restarted just to be timed)."""
+        self.failed[role] = why
+
+    def result(self) -> SpeedResult:
+        ref, cand = self.arms.get("reference"), self.arms.get("candidate")
+        both = [a for a in (ref, cand) if a is not None]
+        streamed = len(both) == 2 and all(a.streams for a in both)
+        method = Method.STREAM if streamed else Method.TWO_REQUEST
+        rungs, dropped = [], []
+        for rung in self.ladder.rungs:
+            arm_rungs = {role: a.rungs.get(rung.name) for role, a in self.arms.items()}
+            over = {role: r.over_context for role, r in arm_rungs.items() if r is not None and r.over_context}
+            if over:
+                dropped.append(f"rung {rung.name} dropped: {rung.prompt_tokens + rung.max_tokens} tokens exceed "
+                               + ", ".join(f"the {role}'s max context ({n})" for role, n in over.items()))
+                continue
+            errors = [f"{role}: {self.failed[role]}" for role in ROLES if role in self.failed]
+            errors += [f"{role}: {r.error}" for role, r in arm_rungs.items() if r is not None and r.error]
+            figs = {role: figures(r, method) if r is not None else None for role, r in arm_rungs.items()}
+            rungs.append(RungResult(rung, figs.get("reference"), figs.get("candidate"),
+                                    "; ".join(errors) if errors else None))
+        kept = tuple(r.rung for r in rungs)
+        mismatches, matched_notes = check_matched(ref, cand, kept) if ref and cand else ((), ())
+        notes = (*self.notes, *self.ladder.notes, *dropped, *matched_notes)
+        notes += tuple(f"{role} not measured: {why}" for role, why in self.failed.items())
+        return SpeedResult(method, self.cfg.runs, self.cfg.warmup, tuple(rungs), mismatches,
+                           judge_speed(rungs, self.cfg.min_speed_ratio), machine=machine(), notes=notes)
+
+
+def stand_in_note(cfg: GateConfig) -> tuple[str, ...]:
+    if cfg.reference.kind != "recorded":
+        return ()
+    return (f"the reference is a recorded baseline: the [rescorer] ({cfg.rescorer.kind}, same model) "
+            "was timed as the speed reference",)
+
+
+def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, candidate: Engine,
+               build_rescorer: Callable[[], Engine]) -> tuple[SpeedSession | None, Engine | None]:
+    """A gate's speed session and the engine timed as its reference: the reference itself, or
+    (a recorded baseline) the [rescorer], built here so that diagnosis and speed share one load."""
+    if cfg.speed is None:
+        return None, None
+    speed_ref = reference if cfg.reference.kind != "recorded" else build_rescorer()
+    engines = {"reference": speed_ref, "candidate": candidate}
+    return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg)), speed_ref
+
+
+def timed_run(session: SpeedSession, role: str, engine: Engine, run, run_dir: Path) -> None:
+    """Time a gate's arm on its engine, unless its token run failed (an engine that died is not
+    restarted just to be timed: the rungs say why they were not measured)."""
+    if run is not None and not run.complete:
+        session.skip(role, f"the {role}'s token run did not complete ({run.manifest.error or 'not finished'})")
+    else:
+        session.measure(role, engine, run_dir)
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    result: SpeedResult
+    path: Path  # speed.json
+
+
+def write_speed(result: SpeedResult, out_dir: Path) -> Path:
+    path = out_dir / SPEED_FILE
+    write_text_atomic(path, json.dumps(result.to_json(), indent=2) + "\n")
+    return path
+
+
+def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRung | None = None) -> BenchOutcome:
+    """Only the speed arm of a gate config: writes <output_dir>/<name>/speed.json."""
+    from strict_gate.gate.arm import prompt_inputs
+    from strict_gate.runs.prompts import load_prompts
+
+    if cfg.speed is None:
+        raise ConfigError("no [speed] table: `strict-gate bench` runs a gate config's [speed] ladder", path=cfg.path)
+    if cfg.candidate is None:
+        raise ConfigError("needs a [candidate] table", path=cfg.path)
+    root = output_dir or cfg.output_dir
+    ensure_writable_dir(root)
+    out_dir = inside(root / safe_name(cfg.name), root)
+    engines = {"reference": cfg.speed_reference.build(), "candidate": cfg.candidate.build()}
+    inputs: list[PromptInput] = []
+    if any(r.is_gate for r in cfg.speed.rungs):  # the gate's own prompts, tokenized as the gate does
+        tokenizer = engines["reference"] if cfg.reference.kind != "recorded" else cfg.reference.build()
+        inputs = prompt_inputs(load_prompts(cfg.prompts), tokenizer)
+    session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg))
+    for role in ("candidate", "reference"):  # one engine loaded at a time
+        engine = engines[role]
+        if engine.writes_log:
+            (out_dir / role).mkdir(parents=True, exist_ok=True)
+            engine.set_log_path(out_dir / role / "engine.log")
+        try:
+            session.measure(role, engine, out_dir / role, on_rung)
+        finally:
+            with engine_log(out_dir / role / "engine.log", engine.log_libraries):
+                engine.close()
+    result = session.result()
+    return BenchOutcome(result, write_speed(result, out_dir))

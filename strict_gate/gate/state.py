@@ -1,0 +1,133 @@
+"""gate-state.json: what `strict-gate gate --resume` needs, written when a gate starts.
+
+An interrupted gate has no report.json, so the facts a resume depends on are recorded up
+front, atomically: where the config came from (its relative paths resolve against that
+folder, not the report directory), the policy and band in force (the command line may
+have overridden the config's), and a fingerprint of every setting in the config. A resume
+refuses a gate.toml or prompt set that no longer matches, naming the setting. The
+fingerprint holds digests, not values: an arm's env or options may carry secrets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from strict_gate.core.redact import is_secret_name
+from strict_gate.errors import ConfigError, InputError
+from strict_gate.gate.config import GateConfig
+from strict_gate.runs.prompts import PromptSet
+from strict_gate.runs.records import now_iso, write_json_atomic
+
+STATE = "gate-state.json"
+STATE_SCHEMA = "strict-gate/gate-state@1"
+PROMPT_SHA = "prompt set sha256"
+
+
+@dataclass(frozen=True)
+class GateState:
+    config_path: str  # the config the gate was started with (REPORT_DIR/gate.toml is its copy)
+    base_dir: str  # where its relative paths resolve
+    policy: str
+    band: float
+    prompt_sha256: str
+    fingerprint: dict[str, str]  # setting -> digest of its value
+    started: str
+
+    def to_json(self) -> dict:
+        return {
+            "schema": STATE_SCHEMA,
+            "started": self.started,
+            "config": {"path": self.config_path, "base_dir": self.base_dir},
+            "policy": self.policy,
+            "band": self.band,
+            "prompt_set": {"sha256": self.prompt_sha256},
+            "fingerprint": self.fingerprint,
+        }
+
+
+def _digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
+    """Every setting that shapes the records or the verdict, named as a user would look for it."""
+    values: dict[str, object] = {
+        "name": cfg.name, PROMPT_SHA: ps.sha256, "max_tokens": cfg.max_tokens,
+        "top_logprobs": cfg.top_logprobs, "policy": cfg.policy, "band": cfg.band, "diagnose": cfg.diagnose,
+        "greedy_tolerance": cfg.greedy_tolerance, "drift": cfg.drift,
+    }
+    for role, arm in (("reference", cfg.reference), ("candidate", cfg.candidate), ("rescorer", cfg.rescorer)):
+        if arm is None:
+            continue
+        values[f"[{role}] kind"] = arm.kind
+        values[f"[{role}] runs"] = arm.runs
+        values.update({f"[{role}] {k}": v for k, v in asdict(arm.options).items()})
+        # Secret-named entries are not fingerprinted: the report's gate.toml holds them as
+        # "<redacted>" (not applied on resume: the engine inherits the real value).
+        values.update({f"[{role}.env] {k}": v for k, v in arm.env.items() if not is_secret_name(k)})
+    return {name: _digest(v) for name, v in values.items()}
+
+
+def write_gate_state(report_dir: Path, cfg: GateConfig, ps: PromptSet, *, policy: str, band: float) -> None:
+    state = GateState(
+        config_path=str(Path(cfg.path).resolve()),
+        base_dir=str(cfg.reference.base_dir),
+        policy=policy,
+        band=band,
+        prompt_sha256=ps.sha256,
+        fingerprint=fingerprint(cfg, ps),
+        started=now_iso(),
+    )
+    write_json_atomic(report_dir / STATE, state.to_json())
+
+
+def read_gate_state(report_dir: Path) -> GateState:
+    path = report_dir / STATE
+    if not (report_dir / "gate.toml").exists():
+        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
+    if not path.exists():
+        raise InputError(
+            f"{STATE} is missing: the gate was stopped before it started its arms, or was run by a "
+            "strict-gate without resume; start the gate again",
+            path=str(report_dir),
+        )
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if d.get("schema") != STATE_SCHEMA:
+            raise InputError(f'"schema" is {d.get("schema")!r}; this version reads {STATE_SCHEMA!r}', path=str(path))
+        return GateState(
+            config_path=str(d["config"]["path"]),
+            base_dir=str(d["config"]["base_dir"]),
+            policy=str(d["policy"]),
+            band=float(d["band"]),
+            prompt_sha256=str(d["prompt_set"]["sha256"]),
+            fingerprint={str(k): str(v) for k, v in dict(d["fingerprint"]).items()},
+            started=str(d.get("started", "")),
+        )
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON: {e.msg}", path=str(path), line=e.lineno) from None
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"not a gate state ({type(e).__name__}: {e})", path=str(path)) from None
+
+
+def check_unchanged(state: GateState, cfg: GateConfig, ps: PromptSet) -> None:
+    """Refuse a config or prompt set that changed since the gate started, naming the setting."""
+    if ps.sha256 != state.prompt_sha256:
+        raise ConfigError(
+            f"{PROMPT_SHA} is {ps.sha256} now, the gate started with {state.prompt_sha256}: "
+            "the prompt set changed, so the prompts already done cannot be kept; start a new gate",
+            path=str(cfg.prompts),
+        )
+    now = fingerprint(cfg, ps)
+    for name in sorted(now.keys() | state.fingerprint.keys()):
+        if now.get(name) != state.fingerprint.get(name):
+            how = "was added" if name not in state.fingerprint else "was removed" if name not in now else "changed"
+            raise ConfigError(
+                f"{name} {how} since the gate started; a resumed gate runs under the config it started "
+                "with (start a new gate for a new config)",
+                path=cfg.path,
+            )

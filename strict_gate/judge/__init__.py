@@ -1,0 +1,1 @@
+"""The judgement of two runs: comparison, policy, teacher-forced diagnosis, drift, the gate result."""

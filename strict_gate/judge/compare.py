@@ -1,0 +1,292 @@
+"""The comparator: per-prompt agreement between a reference run R and a candidate run C.
+
+Pure Python over stored runs (no torch): the same code judges a live gate and two run
+directories from last night. A divergence is a near-tie only when BOTH sides' logprobs
+say the two tokens are within the band; missing logprobs never make a near-tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from strict_gate.core.fmt import fmt_vs
+from strict_gate.judge.prefix_drift import PrefixDrift, prefix_drift
+from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
+from strict_gate.runs.records import Record, TopK
+
+
+class Status(StrEnum):
+    """A prompt's outcome; the value is how reports spell it."""
+
+    MATCH = "match"
+    NEAR_TIE = "near_tie"
+    DIVERGENT = "divergent"
+    LENGTH_MISMATCH = "length_mismatch"
+    TOKENIZATION_MISMATCH = "tokenization_mismatch"
+    NOT_GREEDY = "not_greedy"
+    MISSING = "missing"
+    ERROR = "error"
+
+
+STATUSES = tuple(Status)
+UNCOMPARED = (Status.MISSING, Status.ERROR)
+DEFAULT_BAND = 0.5
+BAND_EPS = 1e-9  # a gap equal to the band up to float representation is within it
+
+
+def check_band(band: float) -> float:
+    """The near-tie band must be a finite number >= 0 (nats)."""
+    if not isinstance(band, (int, float)) or isinstance(band, bool) or not math.isfinite(band) or band < 0:
+        raise ValueError(f"band must be a finite number >= 0 (nats), got {band!r}")
+    return float(band)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first position where the two sequences differ."""
+
+    position: int
+    reference_token: int | None  # None: the reference ended here (length mismatch)
+    candidate_token: int | None
+    reference_gap: float | None  # lp_R(r) - lp_R(c), None when c is outside R's top-k
+    candidate_gap: float | None  # lp_C(c) - lp_C(r), None when r is outside C's top-k
+    reference_margin: float | None  # R's top-1 minus top-2 logprob at this step
+    reason: str  # why it is (or is not) a near-tie, in words
+    reference_top: TopK | None = None
+    candidate_top: TopK | None = None
+
+
+@dataclass(frozen=True)
+class PromptComparison:
+    id: str
+    status: Status
+    first_divergence: Divergence | None
+    matched_positions: int  # positionwise matches over the common length
+    prefix_length: int  # tokens equal before the first divergence
+    reference_length: int
+    candidate_length: int
+    detail: str = ""  # for missing / error / tokenization_mismatch
+    prefix_drift: PrefixDrift | None = None  # |Δ logprob| at the positions before the first divergence
+
+    @property
+    def positions(self) -> int:
+        """Positions this prompt is scored over: the longer of the two sequences."""
+        return max(self.reference_length, self.candidate_length)
+
+
+@dataclass(frozen=True)
+class Summary:
+    prompts_total: int
+    prompts_exact: int
+    positions_total: int
+    positions_matched: int
+    prefix_positions: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "prompts_total": self.prompts_total,
+            "prompts_exact": self.prompts_exact,
+            "positions_total": self.positions_total,
+            "positions_matched": self.positions_matched,
+            "prefix_positions": self.prefix_positions,
+            "counts": dict(self.counts),
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    band: float
+    prompts: tuple[PromptComparison, ...]
+    summary: Summary
+
+
+def _lp(top: TopK | None, token: int) -> float | None:
+    if top is None:
+        return None
+    for t, lp in top:
+        if t == token:
+            return lp
+    return None
+
+
+def _margin(top: TopK | None) -> float | None:
+    if top is None or len(top) < 2:
+        return None
+    return top[0][1] - top[1][1]
+
+
+def _step(rec: Record, i: int) -> TopK | None:
+    if rec.top_logprobs is None or i >= len(rec.top_logprobs):
+        return None
+    return rec.top_logprobs[i]
+
+
+def _gap_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float) -> str | None:
+    """Why one side's gap does not make a near-tie, or None when it does (0 <= gap <= band)."""
+    if top is None:
+        return f"the {label} run has no logprobs at this step"
+    if gap is None:
+        return f"the {other} token is outside the {label}'s top-{len(top)}"
+    if not math.isfinite(gap):
+        return f"{label} gap {gap} is not a finite number"
+    if gap < 0:
+        return (f"{label} gap {gap:.6g} < 0: the {label}'s own logprobs rank the other token higher, "
+                "so its choice was not its own argmax")
+    if gap > band + BAND_EPS:
+        g, b = fmt_vs(gap, band)
+        return f"{label} gap {g} > band {b}"
+    return None
+
+
+def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple[Status, Divergence]:
+    """near_tie iff both gaps exist, are finite and lie in [0, band]; otherwise divergent, with the reason."""
+    r, c = ref.token_ids[d], cand.token_ids[d]
+    rtop, ctop = _step(ref, d), _step(cand, d)
+    lr_r, lr_c = _lp(rtop, r), _lp(rtop, c)
+    lc_c, lc_r = _lp(ctop, c), _lp(ctop, r)
+    ref_gap = lr_r - lr_c if lr_r is not None and lr_c is not None else None
+    cand_gap = lc_c - lc_r if lc_c is not None and lc_r is not None else None
+    reasons = [
+        p
+        for p in (
+            _gap_problem("reference", ref_gap, rtop, "candidate's", band),
+            _gap_problem("candidate", cand_gap, ctop, "reference's", band),
+        )
+        if p is not None
+    ]
+    status = Status.DIVERGENT if reasons else Status.NEAR_TIE
+    reason = "; ".join(reasons) if reasons else f"both gaps within [0, band {band:g}]"
+    div = Divergence(
+        position=d,
+        reference_token=r,
+        candidate_token=c,
+        reference_gap=ref_gap,
+        candidate_gap=cand_gap,
+        reference_margin=_margin(rtop),
+        reason=reason,
+        reference_top=rtop,
+        candidate_top=ctop,
+    )
+    return status, div
+
+
+def _not_greedy(pid: str, ref: Record, cand: Record, tolerance: float, rlen: int, clen: int) -> PromptComparison | None:
+    for label, rec in (("candidate", cand), ("reference", ref)):
+        v = greedy_violation(rec, tolerance)
+        if v is not None:
+            g, t = fmt_vs(v.gap, tolerance)
+            detail = (
+                f"the {label} chose token {v.chosen} at position {v.position}, {g} nats below its own top-1 "
+                f"{v.top1} (greedy tolerance {t}): not greedy decoding"
+            )
+            div = Divergence(
+                position=v.position,
+                reference_token=ref.token_ids[v.position] if v.position < len(ref.token_ids) else None,
+                candidate_token=cand.token_ids[v.position] if v.position < len(cand.token_ids) else None,
+                reference_gap=None,
+                candidate_gap=None,
+                reference_margin=_margin(_step(ref, v.position)),
+                reason=detail,
+                reference_top=_step(ref, v.position),
+                candidate_top=_step(cand, v.position),
+            )
+            return PromptComparison(pid, Status.NOT_GREEDY, div, 0, 0, rlen, clen, detail)
+    return None
+
+
+def compare_prompt(
+    pid: str,
+    ref: Record | None,
+    cand: Record | None,
+    band: float,
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+) -> PromptComparison:
+    rlen = len(ref.token_ids) if ref is not None and ref.error is None else 0
+    clen = len(cand.token_ids) if cand is not None and cand.error is None else 0
+
+    def bare(status: str, detail: str) -> PromptComparison:
+        return PromptComparison(pid, status, None, 0, 0, rlen, clen, detail)
+
+    if ref is None or cand is None:
+        side = "reference" if ref is None else "candidate"
+        if ref is None and cand is None:
+            side = "both runs"
+        return bare(Status.MISSING, f"no record in the {side}")
+    if ref.error is not None or cand.error is not None:
+        side, err = ("reference", ref.error) if ref.error is not None else ("candidate", cand.error)
+        return bare(Status.ERROR, f"{side} failed: {err}")
+    if ref.prompt_token_ids != cand.prompt_token_ids:
+        a, b = ref.prompt_token_ids, cand.prompt_token_ids
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return bare(
+            Status.TOKENIZATION_MISMATCH,
+            f"prompt token ids differ at index {k} (reference {len(a)} ids, candidate {len(b)} ids; "
+            f"reference {list(a[k:k + 3])} vs candidate {list(b[k:k + 3])})",
+        )
+    bad = _not_greedy(pid, ref, cand, greedy_tolerance, rlen, clen)
+    R, C = ref.token_ids, cand.token_ids
+    common = min(len(R), len(C))
+    matched = sum(1 for i in range(common) if R[i] == C[i])
+    if bad is not None:
+        prefix = next((i for i in range(common) if R[i] != C[i]), common)
+        return replace(bad, matched_positions=matched, prefix_length=prefix)
+    d = next((i for i in range(common) if R[i] != C[i]), None)
+    if d is None:
+        if len(R) == len(C):
+            return PromptComparison(pid, Status.MATCH, None, matched, common, rlen, clen)
+        shorter = "candidate" if len(C) < len(R) else "reference"
+        div = Divergence(
+            position=common,
+            reference_token=R[common] if len(R) > common else None,
+            candidate_token=C[common] if len(C) > common else None,
+            reference_gap=None,
+            candidate_gap=None,
+            reference_margin=_margin(_step(ref, common)),
+            reason=f"the {shorter} stopped after {common} tokens "
+            f"(finish_reason {ref.finish_reason!r} vs {cand.finish_reason!r})",
+            reference_top=_step(ref, common),
+            candidate_top=_step(cand, common),
+        )
+        return PromptComparison(pid, Status.LENGTH_MISMATCH, div, matched, common, rlen, clen,
+                                prefix_drift=prefix_drift(ref, cand, common))
+    status, div = classify_divergence(ref, cand, d, band)
+    return PromptComparison(pid, status, div, matched, d, rlen, clen, prefix_drift=prefix_drift(ref, cand, d))
+
+
+def summarize(prompts: Iterable[PromptComparison]) -> Summary:
+    prompts = list(prompts)
+    counts = Counter(p.status for p in prompts)
+    return Summary(
+        prompts_total=len(prompts),
+        prompts_exact=counts.get(Status.MATCH, 0),
+        positions_total=sum(p.positions for p in prompts),
+        positions_matched=sum(p.matched_positions for p in prompts),
+        prefix_positions=sum(p.prefix_length for p in prompts),
+        counts={str(s): counts.get(s, 0) for s in STATUSES},
+    )
+
+
+def compare_runs(
+    reference: dict[str, Record],
+    candidate: dict[str, Record],
+    *,
+    band: float = DEFAULT_BAND,
+    prompt_ids: list[str] | None = None,
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+) -> Comparison:
+    """Compare two runs' records by prompt id. prompt_ids fixes the order and the expected set;
+    without it, every id seen in either run is expected (reference order first)."""
+    band = check_band(band)
+    if not math.isfinite(greedy_tolerance) or greedy_tolerance < 0:
+        raise ValueError(f"greedy_tolerance must be a finite number >= 0, got {greedy_tolerance!r}")
+    if prompt_ids is None:
+        prompt_ids = list(reference) + [i for i in candidate if i not in reference]
+    prompts = tuple(
+        compare_prompt(i, reference.get(i), candidate.get(i), band, greedy_tolerance) for i in prompt_ids
+    )
+    return Comparison(band=band, prompts=prompts, summary=summarize(prompts))

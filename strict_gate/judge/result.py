@@ -1,0 +1,187 @@
+"""The one result object every report format is written from (strict-gate/report@2)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
+from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.judge.drift import DriftReport
+from strict_gate.judge.policy import Verdict
+from strict_gate.judge.prefix_drift import PrefixDrift
+from strict_gate.runs.records import EngineInfo, Record, Sampling
+from strict_gate.speed.model import SpeedResult
+
+REPORT_SCHEMA = "strict-gate/report@2"
+
+
+@dataclass(frozen=True)
+class ArmWallClock:
+    """Wall-clock figures of one arm in this gate (not a matched speed benchmark)."""
+
+    prompts: int
+    tokens: int
+    seconds: float
+    median_ttft_s: float | None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    def to_json(self) -> dict:
+        return {
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 2),
+            "median_ttft_s": None if self.median_ttft_s is None else round(self.median_ttft_s, 5),
+        }
+
+
+def arm_wall_clock(records: dict[str, Record]) -> ArmWallClock | None:
+    timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
+    if not timed:
+        return None
+    ttfts = [r.timing.ttft_s for r in timed if r.timing.ttft_s is not None]
+    return ArmWallClock(
+        prompts=len(timed),
+        tokens=sum(len(r.token_ids) for r in timed),
+        seconds=sum(r.timing.total_s for r in timed),
+        median_ttft_s=statistics.median(ttfts) if ttfts else None,
+    )
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    created: str
+    verdict: Verdict
+    comparison: Comparison
+    reference: EngineInfo
+    candidate: EngineInfo
+    prompt_set: dict
+    sampling: Sampling
+    reference_records: dict[str, Record]
+    candidate_records: dict[str, Record]
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
+    runs: dict = field(default_factory=dict)  # {"reference": path, "candidate": path}
+    determinism: dict | None = None  # the reference's, when it captured K runs
+    problems: tuple[str, ...] = ()  # arm failures, in words
+    config: dict | None = None  # {"path", "base_dir"} of the gate config, for `strict-gate diagnose`
+    notes: tuple[str, ...] = ()  # what the gate could not do (e.g. no engine to re-score with)
+    rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
+    resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
+    history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
+    drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
+    speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
+    rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
+
+    @property
+    def exit_code(self) -> int:
+        return overall_exit_code(self.verdict.exit_code, self.speed)
+
+
+def overall_exit_code(token_exit: int, speed: SpeedResult | None) -> int:
+    """The token verdict's code when it is not 0, else the speed verdict's: a wrong token is the
+    first thing a caller must learn, and a speed verdict never turns a token failure into a pass."""
+    if token_exit or speed is None:
+        return token_exit
+    return speed.verdict.exit_code
+
+
+def _div_json(d: Divergence | None) -> dict | None:
+    if d is None:
+        return None
+    return {
+        "position": d.position,
+        "reference_token": d.reference_token,
+        "candidate_token": d.candidate_token,
+        "reference_gap": d.reference_gap,
+        "candidate_gap": d.candidate_gap,
+        "reference_margin": d.reference_margin,
+        "reason": d.reason,
+        "reference_top": None if d.reference_top is None else [list(p) for p in d.reference_top],
+        "candidate_top": None if d.candidate_top is None else [list(p) for p in d.candidate_top],
+    }
+
+
+def matched_drift(r: GateResult, p: PromptComparison) -> PrefixDrift | None:
+    """|Δ logprob| at a prompt's matched positions before its first divergence: from both
+    runs' own logprobs, widened by the drift pass's teacher-forced figure where there is one."""
+    dp = r.drift.prompts.get(p.id) if r.drift is not None else None
+    extra = dp.drift_before_divergence if dp is not None else None
+    if p.prefix_drift is not None:
+        return p.prefix_drift.widened(extra)
+    return PrefixDrift(extra, p.prefix_length + 1) if extra is not None else None
+
+
+def status_label(r: GateResult, p: PromptComparison) -> str:
+    """A near-tie says the scale of the drift its arms already had: a tie between float32
+    builds and a tie between a quantised build and the reference are different news."""
+    pd = matched_drift(r, p) if p.status == Status.NEAR_TIE else None
+    return pd.near_tie_label() if pd is not None else str(p.status)
+
+
+def _prompt_json(p, v, r: GateResult) -> dict:
+    """Full detail for a prompt a reviewer must look at; a matching one in a few fields, so a
+    10,000-prompt report stays small (there is no divergence to show)."""
+    if p.status == Status.MATCH and v is not None and p.id not in r.diagnoses:
+        return {
+            "id": p.id,
+            "status": p.status,
+            "passed": v.passed,
+            "rule": v.rule,
+            "matched_positions": p.matched_positions,
+            "reference_length": p.reference_length,
+            "candidate_length": p.candidate_length,
+            "first_divergence": None,
+            "diagnosis": None,
+        }
+    return {
+        "id": p.id,
+        "status": p.status,
+        "passed": v.passed if v else False,
+        "rule": v.rule if v else None,
+        "reason": v.reason if v else p.detail,
+        "detail": p.detail or None,
+        "first_divergence": _div_json(p.first_divergence),
+        "matched_positions": p.matched_positions,
+        "prefix_length": p.prefix_length,
+        "reference_length": p.reference_length,
+        "candidate_length": p.candidate_length,
+        "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
+        "matched_drift": pd.to_json() if (pd := matched_drift(r, p)) is not None else None,
+        "label": status_label(r, p),
+    }
+
+
+def to_json(r: GateResult) -> dict:
+    pv = {v.id: v for v in r.verdict.prompts}
+    clocks = {arm: arm_wall_clock(recs) for arm, recs in (("reference", r.reference_records), ("candidate", r.candidate_records))}
+    return {
+        "schema": REPORT_SCHEMA,
+        "name": r.name,
+        "created": r.created,
+        "verdict": r.verdict.verdict,
+        "policy": r.verdict.policy,
+        "band": r.verdict.band,
+        "reasons": list(r.verdict.reasons),
+        "notes": list(r.verdict.notes) + list(r.notes),
+        "problems": list(r.problems),
+        "summary": r.comparison.summary.to_json(),
+        "prompt_set": r.prompt_set,
+        "sampling": r.sampling.to_json(),
+        "engines": {"reference": r.reference.to_json(), "candidate": r.candidate.to_json()}
+        | ({"rescorer": r.rescorer.to_json()} if r.rescorer is not None else {}),
+        "runs": r.runs,
+        "config": r.config,
+        "determinism": r.determinism,
+        "rescored_by": r.rescored_by,
+        "resumed": r.resumed,
+        "history": list(r.history),
+        "wall_clock": {k: (v.to_json() if v else None) for k, v in clocks.items()},
+        "speed": r.speed.to_json() if r.speed is not None else None,
+        "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
+        "drift": r.drift.to_json() if r.drift is not None else None,
+    }

@@ -1,0 +1,124 @@
+"""The nightly loop: run a gate, diff it against the previous night's report, summarise.
+
+The same steps for every CI (scripts/nightly.sh calls `strict-gate nightly`): the CI only has
+to keep the output directory from one night to the next (a cache or an artifact). The previous
+night is found through the output directory's history.jsonl, or named with `previous`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from strict_gate.errors import InputError
+from strict_gate.gate.config import GateConfig
+from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
+from strict_gate.judge.history import DEFAULT_NIGHTS, read_history
+from strict_gate.nightly.diff import (
+    DEFAULT_FAIL_ON,
+    DIFF_FILE,
+    ReportDiff,
+    diff_reports,
+    load_report,
+    render_markdown,
+    report_path,
+    write_diff_json,
+)
+from strict_gate.report import GateResult
+from strict_gate.runs.records import write_text_atomic
+
+SUMMARY_FILE = "summary.md"
+NO_PREVIOUS = (
+    "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, "
+    "or the previous night's output directory was not restored), so there is nothing to diff against.\n"
+)
+
+
+@dataclass(frozen=True)
+class NightlyOutcome:
+    gate: GateOutcome
+    previous: Path | None  # last night's report.json, when there was one
+    diff: ReportDiff | None
+    summary: str
+
+    @property
+    def exit_code(self) -> int:
+        """The gate's code when it did not pass (1 fail, 3 incomplete), else 1 on a regression."""
+        code = self.gate.result.exit_code
+        return code if code else (self.diff.exit_code if self.diff else 0)
+
+
+def summary_markdown(result: GateResult) -> str:
+    """report.md's head (verdict, figures, why, trend), scrubbed like every report."""
+    from strict_gate.core.redact import scrub_obj
+    from strict_gate.report import markdown
+    from strict_gate.report.text import visible
+
+    return visible(markdown.summary(scrub_obj(result)), keep_newlines=True)
+
+
+def write_summary(text: str, path: str | Path | None = None) -> None:
+    """Write the summary to `path` and append it to $GITHUB_STEP_SUMMARY when that is set."""
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    target = path
+    try:
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(Path(path), text)
+        if step:
+            target = step
+            with open(step, "a", encoding="utf-8") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        raise InputError(f"cannot write the summary: {e.strerror or e}", path=str(target)) from None
+
+
+def previous_report(output_dir: Path, gate: str) -> Path | None:
+    """The newest report of this gate in output_dir's history whose report.json still exists."""
+    for entry in reversed(read_history(output_dir, DEFAULT_NIGHTS, gate=gate)):
+        name = entry.get("report_dir")
+        if isinstance(name, str) and (output_dir / name / "report.json").is_file():
+            return output_dir / name / "report.json"
+    return None
+
+
+def prune_reports(output_dir: Path, gate: str, keep: int) -> list[Path]:
+    """Remove this gate's report directories that history.jsonl names beyond the newest `keep`,
+    so a cached output directory stays bounded. Only directories named in the history go."""
+    named = [e.get("report_dir") for e in read_history(output_dir, 10**9, gate=gate)]
+    dirs = list(dict.fromkeys(n for n in named if isinstance(n, str) and n and "/" not in n and n not in (".", "..")))
+    removed = []
+    for name in dirs[:-keep] if keep > 0 else dirs:
+        d = output_dir / name
+        if d.is_dir() and (d / "gate.toml").is_file():
+            shutil.rmtree(d)
+            removed.append(d)
+    return removed
+
+
+def run_nightly(
+    cfg: GateConfig,
+    *,
+    previous: str | Path | None = None,
+    output_dir: Path | None = None,
+    fail_on=DEFAULT_FAIL_ON,
+    keep: int = DEFAULT_NIGHTS,
+    progress: ProgressHook | None = None,
+) -> NightlyOutcome:
+    """Run the gate into output_dir, diff it against the previous night (given, or the newest in
+    the history), write diff.json and summary.md into tonight's report directory."""
+    out = Path(output_dir or cfg.output_dir)
+    prev = report_path(previous) if previous is not None else previous_report(out, cfg.name)
+    old = load_report(prev) if prev is not None else None  # bad input is found before the gate runs
+    outcome = run_gate(cfg, output_dir=out, progress=progress)
+    diff = None
+    if old is not None:
+        new_path = outcome.report_dir / "report.json"
+        diff = diff_reports(old, load_report(new_path), fail_on=fail_on, old_path=str(prev), new_path=str(new_path))
+        write_diff_json(diff, outcome.report_dir / DIFF_FILE)
+    summary = summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS)
+    write_text_atomic(outcome.report_dir / SUMMARY_FILE, summary)
+    prune_reports(out, cfg.name, keep)
+    return NightlyOutcome(outcome, prev, diff, summary)

@@ -1,0 +1,368 @@
+"""The run format (strict-gate/run@1): a directory with manifest.json and records.jsonl.
+
+This is the interchange contract with other engines (docs/run-format.md). A run is
+written as it goes, one flushed record per finished prompt, and the manifest is
+rewritten atomically at the start ("running") and at the end ("complete" or
+"failed"), so a crash never leaves a directory that reads as complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonlines
+import numpy as np
+
+from strict_gate.core.files import new_temp_file
+from strict_gate.core.redact import redact_env, scrub, scrub_json
+from strict_gate.errors import InputError
+
+RUN_SCHEMA = "strict-gate/run@1"
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+PARTIAL = "records.jsonl.partial"
+FINISH_REASONS = ("stop", "length")
+
+TopK = tuple[tuple[int, float], ...]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class ScoredStep:
+    """Teacher-forced scoring of one continuation token given everything before it."""
+
+    token_id: int
+    logprob: float | None  # logprob of token_id; None when the engine only reports its top-k
+    top: TopK
+
+    @property
+    def argmax(self) -> int:
+        return self.top[0][0]
+
+
+class TopSteps(Sequence[TopK]):
+    """One record's per-step top-k as a view over a run's columnar arrays.
+
+    A run read from disk keeps its top-k as padded numpy matrices (ids padded with -1,
+    logprobs with -inf, `width` real entries per row); a record's steps are rows
+    [start, stop). Reading 1,000 x 512 x 20 pairs as Python tuples is what made runs
+    slow to read, so a step becomes tuples only when someone looks at it.
+    """
+
+    __slots__ = ("ids", "lps", "width")
+
+    def __init__(self, ids: np.ndarray, lps: np.ndarray, width: np.ndarray):
+        self.ids, self.lps, self.width = ids, lps, width
+
+    def __len__(self) -> int:
+        return len(self.width)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        w = int(self.width[i])
+        return tuple(zip(self.ids[i, :w].tolist(), self.lps[i, :w].tolist()))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return NotImplemented if not isinstance(other, Sequence) else False
+        return all(a == tuple(map(tuple, b)) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TopSteps({len(self)} steps)"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock figures of one request, measured by the gate or reported by the engine."""
+
+    ttft_s: float | None = None
+    total_s: float | None = None
+
+    def to_json(self) -> dict:
+        """Non-finite figures (a clock that failed) are written as unknown: run files are strict JSON."""
+        return {k: v if v is None or math.isfinite(v) else None
+                for k, v in (("ttft_s", self.ttft_s), ("total_s", self.total_s))}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One prompt's greedy output. top_logprobs[i] is step i's top-k, logprob descending."""
+
+    id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    top_logprobs: Sequence[TopK] | None = None  # tuples from live engines, TopSteps when read
+    samples: tuple[tuple[int, ...], ...] | None = None
+    error: str | None = None
+    timing: Timing | None = None
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "top_logprobs": None
+            if self.top_logprobs is None
+            else [[[t, lp] for t, lp in step] for step in self.top_logprobs],
+        }
+        if self.samples is not None:
+            out["samples"] = [list(s) for s in self.samples]
+        if self.error is not None:
+            out["error"] = self.error
+        if self.timing is not None:
+            out["timing"] = self.timing.to_json()
+        return out
+
+    def logprob_at(self, step: int, token: int) -> float | None:
+        """Logprob of `token` at `step` from the stored top-k, or None when not in it."""
+        if self.top_logprobs is None or step >= len(self.top_logprobs):
+            return None
+        for t, lp in self.top_logprobs[step]:
+            if t == token:
+                return lp
+        return None
+
+
+def sort_topk(pairs) -> TopK:
+    """Normalise top-k pairs: descending logprob, ties by token id, so writers agree."""
+    return tuple(sorted(((int(t), float(lp)) for t, lp in pairs), key=lambda x: (-x[1], x[0])))
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What produced a run: recorded in the manifest and every report."""
+
+    kind: str
+    model: str | None = None
+    options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        # The one place engine descriptions are made: every manifest, report and console line
+        # gets the redacted env (the engine keeps the real values in its own process env).
+        object.__setattr__(self, "env", redact_env(self.env))
+        for name in ("model", "options", "versions", "tokenizer"):
+            object.__setattr__(self, name, scrub_json(getattr(self, name)))
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "model": self.model,
+            "options": self.options,
+            "env": self.env,
+            "versions": self.versions,
+            "tokenizer": self.tokenizer,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> EngineInfo:
+        return cls(
+            kind=d.get("kind", "?"),
+            model=d.get("model"),
+            options=dict(d.get("options") or {}),
+            env=dict(d.get("env") or {}),
+            versions=dict(d.get("versions") or {}),
+            tokenizer=d.get("tokenizer"),
+        )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    top_logprobs: int
+    temperature: float = 0.0
+    ignore_eos: bool = False  # generate exactly max_tokens (the speed arm); never set for a token gate
+
+    def to_json(self) -> dict:
+        out = {"max_tokens": self.max_tokens, "top_logprobs": self.top_logprobs, "temperature": self.temperature}
+        if self.ignore_eos:  # absent in every run a gate writes: run@1 unchanged
+            out["ignore_eos"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    engine: EngineInfo
+    prompt_set: dict  # {"name", "sha256", "count"}
+    sampling: Sampling
+    created: str
+    status: str = "running"  # running | complete | failed
+    finished: str | None = None
+    records: int = 0
+    runs: int = 1
+    determinism: dict | None = None
+    error: str | None = None
+    failed_prompt: str | None = None
+    resumed: tuple[dict, ...] = ()  # one entry per resume of an interrupted run: {"at", "kept", "remaining"}
+    schema: str = RUN_SCHEMA
+
+    @property
+    def prompt_ids(self) -> list[str] | None:
+        """The prompt set's ids in order, when the writer recorded them (expected records)."""
+        ids = self.prompt_set.get("ids")
+        return list(ids) if isinstance(ids, list) else None
+
+    def to_json(self) -> dict:
+        out = {
+            "schema": self.schema,
+            "status": self.status,
+            "engine": self.engine.to_json(),
+            "prompt_set": self.prompt_set,
+            "sampling": self.sampling.to_json(),
+            "created": self.created,
+            "finished": self.finished,
+            "records": self.records,
+            "runs": self.runs,
+        }
+        if self.determinism is not None:
+            out["determinism"] = self.determinism
+        if self.error is not None:
+            out["error"] = self.error
+            out["failed_prompt"] = self.failed_prompt
+        if self.resumed:
+            out["resumed"] = list(self.resumed)
+        return out
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str
+    manifest: Manifest
+    records: dict[str, Record]
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.status == "complete"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _dumps(obj: Any, indent: int | None = None) -> str:
+    """JSON as UTF-8 text; ASCII escapes when a string holds a lone surrogate (an engine's
+    "\\ud800"), which no UTF-8 file can hold raw but an escape keeps exactly."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False)
+    return text if not _SURROGATE.search(text) else json.dumps(obj, indent=indent)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file and rename, so readers see the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    obj = scrub_json(obj)
+    fd, tmp = new_temp_file(path.parent, f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_dumps(obj, indent=2))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    text = scrub(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = new_temp_file(path.parent, f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class RunWriter:
+    """Writes a run directory incrementally. Use as a context manager or call finish()/fail().
+
+    `keep` continues an interrupted run in place (`strict-gate gate --resume`): the stored
+    records of those prompts stay byte for byte, every other stored line (an error record,
+    a torn tail) is dropped, and new records are appended after them. Without `keep` the
+    directory's old records are removed.
+    """
+
+    def __init__(self, directory: str | Path, manifest: Manifest, *, keep: Collection[str] = ()):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        kept = self._kept_lines(manifest, set(keep)) if keep else []
+        self.manifest = replace(
+            manifest, status="running", records=len(kept), finished=None, error=None, failed_prompt=None
+        )
+        # Order matters for a crash in between: the manifest says "running" before the records
+        # file changes, and a reader of a running run prefers the .partial file.
+        write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
+        write_text_atomic(self.dir / PARTIAL, "".join(kept))
+        (self.dir / RECORDS).unlink(missing_ok=True)
+        self._f = open(self.dir / PARTIAL, "a", encoding="utf-8")  # noqa: SIM115 (held for the run; close() closes it)
+        # flush=True: each finished prompt is on disk before the next one starts.
+        self._lines = jsonlines.Writer(self._f, flush=True, dumps=_dumps)
+        self._count = len(kept)
+        self._closed = False
+
+    def _kept_lines(self, stored: Manifest, keep: set[str]) -> list[str]:
+        """The stored lines of the prompts to keep, read from the file load_run reads."""
+        partial = self.dir / PARTIAL
+        source = partial if stored.status == "running" and partial.exists() else self.dir / RECORDS
+        lines = []
+        for line in source.read_text(encoding="utf-8").split("\n") if source.exists() else ():
+            try:
+                rid = json.loads(line).get("id")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a torn tail or a blank line: not a record
+            if rid in keep:
+                keep.discard(rid)
+                lines.append(line + "\n")
+        if keep:
+            raise InputError(f"records of {sorted(keep)[:5]} vanished while resuming the run", path=str(source))
+        return lines
+
+    def add(self, record: Record) -> None:
+        self._lines.write(scrub_json(record.to_json()))
+        self._count += 1
+
+    def _close(self, **changes) -> Manifest:
+        if self._closed:
+            return self.manifest
+        self._lines.close()
+        self._f.close()
+        os.replace(self.dir / PARTIAL, self.dir / RECORDS)
+        self.manifest = replace(self.manifest, records=self._count, finished=now_iso(), **changes)
+        write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
+        self._closed = True
+        return self.manifest
+
+    def finish(self, **changes) -> Manifest:
+        return self._close(status="complete", **changes)
+
+    def fail(self, error: str, failed_prompt: str | None = None) -> Manifest:
+        return self._close(status="failed", error=error, failed_prompt=failed_prompt)
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            self.fail(f"{exc_type.__name__}: {exc}")
+        else:
+            self.finish()

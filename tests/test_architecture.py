@@ -1,0 +1,153 @@
+"""The wings keep their imports pointing one way (docs/architecture.md).
+
+Every import in the package is read from source (top level, inside functions and under
+TYPE_CHECKING alike: a lazy import is still a dependency) and checked against WINGS, the
+one place the allowed directions are written down.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "strict_gate"
+
+# wing -> the wings it may import. `errors` is the error hierarchy every wing raises;
+# `face` is cli.py and __init__.py, which may import anything and which nothing imports.
+WINGS: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "core": frozenset({"errors"}),
+    "runs": frozenset({"core", "errors"}),
+    "engines": frozenset({"runs", "core", "errors"}),
+    "speed": frozenset({"engines", "runs", "core", "errors"}),
+    "judge": frozenset({"speed", "runs", "core", "errors"}),
+    "report": frozenset({"judge", "speed", "runs", "core", "errors"}),
+    "gate": frozenset({"report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "nightly": frozenset({"gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "face": frozenset({"nightly", "gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def wing_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in {"cli", "__init__"}:
+        return "face"
+    return parts[1] if parts[1] in WINGS else "face"
+
+
+def imports(root: Path) -> dict[str, list[tuple[str, int, bool]]]:
+    """module -> [(imported strict_gate module, line, at module top level)]."""
+    out: dict[str, list[tuple[str, int, bool]]] = defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        mod = module_name(path, root)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
+                out[mod].append((node.module, node.lineno, id(node) in top))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith(root.name + "."):
+                        out[mod].append((alias.name, node.lineno, id(node) in top))
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for mod, deps in imports(root).items():
+        src = wing_of(mod)
+        for dep, line, _ in deps:
+            dst = wing_of(dep)
+            if dst == "face" and dep.split(".")[-1] == "cli":
+                found.append(f"{mod}:{line} imports the CLI ({dep})")
+            elif dst != src and dst not in WINGS[src]:
+                found.append(f"{mod}:{line}: wing {src!r} may not import {dst!r} ({dep})")
+    return found
+
+
+def top_level_cycles(root: Path) -> list[list[str]]:
+    graph = {m: {d for d, _, top in deps if top and d != m} for m, deps in imports(root).items()}
+    cycles, state = [], {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, [*stack, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return cycles
+
+
+def test_the_wing_table_is_acyclic():
+    order: list[str] = []
+    pending = dict(WINGS)
+    while pending:
+        ready = [w for w, deps in pending.items() if deps <= set(order)]
+        assert ready, f"the wing table has a cycle among {sorted(pending)}"
+        order.extend(sorted(ready))
+        for w in ready:
+            del pending[w]
+
+
+def test_every_subpackage_is_a_wing():
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert packages <= set(WINGS), f"packages without a row in WINGS: {sorted(packages - set(WINGS))}"
+
+
+def test_imports_point_one_way():
+    assert violations(PACKAGE) == []
+
+
+def test_no_import_cycles_at_module_level():
+    assert top_level_cycles(PACKAGE) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("core/files.py", "from strict_gate.runs.records import Record\n"),
+        ("runs/audit.py", "from strict_gate.engines.base import Engine\n"),
+        ("judge/compare.py", "from strict_gate.engines.hf import HFEngine\n"),
+        ("report/markdown.py", "from strict_gate.gate.run import run_gate\n"),
+        ("gate/run.py", "from strict_gate import cli\n"),
+        ("engines/hf.py", "    from strict_gate.judge.compare import Status\n"),  # a lazy import counts
+    ],
+)
+def test_an_upward_import_is_caught(tmp_path, where, line):
+    copy = tmp_path / "strict_gate"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("models", "__pycache__"))
+    target = copy / where
+    text = target.read_text(encoding="utf-8")
+    if line.startswith(" "):
+        text += "\n\ndef _planted():\n" + line
+    else:
+        text += "\n" + line
+    target.write_text(text, encoding="utf-8")
+    assert violations(copy), f"{line.strip()} in {where} was not reported"
+
+
+def test_a_cycle_is_caught(tmp_path):
+    copy = tmp_path / "strict_gate"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("models", "__pycache__"))
+    (copy / "runs" / "records.py").write_text(
+        (copy / "runs" / "records.py").read_text(encoding="utf-8") + "\nfrom strict_gate.runs.reader import load_run\n",
+        encoding="utf-8",
+    )
+    assert top_level_cycles(copy)
