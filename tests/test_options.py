@@ -4,8 +4,10 @@ instance is made in Python, so engines never re-check them."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
+from helpers import rec, write_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +20,8 @@ from strict_gate.engines.vllm.engine import VLLMOptions
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import parse_gate_config
 from strict_gate.judge.policy import Policy
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import MANIFEST, RunStatus
 
 GATE = """name = "t"
 prompts = "p.jsonl"
@@ -143,3 +147,11 @@ def test_read_value_refuses_with_the_rule_only():
         read_value(field_types(HFOptions)["batch"], 0)
     assert e.value.problem == "must be >= 1" and not e.value.whole
 
+
+def test_run_status_is_an_enum_that_manifest_json_spells_as_before(tmp_path):
+    done = load_run(write_run(tmp_path / "done", [rec("p", [5])]))
+    assert done.manifest.status is RunStatus.COMPLETE and done.complete
+    assert json.loads((tmp_path / "done" / MANIFEST).read_text())["status"] == "complete"
+    running = load_run(write_run(tmp_path / "running", [rec("p", [5])], finish=False), allow_incomplete=True)
+    assert running.manifest.status is RunStatus.RUNNING and not running.complete
+    assert json.loads(Path(tmp_path / "running" / MANIFEST).read_text())["status"] == "running"
