@@ -9,8 +9,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from strict_gate.core.model_files import model_digest, model_max_context, portable_model_ref, resolve_model
+from strict_gate.core.model_files import (
+    find_tokenizer_json,
+    model_digest,
+    model_max_context,
+    portable_model_ref,
+    resolve_model,
+)
 from strict_gate.core.options import Checked, Device, DType, PositiveInt
 from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
@@ -106,6 +113,9 @@ class HFEngine(Engine):
 
     def tokenize(self, text: str) -> list[int]:
         return list(self._tokenizer()(text).input_ids)
+
+    def tokenizer_file(self) -> Path | None:
+        return find_tokenizer_json(self.model_path, self.base_dir)
 
     def _eos_ids(self) -> set[int]:
         cfg = self._model.generation_config

@@ -25,6 +25,7 @@ class RecordedEngine(Engine):
     kind = "recorded"
     Options = RecordedOptions
     in_process = True
+    replays_run = True
     measurable = False  # a stored run has no speed (the [speed] rule in config.py)
 
     def __init__(self, options: RecordedOptions, env=None, base_dir="."):

@@ -48,7 +48,7 @@ def _check_run_fits(run: Run, role: str, arm: ArmConfig, ps: PromptSet, sampling
         ("top_logprobs", m.sampling.top_logprobs, sampling.top_logprobs),
         ("runs", m.runs, arm.runs if role == "reference" else 1),
     ]
-    if arm.kind != "recorded":  # a replayed run is described by the engine that made it
+    if not arm.engine_type.replays_run:  # a replayed run is described by the engine that made it
         checks.append(("engine kind", m.engine.kind, arm.kind))
     for name, have, want in checks:
         if have != want:

@@ -349,7 +349,7 @@ def play_gate(
             )
             if speed is not None:  # timed on the engine the arm just ran, before it is stopped
                 timed_run(speed, "candidate", candidate, cand_run, report_dir / "candidate")
-            if cfg.drift and reference.kind == "recorded":  # the baseline's tokens are known: no extra load
+            if cfg.drift and reference.replays_run:  # the baseline's tokens are known: no extra load
                 drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
             if "candidate" in owned:
@@ -379,7 +379,7 @@ def play_gate(
         finally:
             for extra in {id(e): e for e in (rescorer, speed_ref) if e is not None and e is not reference}.values():
                 _close(extra, report_dir / "reference")
-        if cfg.drift and reference.kind != "recorded":
+        if cfg.drift and not reference.replays_run:
             if "reference" in owned:
                 _close(reference, report_dir / "reference")  # one engine at a time: the candidate restarts
             try:

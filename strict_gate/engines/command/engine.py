@@ -54,7 +54,7 @@ class CommandEngine(EngineProcess, Engine):
         if self.argv[0] in ("python", "python3"):  # the gate's own interpreter (its venv), not PATH's
             self.argv[0] = sys.executable
         self.cwd = str((self.base_dir / options.cwd).resolve()) if options.cwd else str(self.base_dir.resolve())
-        self.tokenizer_path = self._tokenizer_file() if options.tokenizer else None
+        self.tokenizer_path = self._find_tokenizer() if options.tokenizer else None
         self.eos_token_ids = self._eos_ids()
         self.hello: dict | None = None
         self._proc: subprocess.Popen | None = None
@@ -76,7 +76,7 @@ class CommandEngine(EngineProcess, Engine):
         # the base interpreter outside the venv
         return os.path.abspath(p) if p.exists() else arg
 
-    def _tokenizer_file(self) -> str:
+    def _find_tokenizer(self) -> str:
         path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
         if path is None:
             raise ConfigError(
@@ -116,6 +116,12 @@ class CommandEngine(EngineProcess, Engine):
             versions=versions,
             tokenizer=self.tokenizer_path,
         )
+
+    def tokenizer_file(self) -> Path | None:
+        """The `tokenizer` given, else one in the `model` directory when that names one."""
+        if self.tokenizer_path is not None:
+            return Path(self.tokenizer_path)
+        return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
 
     def tokenize(self, text: str) -> list[int]:
         if self.tokenizer_path is None:

@@ -231,6 +231,12 @@ class OpenAIEngine(Engine):
         )
 
     # ---------------------------------------------------------------- tokenize
+    def tokenizer_file(self) -> Path | None:
+        """The `tokenizer` given, else one beside the served model when its name is a local path."""
+        if self._tokenizer_path is not None:
+            return Path(self._tokenizer_path)
+        return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
+
     def tokenize(self, text: str) -> list[int]:
         if self._tokenizer_path is not None:
             if self._tok is None:

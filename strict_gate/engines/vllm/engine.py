@@ -60,8 +60,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
+from pathlib import Path
 
-from strict_gate.core.model_files import model_digest, portable_model_ref, resolve_model
+from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
 from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.process import signals_deferred
@@ -364,6 +365,9 @@ class VLLMEngine(Engine):
     def tokenize(self, text: str) -> list[int]:
         """transformers' AutoTokenizer on the model: what vLLM uses (special tokens added)."""
         return list(self._tokenizer()(text).input_ids)
+
+    def tokenizer_file(self) -> Path | None:
+        return find_tokenizer_json(self.tokenizer_path, self.base_dir) or find_tokenizer_json(self.model_path, self.base_dir)
 
     def generate(self, prompts: Sequence[PromptInput], sampling: Sampling, *, batch_all: bool = False
                  ) -> Iterator[Record]:
