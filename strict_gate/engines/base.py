@@ -37,6 +37,7 @@ class Engine(ABC):
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
+    replays_run: ClassVar[bool] = False  # replays a stored run: its records are known before any call
     # The speed arm (strict_gate/speed): what it may ask of an engine, timed from outside.
     measurable: ClassVar[bool] = True  # a live engine (a stored run has no speed)
     streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives
@@ -104,6 +105,11 @@ class Engine(ABC):
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """Teacher-forced: for each continuation token, its logprob and the top-k given the prefix."""
         raise NotImplementedError(f"engine {self.kind!r} cannot score")
+
+    def tokenizer_file(self) -> Path | None:
+        """The tokenizer.json this engine's ids come from, when one is on disk (the speed ladder
+        draws its prompts from that vocabulary); None: none is known."""
+        return None
 
     # -- the speed arm
     def speed_settings(self) -> dict:

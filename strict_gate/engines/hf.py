@@ -9,21 +9,25 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
+from pathlib import Path
 
-from strict_gate.core.model_files import model_digest, model_max_context, portable_model_ref, resolve_model
-from strict_gate.core.options import Device, PositiveInt
+from strict_gate.core.model_files import (
+    find_tokenizer_json,
+    model_digest,
+    model_max_context,
+    portable_model_ref,
+    resolve_model,
+)
+from strict_gate.core.options import Checked, Device, DType, PositiveInt
 from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-
 
 @dataclass(frozen=True)
-class HFOptions:
+class HFOptions(Checked):
     model: str
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: DType = "float32"
     device: Device = "cpu"
     batch: PositiveInt = 1
     trust_remote_code: bool = False
@@ -40,10 +44,6 @@ class HFEngine(Engine):
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
-        if options.dtype not in DTYPES:
-            raise ConfigError(f"hf: dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
-        if options.batch < 1:
-            raise ConfigError("hf: batch must be >= 1")
         self.model_path = resolve_model(options.model, self.base_dir)
         self._tok = None
         self._model = None
@@ -113,6 +113,9 @@ class HFEngine(Engine):
 
     def tokenize(self, text: str) -> list[int]:
         return list(self._tokenizer()(text).input_ids)
+
+    def tokenizer_file(self) -> Path | None:
+        return find_tokenizer_json(self.model_path, self.base_dir)
 
     def _eos_ids(self) -> set[int]:
         cfg = self._model.generation_config

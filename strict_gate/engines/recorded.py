@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from strict_gate.core.options import Checked
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError
 from strict_gate.runs.reader import load_run
@@ -15,7 +16,7 @@ from strict_gate.runs.records import EngineInfo, Record, Run, Sampling
 
 
 @dataclass(frozen=True)
-class RecordedOptions:
+class RecordedOptions(Checked):
     path: str
     model: str | None = None  # when set, the baseline must have been captured from this model
 
@@ -24,6 +25,7 @@ class RecordedEngine(Engine):
     kind = "recorded"
     Options = RecordedOptions
     in_process = True
+    replays_run = True
     measurable = False  # a stored run has no speed (the [speed] rule in config.py)
 
     def __init__(self, options: RecordedOptions, env=None, base_dir="."):

@@ -111,7 +111,7 @@ class SpeedSession:
 
 
 def stand_in_note(cfg: GateConfig) -> tuple[str, ...]:
-    if cfg.reference.kind != "recorded":
+    if cfg.speed_reference is cfg.reference:
         return ()
     return (f"the reference is a recorded baseline: the [rescorer] ({cfg.rescorer.kind}, same model) "
             "was timed as the speed reference",)
@@ -123,7 +123,7 @@ def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, ca
     (a recorded baseline) the [rescorer], built here so that diagnosis and speed share one load."""
     if cfg.speed is None:
         return None, None
-    speed_ref = reference if cfg.reference.kind != "recorded" else build_rescorer()
+    speed_ref = reference if cfg.speed_reference is cfg.reference else build_rescorer()
     engines = {"reference": speed_ref, "candidate": candidate}
     return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg)), speed_ref
 
@@ -164,7 +164,7 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     engines = {"reference": cfg.speed_reference.build(), "candidate": cfg.candidate.build()}
     inputs: list[PromptInput] = []
     if any(r.is_gate for r in cfg.speed.rungs):  # the gate's own prompts, tokenized as the gate does
-        tokenizer = engines["reference"] if cfg.reference.kind != "recorded" else cfg.reference.build()
+        tokenizer = engines["reference"] if cfg.speed_reference is cfg.reference else cfg.reference.build()
         inputs = prompt_inputs(load_prompts(cfg.prompts), tokenizer)
     session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg))
     for role in ("candidate", "reference"):  # one engine loaded at a time

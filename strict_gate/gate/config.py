@@ -1,34 +1,63 @@
 """Gate configs (TOML): one file says which prompts, which two arms, which policy.
 
-Unknown keys are errors with a "did you mean" and the line they are on; engine options
-are checked against the engine's own Options before any model is loaded.
+Every table goes through one mechanism (strict_gate.core.options): the top-level keys are
+GateKeys, an arm's own keys ArmKeys and the rest of the arm the engine's own Options, each
+a typed table whose types carry their rules. Unknown keys are errors with a "did you mean"
+and the line they are on, and all of it is checked before any model is loaded.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from strict_gate.core.options import did_you_mean, parse_options
+from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
 from strict_gate.core.redact import restore_env
-from strict_gate.engines import engine_class
+from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.judge.compare import DEFAULT_BAND, check_band
-from strict_gate.judge.policy import check_policy
+from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
 from strict_gate.speed.config import SpeedConfig, parse_speed
 
-GATE_KEYS = {
-    "name", "prompts", "max_tokens", "top_logprobs", "policy", "band", "greedy_tolerance", "output_dir",
-    "diagnose", "drift", "reference", "candidate", "rescorer", "speed",
-}
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
-ARM_KEYS = {"kind", "env", "runs"}  # the rest of an arm's table is the engine's options
+TopLogprobs = Annotated[int, Bound(ge=2, why="near-ties are judged from the top alternatives")]
+
+
+@dataclass(frozen=True)
+class GateKeys(Checked):
+    """A gate config's top-level keys; the four tables are read on their own (arms, [speed])."""
+
+    prompts: Annotated[str, Example('"path/to/set.jsonl"')]
+    reference: dict
+    name: str | None = None  # None: the config file's stem
+    max_tokens: PositiveInt = 16
+    top_logprobs: TopLogprobs = 5
+    policy: Annotated[Policy, Parse(check_policy, takes=str)] = Policy.AUTO
+    band: Annotated[float, Parse(check_band)] = DEFAULT_BAND
+    greedy_tolerance: Annotated[float, Bound(ge=0, unit="nats"), Parse(float)] = DEFAULT_GREEDY_TOLERANCE
+    output_dir: str = "reports"
+    diagnose: bool = True
+    drift: bool = False
+    candidate: dict | None = None
+    rescorer: dict | None = None
+    speed: dict | None = None
+
+
+@dataclass(frozen=True)
+class ArmKeys(Checked):
+    """An arm's own keys; the rest of its table is the engine's options."""
+
+    kind: Annotated[str, Example('"..."')]
+    env: dict[str, str | int | float | bool] = field(default_factory=dict)
+    runs: PositiveInt = 1
+
+
+ARM_KEYS = frozenset(field_types(ArmKeys))
 
 
 @dataclass(frozen=True)
@@ -40,9 +69,14 @@ class ArmConfig:
     runs: int = 1
     base_dir: Path = Path(".")
 
-    def build(self):
+    @property
+    def engine_type(self) -> type[Engine]:
+        """The engine's class: its capability flags, before anything is built."""
+        return engine_class(self.kind)
+
+    def build(self) -> Engine:
         """The engine, constructed but not started (no model loaded yet)."""
-        return engine_class(self.kind)(self.options, self.env, self.base_dir)
+        return self.engine_type(self.options, self.env, self.base_dir)
 
 
 @dataclass(frozen=True)
@@ -52,7 +86,7 @@ class GateConfig:
     prompts: Path
     max_tokens: int
     top_logprobs: int
-    policy: str
+    policy: Policy
     band: float
     output_dir: Path
     diagnose: bool
@@ -67,7 +101,7 @@ class GateConfig:
     def speed_reference(self) -> ArmConfig:
         """The arm timed as the speed reference: the reference, or for a recorded baseline the
         [rescorer] (a live engine of the same model, checked when the config is read)."""
-        return self.rescorer if self.reference.kind == "recorded" and self.rescorer else self.reference
+        return self.rescorer if not self.reference.engine_type.measurable and self.rescorer else self.reference
 
 
 class _Lines:
@@ -106,37 +140,21 @@ class _Lines:
         return line_of
 
 
-def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{role}] must be a table", path=lines.path, line=lines.find(role))
-    kind = table.get("kind")
-    if not isinstance(kind, str):
-        raise ConfigError(f"[{role}] needs kind = \"...\"", path=lines.path, line=lines.find(role))
+def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
+    """An arm's table: its own keys (ArmKeys), then the rest as the engine's Options."""
+    line_of = lines.finder(role)
+    keys = parse_options(ArmKeys, {k: v for k, v in table.items() if k in ARM_KEYS}, where=role, line_of=line_of)
     try:
-        cls = engine_class(kind)
+        cls = engine_class(keys.kind)
     except ConfigError as e:
         raise ConfigError(str(e), path=lines.path, line=lines.find("kind", role)) from None
-    env = table.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
-        raise ConfigError(f"[{role}.env] must map names to strings", path=lines.path, line=lines.find("env", role))
-    runs = table.get("runs", 1)
-    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
-        raise ConfigError(f"[{role}] runs must be an integer >= 1", path=lines.path, line=lines.find("runs", role))
-    if runs > 1 and role != "reference":
+    if keys.runs > 1 and role != "reference":
         raise ConfigError("only the [reference] arm captures repeated runs", path=lines.path, line=lines.find("runs", role))
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
-    options = parse_options(cls.Options, opts, where=role, line_of=lines.finder(role))
-    cls.check_options(options, where=role, line_of=lines.finder(role))
-    env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in env.items()})
-    return ArmConfig(role, kind, options, env, runs, base_dir)
-
-
-def _get(d: dict, key: str, types, default, lines: _Lines):
-    v = d.get(key, default)
-    ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)))
-    if not ok:
-        raise ConfigError(f"{key} = {v!r} has the wrong type", path=lines.path, line=lines.find(key))
-    return v
+    options = parse_options(cls.Options, opts, where=role, line_of=line_of, siblings=ARM_KEYS)
+    cls.check_options(options, where=role, line_of=line_of)
+    env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in keys.env.items()})
+    return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir)
 
 
 def parse_gate_config(
@@ -150,62 +168,25 @@ def parse_gate_config(
         raise ConfigError(f"invalid TOML: {e}", path=path, line=int(m.group(1)) if m else None) from None
     lines = _Lines(text, path)
     base_dir = base_dir or Path(path).resolve().parent
-    for key in data:
-        if key not in GATE_KEYS:
-            raise ConfigError(
-                f"unknown key {key!r}{did_you_mean(key, GATE_KEYS)} (known: {', '.join(sorted(GATE_KEYS))})",
-                path=path,
-                line=lines.find(key),
-            )
-    if "prompts" not in data:
-        raise ConfigError('needs prompts = "path/to/set.jsonl"', path=path)
-    if "reference" not in data:
-        raise ConfigError("needs a [reference] table", path=path)
-    if require_candidate and "candidate" not in data:
+    keys = parse_options(GateKeys, data, where=None, line_of=lines.finder(None))
+    if require_candidate and keys.candidate is None:
         raise ConfigError("needs a [candidate] table", path=path)
-    max_tokens = _get(data, "max_tokens", int, 16, lines)
-    top_logprobs = _get(data, "top_logprobs", int, 5, lines)
-    band = float(_get(data, "band", (int, float), DEFAULT_BAND, lines))
-    if max_tokens < 1:
-        raise ConfigError("max_tokens must be >= 1", path=path, line=lines.find("max_tokens"))
-    if top_logprobs < 2:
-        raise ConfigError(
-            "top_logprobs must be >= 2: near-ties are judged from the top alternatives",
-            path=path,
-            line=lines.find("top_logprobs"),
-        )
-    try:
-        check_band(band)
-    except ValueError as e:
-        raise ConfigError(str(e), path=path, line=lines.find("band")) from None
-    greedy_tolerance = float(_get(data, "greedy_tolerance", (int, float), DEFAULT_GREEDY_TOLERANCE, lines))
-    if not math.isfinite(greedy_tolerance) or greedy_tolerance < 0:
-        raise ConfigError(
-            f"greedy_tolerance must be a finite number >= 0 (nats), got {greedy_tolerance!r}",
-            path=path,
-            line=lines.find("greedy_tolerance"),
-        )
-    policy = _get(data, "policy", str, "auto", lines)
-    try:
-        check_policy(policy)
-    except ConfigError as e:
-        raise ConfigError(str(e), path=path, line=lines.find("policy")) from None
-    prompts = Path(_get(data, "prompts", str, "", lines))
+    prompts = Path(keys.prompts)
     arms = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
     speed = _speed(data["speed"], arms, lines) if "speed" in data else None
     return GateConfig(
-        name=_get(data, "name", str, Path(path).stem, lines),
+        name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
         prompts=prompts if prompts.is_absolute() else base_dir / prompts,
-        max_tokens=max_tokens,
-        top_logprobs=top_logprobs,
-        policy=policy,
-        band=band,
-        greedy_tolerance=greedy_tolerance,
-        output_dir=Path(_get(data, "output_dir", str, "reports", lines)),
-        diagnose=_get(data, "diagnose", bool, True, lines),
-        drift=_get(data, "drift", bool, False, lines),
+        max_tokens=keys.max_tokens,
+        top_logprobs=keys.top_logprobs,
+        policy=keys.policy,
+        band=keys.band,
+        greedy_tolerance=keys.greedy_tolerance,
+        output_dir=Path(keys.output_dir),
+        diagnose=keys.diagnose,
+        drift=keys.drift,
         reference=arms["reference"],
         candidate=arms.get("candidate"),
         rescorer=arms.get("rescorer"),
@@ -224,13 +205,13 @@ def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig
     speed = parse_speed(table, line_of)
     where = {"path": lines.path, "line": line_of("speed")}
     cand = arms.get("candidate")
-    if cand is not None and cand.kind == "recorded":
+    if cand is not None and not cand.engine_type.measurable:
         raise ConfigError("[speed] times live engines, and the [candidate] is a stored run (kind = \"recorded\"): "
                           "point [candidate] at a live engine, or drop [speed]", **where)
     ref, rescorer = arms["reference"], arms.get("rescorer")
-    if ref.kind == "recorded":
+    if not ref.engine_type.measurable:
         model = getattr(ref.options, "model", None)
-        if rescorer is None or rescorer.kind == "recorded" or model is None \
+        if rescorer is None or not rescorer.engine_type.measurable or model is None \
                 or getattr(rescorer.options, "model", None) != model:
             raise ConfigError(
                 "[speed] times live engines, and the [reference] is a stored baseline (kind = \"recorded\"): "

@@ -19,7 +19,6 @@ from strict_gate.gate.arm import prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, judge, play_gate
 from strict_gate.gate.state import GateState, check_unchanged, read_gate_state
-from strict_gate.judge.policy import check_policy
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import MANIFEST, Run, Sampling
@@ -49,7 +48,7 @@ def _check_run_fits(run: Run, role: str, arm: ArmConfig, ps: PromptSet, sampling
         ("top_logprobs", m.sampling.top_logprobs, sampling.top_logprobs),
         ("runs", m.runs, arm.runs if role == "reference" else 1),
     ]
-    if arm.kind != "recorded":  # a replayed run is described by the engine that made it
+    if not arm.engine_type.replays_run:  # a replayed run is described by the engine that made it
         checks.append(("engine kind", m.engine.kind, arm.kind))
     for name, have, want in checks:
         if have != want:
@@ -93,7 +92,7 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
     cfg = load_gate_config(report_dir / "gate.toml", base_dir=Path(state.base_dir))
     ps = load_prompts(cfg.prompts)
     check_unchanged(state, cfg, ps)
-    policy = check_policy(state.policy)
+    policy = state.policy
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
     prior = _stored_runs(report_dir, cfg, ps, sampling)
     done = {role for role, run in prior.items() if run.complete}

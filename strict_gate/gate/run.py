@@ -23,10 +23,10 @@ from strict_gate.gate.bench import gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.state import write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, check_band, compare_runs
-from strict_gate.judge.diagnose import diagnose
+from strict_gate.judge.diagnose import DIAGNOSED, diagnose
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
-from strict_gate.judge.policy import apply_policy, check_policy
+from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.staleness import baseline_staleness
 from strict_gate.report import GateResult
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, check_comparable
@@ -91,7 +91,7 @@ def judge(
     cand: Run,
     *,
     prompt_ids: list[str] | None,
-    policy: str,
+    policy: Policy | str,
     band: float,
     problems: list[str],
     rescorer: Engine | None = None,
@@ -100,7 +100,7 @@ def judge(
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
 ) -> GateResult:
     """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
-    check_policy(policy)
+    policy = check_policy(policy)
     band = valid_band(band)
     for label, run in (("reference", ref), ("candidate", cand)):
         if not run.complete and not any(p.startswith(label) for p in problems):
@@ -116,7 +116,7 @@ def judge(
         with engine_log(Path(ref.path) / "engine.log", rescorer.log_libraries):  # a rescorer's start-up too
             diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
         rescored_by = f"{rescorer.kind} {rescorer.info().model}" if diagnoses else None
-    elif diagnose_wanted and any(p.status in ("divergent", "near_tie") for p in comparison.prompts):
+    elif diagnose_wanted and any(p.status in DIAGNOSED for p in comparison.prompts):
         notes.append(
             "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
             "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`"
@@ -149,7 +149,7 @@ def compare_run_dirs(
     reference: str | Path,
     candidate: str | Path,
     *,
-    policy: str = "auto",
+    policy: Policy | str = Policy.AUTO,
     band: float = DEFAULT_BAND,
     prompts: str | Path | None = None,
     out: str | Path | None = None,
@@ -197,7 +197,7 @@ def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, b
     diverged = compare_runs(
         ref_run.records, cand_run.records, band=band, greedy_tolerance=cfg.greedy_tolerance
     ).summary.counts
-    if not (diverged.get("divergent") or diverged.get("near_tie")):
+    if not any(diverged.get(s) for s in DIAGNOSED):
         return None
     if reference.can_score:
         return reference
@@ -244,7 +244,7 @@ def capture_baseline(
 def run_gate(
     cfg: GateConfig,
     *,
-    policy: str | None = None,
+    policy: Policy | str | None = None,
     band: float | None = None,
     output_dir: Path | None = None,
     progress: ProgressHook | None = None,
@@ -325,7 +325,7 @@ def play_gate(
     reference: Engine,
     candidate: Engine,
     owned: set[str],
-    policy: str,
+    policy: Policy,
     band: float,
     progress: ProgressHook | None,
     config: dict,
@@ -349,7 +349,7 @@ def play_gate(
             )
             if speed is not None:  # timed on the engine the arm just ran, before it is stopped
                 timed_run(speed, "candidate", candidate, cand_run, report_dir / "candidate")
-            if cfg.drift and reference.kind == "recorded":  # the baseline's tokens are known: no extra load
+            if cfg.drift and reference.replays_run:  # the baseline's tokens are known: no extra load
                 drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
         finally:
             if "candidate" in owned:
@@ -379,7 +379,7 @@ def play_gate(
         finally:
             for extra in {id(e): e for e in (rescorer, speed_ref) if e is not None and e is not reference}.values():
                 _close(extra, report_dir / "reference")
-        if cfg.drift and reference.kind != "recorded":
+        if cfg.drift and not reference.replays_run:
             if "reference" in owned:
                 _close(reference, report_dir / "reference")  # one engine at a time: the candidate restarts
             try:

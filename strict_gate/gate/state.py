@@ -18,6 +18,7 @@ from pathlib import Path
 from strict_gate.core.redact import is_secret_name
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig
+from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import now_iso, write_json_atomic
 
@@ -30,7 +31,7 @@ PROMPT_SHA = "prompt set sha256"
 class GateState:
     config_path: str  # the config the gate was started with (REPORT_DIR/gate.toml is its copy)
     base_dir: str  # where its relative paths resolve
-    policy: str
+    policy: Policy
     band: float
     prompt_sha256: str
     fingerprint: dict[str, str]  # setting -> digest of its value
@@ -72,7 +73,7 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
     return {name: _digest(v) for name, v in values.items()}
 
 
-def write_gate_state(report_dir: Path, cfg: GateConfig, ps: PromptSet, *, policy: str, band: float) -> None:
+def write_gate_state(report_dir: Path, cfg: GateConfig, ps: PromptSet, *, policy: Policy, band: float) -> None:
     state = GateState(
         config_path=str(Path(cfg.path).resolve()),
         base_dir=str(cfg.reference.base_dir),
@@ -102,7 +103,7 @@ def read_gate_state(report_dir: Path) -> GateState:
         return GateState(
             config_path=str(d["config"]["path"]),
             base_dir=str(d["config"]["base_dir"]),
-            policy=str(d["policy"]),
+            policy=check_policy(str(d["policy"])),
             band=float(d["band"]),
             prompt_sha256=str(d["prompt_set"]["sha256"]),
             fingerprint={str(k): str(v) for k, v in dict(d["fingerprint"]).items()},

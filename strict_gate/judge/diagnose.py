@@ -15,10 +15,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from strict_gate.judge.compare import Comparison, PromptComparison
+from strict_gate.judge.compare import Comparison, PromptComparison, Status
 from strict_gate.runs.records import Record, ScoredStep
 
-DIAGNOSED = ("divergent", "near_tie")
+DIAGNOSED = (Status.DIVERGENT, Status.NEAR_TIE)
 
 
 @dataclass(frozen=True)

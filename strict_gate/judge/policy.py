@@ -18,6 +18,8 @@ from strict_gate.runs.records import Record
 
 
 class Policy(StrEnum):
+    """The rule a gate is judged by; the value is how configs, the CLI and reports spell it."""
+
     STRICT = "strict"
     NEAR_TIE = "near-tie"
     DISTRIBUTIONAL = "distributional"
@@ -55,7 +57,7 @@ class Verdict:
         return {VerdictKind.PASS: 0, VerdictKind.FAIL: 1}.get(self.verdict, 3)
 
 
-def check_policy(policy: str) -> Policy:
+def check_policy(policy: Policy | str) -> Policy:
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     return Policy(policy)
@@ -70,7 +72,7 @@ def _samples_agree(rec: Record | None) -> bool | None:
 
 def apply_policy(
     comparison: Comparison,
-    policy: str,
+    policy: Policy | str,
     reference: dict[str, Record],
     candidate: dict[str, Record],
     *,

@@ -18,8 +18,8 @@ from strict_gate.report.text import Decoder, visible
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold"}
 
 
-_SHORT_STATUS = {"near_tie": "near-tie", "length_mismatch": "length", "tokenization_mismatch": "tokenizer",
-                 "not_greedy": "not greedy"}
+_SHORT_STATUS = {Status.NEAR_TIE: "near-tie", Status.LENGTH_MISMATCH: "length",
+                 Status.TOKENIZATION_MISMATCH: "tokenizer", Status.NOT_GREEDY: "not greedy"}
 ROWS = 40
 
 
@@ -43,14 +43,14 @@ def _why(p, dg) -> str:
         return head + ("; rest follows" if dg.downstream_only else f"; again at {dg.later_errors[0]}")
     d = p.first_divergence
     reason = d.reason if d is not None else p.detail
-    if p.status == "near_tie":
+    if p.status == Status.NEAR_TIE:
         return "within band"
-    if p.status == "divergent":
+    if p.status == Status.DIVERGENT:
         return "off top-k" if "outside" in reason else "gap > band" if "> band" in reason else "no logprobs"
-    if p.status == "length_mismatch":
+    if p.status == Status.LENGTH_MISMATCH:
         return "candidate stopped" if "candidate stopped" in reason else "reference stopped"
-    return {"tokenization_mismatch": "prompt ids differ", "not_greedy": "not its argmax",
-            "missing": "no record"}.get(p.status, reason)
+    return {Status.TOKENIZATION_MISMATCH: "prompt ids differ", Status.NOT_GREEDY: "not its argmax",
+            Status.MISSING: "no record"}.get(p.status, reason)
 
 
 def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
@@ -125,7 +125,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             console.print(f"... {len(bad) - ROWS} more non-matching prompts in the report")
     for line in missing_lines(r.comparison.prompts):
         console.print(Text(visible(line)))
-    counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != "match")
+    counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != Status.MATCH)
     console.print(
         Text.assemble(
             (f"{v.verdict.upper()}", _STYLE[v.verdict]),

@@ -7,6 +7,7 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, status_label, to_json
 from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
@@ -57,9 +58,9 @@ def _figures(r: GateResult) -> str:
     figs = [("prompts exact", f"{s.prompts_exact}/{s.prompts_total}"),
             ("positions matched", f"{s.positions_matched}/{s.positions_total}"),
             ("prefix positions", f"{s.prefix_positions}/{s.positions_total}")]
-    figs += [(k.replace("_", " "), str(n)) for k, n in s.counts.items() if n and k != "match"]
+    figs += [(k.replace("_", " "), str(n)) for k, n in s.counts.items() if n and k != Status.MATCH]
     gaps = [p.first_divergence.reference_gap for p in r.comparison.prompts
-            if p.status == "near_tie" and p.first_divergence and p.first_divergence.reference_gap is not None]
+            if p.status == Status.NEAR_TIE and p.first_divergence and p.first_divergence.reference_gap is not None]
     if gaps:
         figs.append(("largest near-tie gap", f"{max(gaps):.3f} nats"))
     if r.diagnoses:
@@ -151,7 +152,7 @@ def render(r: GateResult) -> str:
     reasons = {pv.id: pv.reason for pv in v.prompts}
     bad = listed(r.comparison.prompts)
     gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))
-    matching = [p for p in r.comparison.prompts if p.status == "match"]
+    matching = [p for p in r.comparison.prompts if p.status == Status.MATCH]
     drift = to_json(r).get("drift")
     per_prompt = drift.get("prompts") if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
     details = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.result import GateResult
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import junit_properties
@@ -37,7 +38,7 @@ def render(r: GateResult) -> str:
     for p in r.comparison.prompts:
         v = verdicts[p.id]
         case = ET.SubElement(suite, "testcase", classname=cls, name=visible(p.id))
-        if p.status in ("missing", "error"):
+        if p.status in UNCOMPARED:
             ET.SubElement(case, "error", message=p.status).text = _text(v.reason)
         elif not v.passed:
             ET.SubElement(case, "failure", message=p.status).text = _text(v.reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
@@ -93,7 +94,7 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     out.append(f"| positions matched (positionwise) | {s.positions_matched}/{s.positions_total} |")
     out.append(f"| positions matched (prefix) | {s.prefix_positions}/{s.positions_total} |")
     for status, n in s.counts.items():
-        if n and status != "match":
+        if n and status != Status.MATCH:
             out.append(f"| {status.replace('_', ' ')} | {n} |")
     for arm, entries in r.resumed.items():
         done = "; ".join(f"at {e.get('at')}, {e.get('kept')} prompts kept" for e in entries)

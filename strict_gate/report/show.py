@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.errors import InputError
+from strict_gate.judge.compare import Status
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
@@ -68,7 +69,7 @@ def _kind(i: int, position: int | None, status: str) -> str:
     if position is None or i < position:
         return "m"
     if i == position:
-        return "t" if status == "near_tie" else "d"
+        return "t" if status == Status.NEAR_TIE else "d"
     return "a"
 
 
@@ -146,7 +147,7 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
             raise InputError(f"no prompt {prompt!r} in this report ({len(prompts)} prompts)", path=str(report_dir))
         console.print(prompt_view(gate, entry))
         return
-    bad = [p for p in prompts if p.get("status") != "match"]
+    bad = [p for p in prompts if p.get("status") != Status.MATCH]
     if not bad:
         console.print(f"all {len(prompts)} prompts match token for token")
     else:

@@ -20,7 +20,7 @@ from pathlib import Path
 from strict_gate.core.files import new_temp_dir
 from strict_gate.core.redact import scrub_tree
 from strict_gate.errors import ConfigError, InputError, StrictGateError
-from strict_gate.runs.records import MANIFEST, write_text_atomic
+from strict_gate.runs.records import MANIFEST, RunStatus, write_text_atomic
 
 MAX_NAME_CHARS = 100
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -104,7 +104,7 @@ def staged_run_dir(target: str | Path, *, force: bool = False) -> Iterator[Path]
     wrong."""
     target = Path(target)
     status = _run_status(target)
-    if status == "complete" and not force:
+    if status == RunStatus.COMPLETE and not force:
         raise InputError("holds a complete run; pass --force to replace it", path=str(target))
     ensure_writable_dir(target.parent, "output's parent directory")
     tmp = new_temp_dir(target.parent, f".{target.name}.tmp-")  # becomes the run: the umask's mode
@@ -114,7 +114,7 @@ def staged_run_dir(target: str | Path, *, force: bool = False) -> Iterator[Path]
         scrub_tree(tmp)
         if not any(tmp.iterdir()):
             tmp.rmdir()
-        elif status == "complete":
+        elif status == RunStatus.COMPLETE:
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
             kept = new_temp_dir(target.parent, f"{target.name}.failed-{stamp}-")
             _retarget(tmp, kept)

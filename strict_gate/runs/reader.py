@@ -29,6 +29,7 @@ from strict_gate.runs.records import (
     Manifest,
     Record,
     Run,
+    RunStatus,
     Sampling,
     Timing,
     TopSteps,
@@ -294,7 +295,7 @@ def read_manifest(directory: Path) -> Manifest:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
         raise InputError(f'"sampling.temperature" must be a number, got {temperature!r}', path=spath)
     status = d.get("status")
-    if status not in ("running", "complete", "failed"):
+    if status not in tuple(RunStatus):
         raise InputError(f'"status" must be running, complete or failed, got {status!r}', path=spath)
     for key, default in (("records", 0), ("runs", 1)):
         v = d.get(key, default)
@@ -305,7 +306,7 @@ def read_manifest(directory: Path) -> Manifest:
         prompt_set=d["prompt_set"],
         sampling=Sampling(ints["max_tokens"], ints["top_logprobs"], float(temperature)),
         created=str(d.get("created", "")),
-        status=status,
+        status=RunStatus(status),
         finished=d.get("finished"),
         records=d.get("records", 0),
         runs=d.get("runs", 1),
@@ -323,7 +324,7 @@ def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
     d = Path(directory)
     manifest = read_manifest(d)
     limits = {"max_tokens": manifest.sampling.max_tokens, "vocab_size": vocab_size(manifest.engine)}
-    if manifest.status == "running":
+    if manifest.status == RunStatus.RUNNING:
         if not allow_incomplete:
             raise IncompleteRunError(
                 "run is not finished (status running: its writer stopped or is still going); "
@@ -333,12 +334,12 @@ def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
         path = d / PARTIAL if (d / PARTIAL).exists() else d / RECORDS
         records = read_records(path, tolerate_torn_tail=True, **limits) if path.exists() else {}
         return Run(str(d), manifest, records)
-    if manifest.status == "failed" and not allow_incomplete:
+    if manifest.status == RunStatus.FAILED and not allow_incomplete:
         raise IncompleteRunError(f"run failed: {manifest.error} (on prompt {manifest.failed_prompt})", path=str(d))
     rpath = d / RECORDS
     if not rpath.exists():
         raise InputError("records.jsonl is missing", path=str(d))
     records = read_records(rpath, **limits)
-    if manifest.status == "complete" and len(records) != manifest.records:
+    if manifest.status == RunStatus.COMPLETE and len(records) != manifest.records:
         raise InputError(f"manifest says {manifest.records} records, records.jsonl holds {len(records)}", path=str(d))
     return Run(str(d), manifest, records)

@@ -15,6 +15,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +196,21 @@ class Sampling:
         return out
 
 
+class RunStatus(StrEnum):
+    """Where a run stands; the value is how manifest.json spells it."""
+
+    RUNNING = "running"  # started, or its writer died: never read as complete
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class Manifest:
     engine: EngineInfo
     prompt_set: dict  # {"name", "sha256", "count"}
     sampling: Sampling
     created: str
-    status: str = "running"  # running | complete | failed
+    status: RunStatus = RunStatus.RUNNING
     finished: str | None = None
     records: int = 0
     runs: int = 1
@@ -247,7 +256,7 @@ class Run:
 
     @property
     def complete(self) -> bool:
-        return self.manifest.status == "complete"
+        return self.manifest.status == RunStatus.COMPLETE
 
 
 def now_iso() -> str:
@@ -307,7 +316,7 @@ class RunWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         kept = self._kept_lines(manifest, set(keep)) if keep else []
         self.manifest = replace(
-            manifest, status="running", records=len(kept), finished=None, error=None, failed_prompt=None
+            manifest, status=RunStatus.RUNNING, records=len(kept), finished=None, error=None, failed_prompt=None
         )
         # Order matters for a crash in between: the manifest says "running" before the records
         # file changes, and a reader of a running run prefers the .partial file.
@@ -323,7 +332,7 @@ class RunWriter:
     def _kept_lines(self, stored: Manifest, keep: set[str]) -> list[str]:
         """The stored lines of the prompts to keep, read from the file load_run reads."""
         partial = self.dir / PARTIAL
-        source = partial if stored.status == "running" and partial.exists() else self.dir / RECORDS
+        source = partial if stored.status == RunStatus.RUNNING and partial.exists() else self.dir / RECORDS
         lines = []
         for line in source.read_text(encoding="utf-8").split("\n") if source.exists() else ():
             try:
@@ -353,10 +362,10 @@ class RunWriter:
         return self.manifest
 
     def finish(self, **changes) -> Manifest:
-        return self._close(status="complete", **changes)
+        return self._close(status=RunStatus.COMPLETE, **changes)
 
     def fail(self, error: str, failed_prompt: str | None = None) -> Manifest:
-        return self._close(status="failed", error=error, failed_prompt=failed_prompt)
+        return self._close(status=RunStatus.FAILED, error=error, failed_prompt=failed_prompt)
 
     def __enter__(self) -> RunWriter:
         return self

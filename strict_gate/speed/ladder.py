@@ -16,7 +16,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.speed.config import SpeedConfig
 from strict_gate.speed.model import Rung
@@ -40,16 +39,12 @@ class TokenSpace:
 
 
 def token_space(engines: list[Engine]) -> TokenSpace | None:
-    """The vocabulary and special ids from a tokenizer.json either arm names, else None."""
+    """The vocabulary and special ids from the tokenizer.json of the first arm that has one, else None."""
     for engine in engines:
-        refs = [getattr(engine, name, None) for name in ("tokenizer_path", "_tokenizer_path", "model_path")]
-        refs += [getattr(engine.options, name, None) for name in ("tokenizer", "model")]
-        for ref in refs:
-            tok = find_tokenizer_json(ref, engine.base_dir) if isinstance(ref, str) else None
-            if tok is not None:
-                space = _read_space(tok)
-                if space is not None:
-                    return space
+        tok = engine.tokenizer_file()
+        space = _read_space(tok) if tok is not None else None
+        if space is not None:
+            return space
     return None
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json
-from strict_gate.core.options import Seconds
+from strict_gate.core.options import Argv, Checked, Seconds
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.command.process import PROTOCOL, EngineProcess
 from strict_gate.engines.command.replies import ReplyError, generate_record, scored_steps
@@ -30,8 +30,8 @@ from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, T
 
 
 @dataclass(frozen=True)
-class CommandOptions:
-    command: list[str]
+class CommandOptions(Checked):
+    command: Argv
     tokenizer: str | None = None  # tokenizer.json or a model dir holding one (for text prompts)
     model: str | None = None  # informational: what the binary serves (the hello may say it too)
     timeout_s: Seconds = 120.0  # per request
@@ -50,15 +50,11 @@ class CommandEngine(EngineProcess, Engine):
 
     def __init__(self, options: CommandOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
-        if not options.command or not all(isinstance(a, str) and a for a in options.command):
-            raise ConfigError("command: `command` must be a non-empty list of strings (no shell)")
-        if options.timeout_s <= 0 or options.startup_timeout_s <= 0:
-            raise ConfigError("command: timeout_s and startup_timeout_s must be > 0")
         self.argv = [self._resolve_arg(a) for a in options.command]
         if self.argv[0] in ("python", "python3"):  # the gate's own interpreter (its venv), not PATH's
             self.argv[0] = sys.executable
         self.cwd = str((self.base_dir / options.cwd).resolve()) if options.cwd else str(self.base_dir.resolve())
-        self.tokenizer_path = self._tokenizer_file() if options.tokenizer else None
+        self.tokenizer_path = self._find_tokenizer() if options.tokenizer else None
         self.eos_token_ids = self._eos_ids()
         self.hello: dict | None = None
         self._proc: subprocess.Popen | None = None
@@ -80,7 +76,7 @@ class CommandEngine(EngineProcess, Engine):
         # the base interpreter outside the venv
         return os.path.abspath(p) if p.exists() else arg
 
-    def _tokenizer_file(self) -> str:
+    def _find_tokenizer(self) -> str:
         path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
         if path is None:
             raise ConfigError(
@@ -120,6 +116,12 @@ class CommandEngine(EngineProcess, Engine):
             versions=versions,
             tokenizer=self.tokenizer_path,
         )
+
+    def tokenizer_file(self) -> Path | None:
+        """The `tokenizer` given, else one in the `model` directory when that names one."""
+        if self.tokenizer_path is not None:
+            return Path(self.tokenizer_path)
+        return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
 
     def tokenize(self, text: str) -> list[int]:
         if self.tokenizer_path is None:

@@ -20,9 +20,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from strict_gate.core.model_files import find_tokenizer_json
-from strict_gate.core.options import NonNegativeInt, PositiveInt, Seconds
+from strict_gate.core.options import Bound, Checked, NonEmptyList, PositiveInt, Seconds
 from strict_gate.core.redact import register, scrub_json
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.openai.client import (
@@ -43,17 +44,20 @@ from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, T
 NEUTRAL = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
+Retries = Annotated[int, Bound(ge=0, le=10)]
+
+
 @dataclass(frozen=True)
-class OpenAIOptions:
+class OpenAIOptions(Checked):
     base_url: str | list[str] | None = None  # http://127.0.0.1:8000 (a trailing /v1 is accepted), or a list
     model: str | None = None  # the served model name; None: the first of GET /v1/models
     api_key_env: str | None = None  # NAME of the env var that holds the key (never the key)
-    serve: list[str] | None = None  # command that launches the server (argv, no shell)
+    serve: NonEmptyList | None = None  # command that launches the server (argv, no shell)
     servers: PositiveInt = 1  # copies of `serve` to launch, each on its own {port}
     health_url: str | None = None  # default: base_url/health, then base_url/v1/models
     startup_timeout_s: Seconds = 600.0
     request_timeout_s: Seconds = 120.0
-    retries: NonNegativeInt = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
+    retries: Retries = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
     tokenizer: str | None = None  # tokenizer.json or a model dir; None: the server's /tokenize
     prompt_logprobs: bool = True  # teacher-forced scoring through prompt_logprobs
     stream_timing: bool = False  # stream each request to measure time to first token
@@ -227,6 +231,12 @@ class OpenAIEngine(Engine):
         )
 
     # ---------------------------------------------------------------- tokenize
+    def tokenizer_file(self) -> Path | None:
+        """The `tokenizer` given, else one beside the served model when its name is a local path."""
+        if self._tokenizer_path is not None:
+            return Path(self._tokenizer_path)
+        return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
+
     def tokenize(self, text: str) -> list[int]:
         if self._tokenizer_path is not None:
             if self._tok is None:

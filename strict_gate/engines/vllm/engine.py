@@ -60,10 +60,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Literal
+from pathlib import Path
 
-from strict_gate.core.model_files import model_digest, portable_model_ref, resolve_model
-from strict_gate.core.options import Fraction, PositiveInt, did_you_mean
+from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
+from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
@@ -71,7 +71,6 @@ from strict_gate.engines.vllm.outputs import output_record, scored_steps
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs
 
 # VLLMOptions fields passed to vllm.LLM under the same name when set (not None).
@@ -92,9 +91,9 @@ _LLM_ARGS = (
 
 
 @dataclass(frozen=True)
-class VLLMOptions:
+class VLLMOptions(Checked):
     model: str
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: DType = "auto"
     enforce_eager: bool | None = None
     gpu_memory_utilization: Fraction | None = None
     kv_cache_memory_bytes: PositiveInt | None = None
@@ -165,12 +164,6 @@ class VLLMEngine(Engine):
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
-        if options.dtype not in DTYPES:
-            raise ConfigError(f"vllm: dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
-        if options.batch < 1:
-            raise ConfigError("vllm: batch must be >= 1")
-        if not isinstance(options.engine_args, dict):
-            raise ConfigError("vllm: engine_args must be a table of vllm.LLM keyword arguments")
         named = {f.name for f in fields(VLLMOptions)} - {"engine_args", "batch", "warmup"}
         clash = sorted(set(options.engine_args) & (named | {"model"}))
         if clash:
@@ -192,8 +185,6 @@ class VLLMEngine(Engine):
     @classmethod
     def check_options(cls, options: VLLMOptions, *, where: str, line_of) -> None:
         """Every argument bound for vllm.LLM (the options set, engine_args) must be one vLLM knows."""
-        if not isinstance(options.engine_args, dict):
-            return  # __init__ refuses it with its own message
         names = [n for n in _LLM_ARGS if getattr(options, n) is not None] + list(options.engine_args)
         unknown, known = unknown_llm_args(names)
         if unknown:
@@ -374,6 +365,9 @@ class VLLMEngine(Engine):
     def tokenize(self, text: str) -> list[int]:
         """transformers' AutoTokenizer on the model: what vLLM uses (special tokens added)."""
         return list(self._tokenizer()(text).input_ids)
+
+    def tokenizer_file(self) -> Path | None:
+        return find_tokenizer_json(self.tokenizer_path, self.base_dir) or find_tokenizer_json(self.model_path, self.base_dir)
 
     def generate(self, prompts: Sequence[PromptInput], sampling: Sampling, *, batch_all: bool = False
                  ) -> Iterator[Record]:
