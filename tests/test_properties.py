@@ -11,10 +11,10 @@ from helpers import write_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strict_gate import reader
 from strict_gate.errors import StrictGateError
 from strict_gate.judge.compare import BAND_EPS, Status, compare_runs
 from strict_gate.judge.policy import apply_policy
+from strict_gate.runs import reader
 from strict_gate.runs.audit import greedy_violation
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Record, sort_topk

@@ -3,10 +3,7 @@
 
 Replace forward_last_logits with your model's forward pass; the rest is the whole protocol.
 The toy model (32 tokens, logits from the last id) is only there so that this file runs."""
-import json
-import math
-import os
-import sys
+import json, math, os, sys
 
 proto = os.fdopen(os.dup(1), "w", buffering=1)   # the protocol keeps the real stdout...
 os.dup2(2, 1); sys.stdout = sys.stderr            # ...and stray prints go to stderr
