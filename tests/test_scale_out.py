@@ -157,6 +157,7 @@ def _gate(text: str, tmp_path: Path):
     return parse_gate_config(text, str(path), require_candidate=False)
 
 
+# Hand-written, not write_gate: the misspelt-argument test checks the line of its error in this text.
 TP = (
     'name = "tp"\nprompts = "p.jsonl"\n[reference]\nkind = "vllm"\nmodel = "/models/big"\n'
     'tensor_parallel_size = 2\npipeline_parallel_size = 2\ndistributed_executor_backend = "ray"\n'
