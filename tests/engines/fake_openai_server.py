@@ -84,6 +84,11 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self._thread.start()
         return self
 
+    def die(self) -> None:
+        """Stop listening from inside a request (Mode.DIE): as if the process had died."""
+        self.shutdown()
+        self.server_close()
+
     def stop(self) -> None:
         """Stop serving and close the socket; safe twice and after the server died (Mode.DIE)."""
         if self._thread is not None:
@@ -165,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
         if b.mode is Mode.DIE and len(srv.posts) > b.die_after:
             # Stop listening and drop this connection without an answer: the process "died".
             self.close_connection = True
-            threading.Thread(target=lambda: (srv.shutdown(), srv.server_close())).start()
+            threading.Thread(target=srv.die).start()
             return
         if b.mode is Mode.STATUS:
             quoted = f" (sent {self.headers.get('Authorization')})" if b.quote_auth else ""
