@@ -69,6 +69,24 @@ def vllm_engine():
     eng.close()
 
 
+@pytest.fixture
+def fake_openai():
+    """Start fake OpenAI servers (tests/engines/fake_openai_server.py) on 127.0.0.1:
+    fake_openai(Mode.DIE, die_after=2, port=...) -> a started FakeOpenAIServer; all stopped after."""
+    from engines.fake_openai_server import Behaviour, FakeOpenAIServer, Mode
+
+    servers = []
+
+    def make(mode: Mode = Mode.IDS, *, port: int = 0, **behaviour) -> FakeOpenAIServer:
+        srv = FakeOpenAIServer(Behaviour(mode, **behaviour), port=port).start()
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
 @pytest.fixture(autouse=True)
 def _no_ci_step_summary(monkeypatch):
     """Gates run by tests must not write into the CI job's own summary ($GITHUB_STEP_SUMMARY)."""

@@ -1,8 +1,14 @@
-"""Hand-built runs for tests: records with chosen tokens and logprobs, written as real run dirs."""
+"""Hand-built inputs for tests: records with chosen tokens and logprobs written as real run dirs,
+and gate configs written from dicts (TOML text by a small serializer: tomllib only reads)."""
 
 from __future__ import annotations
 
+import math
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from strict_gate.runs.records import (
     EngineInfo,
@@ -67,3 +73,73 @@ def child_pid(parent_pid: int, marker: bytes) -> int | None:
         if ppid == parent_pid and marker in cmd:
             return int(stat.parent.name)
     return None
+
+
+# ---------------------------------------------------------------- gate configs from dicts
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _string(s: str) -> str:
+    """A TOML basic string: quotes, backslashes and every control character escaped."""
+    out = []
+    for ch in s:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch < " " or ch == "\x7f":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _key(k: str) -> str:
+    return k if _BARE_KEY.fullmatch(k) else _string(k)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else repr(v)  # repr: shortest round trip; inf and -inf as TOML spells them
+    if isinstance(v, (str, os.PathLike)):
+        return _string(os.fspath(v))
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"no TOML value for {v!r}")
+
+
+def _table(table: Mapping[str, Any], path: tuple[str, ...]) -> list[str]:
+    """A table's own keys, then each sub-table under its [dotted.header] (TOML wants that order)."""
+    lines = [f"{_key(k)} = {_value(v)}" for k, v in table.items() if not isinstance(v, Mapping)]
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            sub = (*path, k)
+            lines += ["[" + ".".join(_key(p) for p in sub) + "]", *_table(v, sub)]
+    return lines
+
+
+def toml_text(table: Mapping[str, Any]) -> str:
+    """TOML for a dict of str, int, float, bool, paths, lists and nested tables (as [headers])."""
+    return "".join(line + "\n" for line in _table(table, ()))
+
+
+def gate_text(*, reference: Mapping[str, Any] | None = None, candidate: Mapping[str, Any] | None = None,
+              **top: Any) -> str:
+    """A gate config: the top-level keys, then [reference], [candidate] and any other table in `top`."""
+    arms = {role: arm for role, arm in (("reference", reference), ("candidate", candidate)) if arm is not None}
+    tables = {k: v for k, v in top.items() if isinstance(v, Mapping)}
+    return toml_text({k: v for k, v in top.items() if k not in tables} | arms | tables)
+
+
+def write_gate(where: Path, *, reference: Mapping[str, Any] | None = None, candidate: Mapping[str, Any] | None = None,
+               file: str = "gate.toml", **top: Any) -> Path:
+    """Write gate_text(...) to where/file and return its path."""
+    path = where / file
+    path.write_text(gate_text(reference=reference, candidate=candidate, **top), encoding="utf-8")
+    return path

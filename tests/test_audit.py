@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import confident, rec, step, write_run
+from helpers import confident, rec, step, write_gate, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -189,6 +189,7 @@ def test_gate_that_compared_zero_positions_is_incomplete(tmp_path):
 
 # ---------------------------------------------------------------- the band and option values
 
+# Hand-written, not write_gate: the tests below check the line numbers of the errors in this text.
 GATE = """name = "t"
 prompts = "set.jsonl"
 max_tokens = 4
@@ -255,13 +256,11 @@ def _live_gate(tmp_path, canned: list[dict], max_tokens=2) -> tuple[int, str, Pa
     (tmp_path / "set.jsonl").write_text('{"id": "a", "token_ids": [1, 2]}\n{"id": "b", "token_ids": [3, 4]}\n')
     (tmp_path / "canned.jsonl").write_text("".join(json.dumps(c) + "\n" for c in canned))
     fake = HERE / "engines" / "fake_engine.py"
-    (tmp_path / "gate.toml").write_text(
-        f'name = "live"\nprompts = "set.jsonl"\nmax_tokens = {max_tokens}\ntop_logprobs = 2\n'
-        f'policy = "near-tie"\noutput_dir = "{tmp_path / "reports"}"\ndiagnose = false\n'
-        f'[reference]\nkind = "command"\ncommand = ["{sys.executable}", "{fake}"]\n'
-        f'[candidate]\nkind = "command"\ncommand = ["{sys.executable}", "{fake}", "--canned", "{tmp_path / "canned.jsonl"}"]\n'
-    )
-    result = runner.invoke(app, ["gate", str(tmp_path / "gate.toml")])
+    gate = write_gate(tmp_path, name="live", prompts="set.jsonl", max_tokens=max_tokens, top_logprobs=2,
+                      policy="near-tie", output_dir=tmp_path / "reports", diagnose=False,
+                      reference={"kind": "command", "command": [sys.executable, fake]},
+                      candidate={"kind": "command", "command": [sys.executable, fake, "--canned", tmp_path / "canned.jsonl"]})
+    result = runner.invoke(app, ["gate", str(gate)])
     assert "Traceback" not in result.output
     (report,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
     return result.exit_code, result.output, report

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import write_gate
 
 from strict_gate.engines import PromptInput, engine_class
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
@@ -381,13 +382,11 @@ def test_gate_catches_a_candidate_that_drops_the_bos(tmp_path):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 20 + i, 30]}) + "\n" for i in range(3)))
-    arm = f'kind = "command"\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE))}, "--mode", '
-    gate = tmp_path / "gate.toml"
-    gate.write_text(
-        f'name = "bos"\nprompts = "p.jsonl"\nmax_tokens = 3\ntop_logprobs = 2\npolicy = "near-tie"\n'
-        f'output_dir = "{tmp_path / "r"}"\n'
-        f'[reference]\n{arm}"good"]\n[candidate]\n{arm}"drop_bos"]\n'
-    )
+    def arm(mode: str) -> dict:
+        return {"kind": "command", "command": [sys.executable, FAKE, "--mode", mode]}
+
+    gate = write_gate(tmp_path, name="bos", prompts="p.jsonl", max_tokens=3, top_logprobs=2, policy="near-tie",
+                      output_dir=tmp_path / "r", reference=arm("good"), candidate=arm("drop_bos"))
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 1, result.output
     (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import rec, step
+from helpers import gate_text, rec, step
 
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import parse_gate_config
@@ -138,8 +138,11 @@ def test_quantisation_drift_before_a_flip():
 
 
 def test_drift_key_is_a_bool_defaulting_to_false():
-    base = 'prompts = "p.jsonl"\n[reference]\nkind = "recorded"\npath = "x"\n[candidate]\nkind = "recorded"\npath = "y"\n'
-    assert parse_gate_config(base, "g.toml").drift is False
-    assert parse_gate_config("drift = true\n" + base, "g.toml").drift is True
+    def base(**top):
+        return gate_text(prompts="p.jsonl", reference={"kind": "recorded", "path": "x"},
+                         candidate={"kind": "recorded", "path": "y"}, **top)
+
+    assert parse_gate_config(base(), "g.toml").drift is False
+    assert parse_gate_config(base(drift=True), "g.toml").drift is True
     with pytest.raises(ConfigError, match="drift"):
-        parse_gate_config('drift = "yes"\n' + base, "g.toml")
+        parse_gate_config(base(drift="yes"), "g.toml")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
+from helpers import toml_text, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -19,13 +20,10 @@ TOTALS = {"same_top1_rate", "abs_dlogprob", "kl", "min_reference_margin", "posit
 
 
 def drift_of(tmp_path, cand_dtype: str) -> tuple[Path, dict]:
-    g = tmp_path / f"{cand_dtype}.toml"
-    g.write_text(
-        f'name = "{cand_dtype}"\nprompts = "{SMOKE}"\nmax_tokens = 8\npolicy = "near-tie"\ndrift = true\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
-        f'[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "{cand_dtype}"\n'
-    )
+    g = write_gate(tmp_path, file=f"{cand_dtype}.toml", name=cand_dtype, prompts=SMOKE, max_tokens=8, policy="near-tie",
+                   drift=True, output_dir=tmp_path / "reports",
+                   reference={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"},
+                   candidate={"kind": "hf", "model": "bundled:tiny-llama", "dtype": cand_dtype})
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code in (0, 1), r.output
     (d,) = [p for p in (tmp_path / "reports").iterdir() if p.name.startswith(cand_dtype + "-")]
@@ -74,17 +72,13 @@ def test_same_engine_same_dtype_has_no_drift(tmp_path):
 def test_stored_reference_is_scored_by_the_still_loaded_candidate(tmp_path):
     """A recorded reference (the nightly case): the pass runs right after generation, no reload."""
     eng = tmp_path / "engine.toml"
-    eng.write_text('kind = "hf"\nmodel = "bundled:tiny-llama"\n')
+    eng.write_text(toml_text({"kind": "hf", "model": "bundled:tiny-llama"}))
     r = runner.invoke(app, ["run", str(eng), "--prompts", str(SMOKE), "--out", str(tmp_path / "base"),
                             "--max-tokens", "8"])
     assert r.exit_code == 0, r.output
-    g = tmp_path / "stored.toml"
-    g.write_text(
-        f'name = "stored"\nprompts = "{SMOKE}"\nmax_tokens = 8\npolicy = "strict"\ndrift = true\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        f'[reference]\nkind = "recorded"\npath = "{tmp_path / "base"}"\n'
-        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
-    )
+    g = write_gate(tmp_path, file="stored.toml", name="stored", prompts=SMOKE, max_tokens=8, policy="strict", drift=True,
+                   output_dir=tmp_path / "reports", reference={"kind": "recorded", "path": tmp_path / "base"},
+                   candidate={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"})
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
     (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
@@ -95,13 +89,9 @@ def test_stored_reference_is_scored_by_the_still_loaded_candidate(tmp_path):
 
 
 def test_without_drift_the_report_says_null(tmp_path):
-    g = tmp_path / "plain.toml"
-    g.write_text(
-        f'name = "plain"\nprompts = "{SMOKE}"\nmax_tokens = 4\npolicy = "strict"\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
-        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
-    )
+    hf = {"kind": "hf", "model": "bundled:tiny-llama"}
+    g = write_gate(tmp_path, file="plain.toml", name="plain", prompts=SMOKE, max_tokens=4, policy="strict",
+                   output_dir=tmp_path / "reports", reference=hf, candidate=hf)
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
     (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]

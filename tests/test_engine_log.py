@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
+from helpers import write_gate
 
 from strict_gate.core.engine_log import engine_log, engine_logs_on_console
 
@@ -49,13 +50,9 @@ def test_on_console_writes_nothing_and_no_libraries_is_a_no_op(tmp_path, capfd):
 def test_a_real_hf_gate_keeps_transformers_logs_off_the_console(tmp_path):
     """transformers at INFO logs its config on every load: all of it lands in the run dirs."""
     need("transformers")
-    g = tmp_path / "g.toml"
-    g.write_text(
-        f'name = "quiet"\nprompts = "{REPO / "prompts" / "smoke.jsonl"}"\nmax_tokens = 4\npolicy = "strict"\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
-        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
-    )
+    hf = {"kind": "hf", "model": "bundled:tiny-llama"}
+    g = write_gate(tmp_path, file="g.toml", name="quiet", prompts=REPO / "prompts" / "smoke.jsonl", max_tokens=4,
+                   policy="strict", output_dir=tmp_path / "reports", reference=hf, candidate=hf)
     env = os.environ | {"TRANSFORMERS_VERBOSITY": "info", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "strict_gate.cli", "gate", str(g)], capture_output=True,
                           text=True, env=env, timeout=300)

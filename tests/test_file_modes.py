@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import toml_text, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -33,10 +34,9 @@ def test_gate_and_run_outputs_follow_the_umask(tmp_path, umask, mask):
     umask(mask)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 20 + i]}) + "\n" for i in range(2)))
-    arm = f'kind = "command"\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE))}]\n'
-    gate = tmp_path / "gate.toml"
-    gate.write_text(f'name = "modes"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\n'
-                    f'output_dir = "{tmp_path / "r"}"\n[reference]\n{arm}[candidate]\n{arm}')
+    engine_arm = {"kind": "command", "command": [sys.executable, FAKE]}
+    gate = write_gate(tmp_path, name="modes", prompts="p.jsonl", max_tokens=2, top_logprobs=2, output_dir=tmp_path / "r",
+                      reference=engine_arm, candidate=engine_arm)
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 0, result.output
     (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
@@ -47,7 +47,7 @@ def test_gate_and_run_outputs_follow_the_umask(tmp_path, umask, mask):
         str(f.relative_to(report_dir)): oct(want) for f in files
     }
     engine = tmp_path / "engine.toml"
-    engine.write_text(arm)
+    engine.write_text(toml_text(engine_arm))
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
+from helpers import toml_text, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -15,17 +17,15 @@ from strict_gate.cli import app
 FAKE = Path(__file__).resolve().parent / "engines" / "fake_engine.py"
 
 
-def _fake(*args: str) -> str:
-    return f'kind = "command"\ncommand = {json.dumps([sys.executable, str(FAKE), *args])}\n'
+def _fake(*args: str) -> dict[str, Any]:
+    return {"kind": "command", "command": [sys.executable, FAKE, *args]}
 
 
-def _gate(tmp_path: Path, reference: str, candidate: str, extra: str = "", n: int = 12) -> Path:
+def _gate(tmp_path: Path, reference: dict, candidate: dict, n: int = 12, **tables: dict) -> Path:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i:02d}", "token_ids": [1, 20 + i]}) + "\n" for i in range(n)))
-    gate = tmp_path / "gate.toml"
-    gate.write_text(f'name = "g"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\npolicy = "strict"\n'
-                    f'output_dir = "{tmp_path / "r"}"\n[reference]\n{reference}[candidate]\n{candidate}{extra}')
-    return gate
+    return write_gate(tmp_path, name="g", prompts="p.jsonl", max_tokens=2, top_logprobs=2, policy="strict",
+                      output_dir=tmp_path / "r", reference=reference, candidate=candidate, **tables)
 
 
 def _report_dir(tmp_path: Path) -> Path:
@@ -35,7 +35,7 @@ def _report_dir(tmp_path: Path) -> Path:
 
 def test_an_engine_that_never_starts_is_said_once_and_not_as_128_missing_rows(tmp_path):
     argv = [sys.executable, "-c", "import sys; sys.stderr.write('cannot load weights'); sys.exit(3)"]
-    dead = f'kind = "command"\ncommand = {json.dumps(argv)}\n'
+    dead = {"kind": "command", "command": argv}
     result = CliRunner().invoke(app, ["gate", str(_gate(tmp_path, _fake(), dead))], terminal_width=100)
     assert result.exit_code == 3, result.output
     out = result.output
@@ -60,7 +60,7 @@ def test_rescorer_logs_into_the_report_directory_and_is_named_in_the_engines(tmp
     canned.write_text(json.dumps({"id": "x", "token_ids": [21, 5000], "finish_reason": "length",
                                   "top_logprobs": [[[21, -0.1], [1021, -5.0]], [[5000, -0.2], [7, -3.0]]]}) + "\n")
     gate = _gate(tmp_path, _fake("--mode", "no_score"), _fake("--canned", str(canned)),
-                 extra=f"[rescorer]\n{_fake()}", n=1)
+                 rescorer=_fake(), n=1)
     result = CliRunner().invoke(app, ["gate", str(gate)], terminal_width=100)
     assert result.exit_code == 1, result.output
     d = _report_dir(tmp_path)
@@ -77,7 +77,7 @@ def test_rescorer_logs_into_the_report_directory_and_is_named_in_the_engines(tmp
 
 def test_run_refuses_max_tokens_below_one(tmp_path):
     engine = tmp_path / "engine.toml"
-    engine.write_text(_fake())
+    engine.write_text(toml_text(_fake()))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p", "token_ids": [1, 2]}) + "\n")
     result = CliRunner().invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(tmp_path / "o"),
@@ -93,7 +93,7 @@ def test_a_rescorer_that_cannot_start_is_started_once_not_once_per_divergent_pro
     starts = tmp_path / "starts"
     argv = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('start\\n'); raise SystemExit(3)"]
     gate = _gate(tmp_path, _fake("--mode", "no_score"), _fake("--canned", str(canned)),
-                 extra=f'[rescorer]\nkind = "command"\ncommand = {json.dumps(argv)}\n', n=3)
+                 rescorer={"kind": "command", "command": argv}, n=3)
     result = CliRunner().invoke(app, ["gate", str(gate)], terminal_width=100)
     assert result.exit_code == 1, result.output  # the divergences decide; a failed re-score never does
     assert starts.read_text().count("start") == 1

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from helpers import confident, rec, step, write_run
+from helpers import confident, rec, step, write_gate, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -30,15 +30,10 @@ def runs(tmp_path, sha, cand_p2=None, drop=None, max_tokens=3):
     write_run(tmp_path / "cand", cand, sha=sha, max_tokens=max_tokens, model="tiny")
 
 
-def gate_toml(tmp_path, prompts, policy="strict", extra=""):
-    g = tmp_path / "gate.toml"
-    g.write_text(
-        f'name = "offline"\nprompts = "{prompts.name}"\nmax_tokens = 3\npolicy = "{policy}"\n'
-        f'output_dir = "{tmp_path / "reports"}"\n{extra}'
-        '[reference]\nkind = "recorded"\npath = "ref"\nmodel = "tiny"\n'
-        '[candidate]\nkind = "recorded"\npath = "cand"\n'
-    )
-    return g
+def gate_toml(tmp_path, prompts, policy="strict", ref_model="tiny"):
+    return write_gate(tmp_path, name="offline", prompts=prompts.name, max_tokens=3, policy=policy,
+                      output_dir=tmp_path / "reports", reference={"kind": "recorded", "path": "ref", "model": ref_model},
+                      candidate={"kind": "recorded", "path": "cand"})
 
 
 def only_report(tmp_path) -> Path:
@@ -90,8 +85,7 @@ def test_gate_refuses_a_baseline_of_other_conditions(tmp_path):
     r = runner.invoke(app, ["gate", str(gate_toml(tmp_path, prompts))])
     assert r.exit_code == 2 and "max_tokens" in r.output
     runs(tmp_path, ps.sha256)
-    g = gate_toml(tmp_path, prompts)
-    g.write_text(g.read_text().replace('model = "tiny"', 'model = "other"'))
+    g = gate_toml(tmp_path, prompts, ref_model="other")
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 2 and "model is 'tiny' in the baseline" in r.output
 

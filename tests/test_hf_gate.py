@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
+from helpers import toml_text, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -21,15 +22,10 @@ BATTERY = REPO / "prompts" / "battery-128.jsonl"
 
 def gate(tmp_path, *, cand_model="bundled:tiny-llama", cand_dtype="float32", prompts=SMOKE, max_tokens=12,
          policy="strict", name="g", ref_dtype="float32"):
-    g = tmp_path / f"{name}.toml"
-    g.write_text(
-        f'name = "{name}"\nprompts = "{prompts}"\nmax_tokens = {max_tokens}\npolicy = "{policy}"\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        f'[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "{ref_dtype}"\n'
-        f'[candidate]\nkind = "hf"\nmodel = "{cand_model}"\ndtype = "{cand_dtype}"\n'
-        '[candidate.env]\nDEVICE_KDA = "1"\n'
-    )
-    return g
+    return write_gate(tmp_path, file=f"{name}.toml", name=name, prompts=prompts, max_tokens=max_tokens, policy=policy,
+                      output_dir=tmp_path / "reports",
+                      reference={"kind": "hf", "model": "bundled:tiny-llama", "dtype": ref_dtype},
+                      candidate={"kind": "hf", "model": cand_model, "dtype": cand_dtype, "env": {"DEVICE_KDA": "1"}})
 
 
 def report_of(tmp_path, name="g"):
@@ -108,11 +104,11 @@ def test_perturbed_weight_is_a_real_divergence(tmp_path, perturbed_model):
 
 def test_run_then_compare_and_diagnose(tmp_path):
     eng = tmp_path / "engine.toml"
-    eng.write_text('kind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "bfloat16"\n')
+    eng.write_text(toml_text({"kind": "hf", "model": "bundled:tiny-llama", "dtype": "bfloat16"}))
     r = runner.invoke(app, ["run", str(eng), "--prompts", str(SMOKE), "--out", str(tmp_path / "bf16"),
                             "--max-tokens", "8"])
     assert r.exit_code == 0, r.output
-    eng.write_text('kind = "hf"\nmodel = "bundled:tiny-llama"\n')
+    eng.write_text(toml_text({"kind": "hf", "model": "bundled:tiny-llama"}))
     r = runner.invoke(app, ["run", str(eng), "--prompts", str(SMOKE), "--out", str(tmp_path / "fp32"),
                             "--max-tokens", "8"])
     assert r.exit_code == 0, r.output

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import rec, write_run
+from helpers import rec, write_gate, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -27,12 +27,9 @@ def gate_setup(tmp_path: Path, cand_tokens=(8, 9, 10)) -> Path:
     sha = load_prompts(p).sha256
     write_run(tmp_path / "ref", [rec("p0", [5, 6, 7]), rec("p1", [8, 9, 10])], sha=sha, max_tokens=3, model="tiny")
     write_run(tmp_path / "cand", [rec("p0", [5, 6, 7]), rec("p1", cand_tokens)], sha=sha, max_tokens=3, model="tiny")
-    g = tmp_path / "gate.toml"
-    g.write_text(
-        f'name = "hist"\nprompts = "set.jsonl"\nmax_tokens = 3\npolicy = "strict"\noutput_dir = "{tmp_path / "out"}"\n'
-        '[reference]\nkind = "recorded"\npath = "ref"\nmodel = "tiny"\n[candidate]\nkind = "recorded"\npath = "cand"\n'
-    )
-    return g
+    return write_gate(tmp_path, name="hist", prompts="set.jsonl", max_tokens=3, policy="strict", output_dir=tmp_path / "out",
+                      reference={"kind": "recorded", "path": "ref", "model": "tiny"},
+                      candidate={"kind": "recorded", "path": "cand"})
 
 
 def test_each_gate_appends_one_line_and_reports_show_the_trend(tmp_path):

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import rec
+from helpers import rec, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -29,15 +29,11 @@ runner = CliRunner()
 
 
 def gate_config(tmp_path: Path, rescorer: bool) -> Path:
-    g = tmp_path / "gate.toml"
-    g.write_text(
-        f'name = "offline-view"\nprompts = "{REPO / "prompts" / "battery-128.jsonl"}"\nmax_tokens = 16\n'
-        f'policy = "strict"\nband = 0.1\noutput_dir = "{tmp_path / "reports"}"\n'
-        f'[reference]\nkind = "recorded"\npath = "{BASELINES / "tiny-llama-vllm-fp32"}"\nmodel = "bundled:tiny-llama"\n'
-        f'[candidate]\nkind = "recorded"\npath = "{BASELINES / "tiny-llama-vllm-bf16"}"\n'
-        + ('[rescorer]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n' if rescorer else "")
-    )
-    return g
+    tables = {"rescorer": {"kind": "hf", "model": "bundled:tiny-llama"}} if rescorer else {}
+    return write_gate(tmp_path, name="offline-view", prompts=REPO / "prompts" / "battery-128.jsonl", max_tokens=16,
+                      policy="strict", band=0.1, output_dir=tmp_path / "reports",
+                      reference={"kind": "recorded", "path": BASELINES / "tiny-llama-vllm-fp32", "model": "bundled:tiny-llama"},
+                      candidate={"kind": "recorded", "path": BASELINES / "tiny-llama-vllm-bf16"}, **tables)
 
 
 def offline_gate(tmp_path: Path, rescorer: bool = False) -> Path:

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import rec, write_run
+from helpers import rec, toml_text, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -141,6 +141,7 @@ def test_not_a_run_dir(tmp_path):
 
 # ---------------------------------------------------------------- gate configs
 
+# Hand-written, not write_gate: the tests below check the line numbers of the errors in this text.
 GOOD = """
 name = "t"
 prompts = "p.jsonl"
@@ -213,7 +214,7 @@ def test_missing_vllm_names_the_extra(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    eng = write(tmp_path, "vllm.toml", 'kind = "vllm"\nmodel = "bundled:tiny-llama"\n')
+    eng = write(tmp_path, "vllm.toml", toml_text({"kind": "vllm", "model": "bundled:tiny-llama"}))
     r = runner.invoke(app, ["run", str(eng), "--prompts", str(REPO / "prompts" / "smoke.jsonl"),
                             "--out", str(tmp_path / "run")])
     assert r.exit_code == 2, r.output

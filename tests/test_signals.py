@@ -2,7 +2,7 @@
 
 Each test runs a real `strict-gate gate` in a subprocess whose candidate is a real child
 process (tests/engines/fake_engine.py over the command protocol, or the fake OpenAI server
-of test_openai_engine.py launched with `serve`), waits for a chosen moment (the engine's
+tests/engines/fake_openai_server.py launched with `serve`), waits for a chosen moment (the engine's
 events file says it is generating, shutting down, or ignoring a SIGTERM), signals the gate,
 and checks that the gate exits 3 and that every process of the engine is gone right after.
 """
@@ -16,12 +16,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import write_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "engines" / "fake_engine.py"
-FAKE_SERVER = ROOT / "tests" / "test_openai_engine.py"
+FAKE_SERVER = ROOT / "tests" / "engines" / "fake_openai_server.py"
 
 
 def _alive(pid: int) -> bool:
@@ -59,18 +61,15 @@ def _pids(path: Path) -> list[int]:
 
 
 class Gate:
-    """A `strict-gate gate` subprocess over a config whose candidate is `candidate` (TOML lines)."""
+    """A `strict-gate gate` subprocess over a config whose candidate is `candidate` (an arm table)."""
 
-    def __init__(self, tmp_path: Path, candidate: str, n_prompts: int = 3):
+    def __init__(self, tmp_path: Path, candidate: dict[str, Any], n_prompts: int = 3):
         (tmp_path / "p.jsonl").write_text(
             "".join(json.dumps({"id": f"p{i}", "token_ids": [1, 5 + i, 9]}) + "\n" for i in range(n_prompts))
         )
         ref = [sys.executable, str(FAKE), "--pidfile", str(tmp_path / "ref.pid")]
-        (tmp_path / "gate.toml").write_text(
-            f'name = "sig"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\noutput_dir = "{tmp_path / "r"}"\n'
-            f'[reference]\nkind = "command"\ncommand = {json.dumps(ref)}\n'
-            f"[candidate]\n{candidate}\n"
-        )
+        write_gate(tmp_path, name="sig", prompts="p.jsonl", max_tokens=2, top_logprobs=2, output_dir=tmp_path / "r",
+                   reference={"kind": "command", "command": ref}, candidate=candidate)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.tmp = tmp_path
         self.proc = subprocess.Popen(
@@ -95,10 +94,10 @@ class Gate:
         return self.proc.returncode, out
 
 
-def _command_arm(tmp_path: Path, *flags: str) -> str:
+def _command_arm(tmp_path: Path, *flags: str) -> dict[str, Any]:
     argv = [sys.executable, str(FAKE), "--pidfile", str(tmp_path / "cand.pid"),
             "--events", str(tmp_path / "cand.events"), *flags]
-    return f'kind = "command"\ncommand = {json.dumps(argv)}\ntimeout_s = 120'
+    return {"kind": "command", "command": argv, "timeout_s": 120}
 
 
 def _assert_gone(pids: list[int], out: str) -> None:
@@ -169,11 +168,11 @@ def test_an_engine_never_closed_is_stopped_at_exit(tmp_path):
     _assert_gone(_pids(tmp_path / "cand.pid"), out.stderr)
 
 
-def _serve_arm(tmp_path: Path, *flags: str, stop_timeout_s: float = 30) -> str:
+def _serve_arm(tmp_path: Path, *flags: str, stop_timeout_s: float = 30) -> dict[str, Any]:
     argv = [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--spawn-child",
             "--pidfile", str(tmp_path / "cand.pid"), "--events", str(tmp_path / "cand.events"), *flags]
-    return (f'kind = "openai"\nserve = {json.dumps(argv)}\nstartup_timeout_s = 60\n'
-            f"request_timeout_s = 30\nretries = 0\nstop_timeout_s = {stop_timeout_s}")
+    return {"kind": "openai", "serve": argv, "startup_timeout_s": 60, "request_timeout_s": 30, "retries": 0,
+            "stop_timeout_s": stop_timeout_s}
 
 
 def test_signal_during_generation_stops_a_launched_server(tmp_path):

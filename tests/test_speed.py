@@ -4,7 +4,7 @@ the matched-config check, the exit-code rule, the recorded-arm rule.
 The fake engines sleep 0.2 s before their first token and 0.1 s (or 0.05 s) per later token,
 long enough to dominate scheduling noise on a shared 2-core machine: TTFT and decode are
 asserted within +-30 % here, the one place timing is asserted, because the method itself is
-under test (tests/engines/speed_engine.py, the fake OpenAI server of test_openai_engine.py).
+under test (tests/engines/speed_engine.py, tests/engines/fake_openai_server.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import toml_text, write_gate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -34,21 +35,16 @@ TTFT, PER_TOKEN = 0.2, 0.05
 runner = CliRunner()
 
 
-def command_arm(*flags: str) -> str:
-    argv = json.dumps(["python", str(ENGINE), *flags])
-    return f'kind = "command"\ncommand = {argv}\ntokenizer = "bundled:tiny-llama"\n'
+def command_arm(*flags: str) -> dict[str, Any]:
+    return {"kind": "command", "command": ["python", str(ENGINE), *flags], "tokenizer": "bundled:tiny-llama"}
 
 
-def gate_file(tmp_path: Path, reference: str, candidate: str, speed: str, extra: str = "") -> Path:
-    path = tmp_path / "gate.toml"
+def gate_file(tmp_path: Path, reference: dict, candidate: dict, speed: dict | None, **top: Any) -> Path:
     prompts = tmp_path / "two.jsonl"  # the gate rung: two prompts keep the timing tests short
     prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
-    path.write_text(
-        f'name = "speed-test"\nprompts = "{prompts}"\nmax_tokens = 4\n'
-        f'output_dir = "{tmp_path / "out"}"\n{extra}\n[reference]\n{reference}\n[candidate]\n{candidate}\n'
-        f"[speed]\n{speed}\n"
-    )
-    return path
+    tables = {"speed": speed} if speed is not None else {}
+    return write_gate(tmp_path, name="speed-test", prompts=prompts, max_tokens=4, output_dir=tmp_path / "out", **top,
+                      reference=reference, candidate=candidate, **tables)
 
 
 def within(got: float, want: float, tol: float = 0.3) -> bool:
@@ -69,7 +65,8 @@ def within(got: float, want: float, tol: float = 0.3) -> bool:
     ("runs = 0", "runs"),
 ])
 def test_bad_speed_config_is_exit_2_with_file_and_line(tmp_path, speed, words):
-    path = gate_file(tmp_path, command_arm(), command_arm(), f"warmup = 0\n{speed}")
+    path = gate_file(tmp_path, command_arm(), command_arm(), None)
+    path.write_text(path.read_text() + f"[speed]\nwarmup = 0\n{speed}\n")  # the exact line the error must name
     with pytest.raises(ConfigError) as e:
         load_gate_config(path)
     assert words in str(e.value) and f"{path}:" in str(e.value)
@@ -80,23 +77,22 @@ def test_bad_speed_config_is_exit_2_with_file_and_line(tmp_path, speed, words):
 
 
 def test_a_bare_number_is_the_decode_bar_and_defaults_hold(tmp_path):
-    cfg = load_gate_config(gate_file(tmp_path, command_arm(), command_arm(), "min_speed_ratio = 0.9"))
+    cfg = load_gate_config(gate_file(tmp_path, command_arm(), command_arm(), {"min_speed_ratio": 0.9}))
     assert cfg.speed.min_speed_ratio == {"decode": 0.9}
     assert (cfg.speed.warmup, cfg.speed.runs, cfg.speed.concurrency) == (1, 5, (1,))
     assert [r.name for r in cfg.speed.rungs] == ["128/128", "1024/128", "4096/128", "gate"]
 
 
 def test_a_recorded_arm_is_refused(tmp_path):
-    recorded = f'kind = "recorded"\npath = "{ROOT / "baselines" / "tiny-llama-vllm-fp32"}"\nmodel = "bundled:tiny-llama"\n'
+    recorded = {"kind": "recorded", "path": ROOT / "baselines" / "tiny-llama-vllm-fp32", "model": "bundled:tiny-llama"}
     with pytest.raises(ConfigError, match="live engine"):
-        load_gate_config(gate_file(tmp_path, command_arm(), recorded, "runs = 1"))
-    path = gate_file(tmp_path, recorded, command_arm(), "runs = 1")
+        load_gate_config(gate_file(tmp_path, command_arm(), recorded, {"runs": 1}))
+    path = gate_file(tmp_path, recorded, command_arm(), {"runs": 1})
     with pytest.raises(ConfigError, match=r"\[rescorer\]"):
         load_gate_config(path)
     assert runner.invoke(app, ["bench", str(path)]).exit_code == 2
     # a live [rescorer] of the same model stands in as the speed reference
-    rescorer = '\n[rescorer]\nkind = "hf"\nmodel = "bundled:tiny-llama"\n'
-    path.write_text(path.read_text() + rescorer)
+    path = gate_file(tmp_path, recorded, command_arm(), {"runs": 1}, rescorer={"kind": "hf", "model": "bundled:tiny-llama"})
     cfg = load_gate_config(path)
     assert cfg.speed_reference.kind == "hf"
 
@@ -109,8 +105,8 @@ def test_command_engine_is_measured_within_tolerance(tmp_path, stream):
     flags = ("--stream",) if stream else ()
     # the reference decodes at 10 tok/s, the candidate at 20: sleeps long enough to dominate a busy machine's jitter
     path = gate_file(tmp_path, command_arm(*flags, "--per-token", str(2 * PER_TOKEN)), command_arm(*flags),
-                     'warmup = 0\nruns = 2\nrungs = ["16/9", "gate"]\nconcurrency = [1, 2]\n'
-                     "min_speed_ratio = { decode = 1.5, ttft = 0.7 }")
+                     {"warmup": 0, "runs": 2, "rungs": ["16/9", "gate"], "concurrency": [1, 2],
+                      "min_speed_ratio": {"decode": 1.5, "ttft": 0.7}})
     result = run_bench(load_gate_config(path)).result
     assert result.method is (Method.STREAM if stream else Method.TWO_REQUEST)
     ladder = result.rungs[0]
@@ -129,7 +125,7 @@ def test_command_engine_is_measured_within_tolerance(tmp_path, stream):
 
 
 def test_one_arm_not_streaming_means_two_request_for_both(tmp_path):
-    path = gate_file(tmp_path, command_arm("--stream"), command_arm(), 'warmup = 0\nruns = 1\nrungs = ["8/5"]')
+    path = gate_file(tmp_path, command_arm("--stream"), command_arm(), {"warmup": 0, "runs": 1, "rungs": ["8/5"]})
     result = run_bench(load_gate_config(path)).result
     assert result.method is Method.TWO_REQUEST
     assert within(result.rungs[0].reference.decode_tok_s.median, 1 / PER_TOKEN)
@@ -138,7 +134,7 @@ def test_one_arm_not_streaming_means_two_request_for_both(tmp_path):
 def test_ignore_eos_is_sent_and_the_real_count_recorded(tmp_path):
     # --eos-at 3 stops at 3 tokens unless the request says ignore_eos: the gate always does
     path = gate_file(tmp_path, command_arm("--eos-at", "3", "--per-token", "0.01"),
-                     command_arm("--per-token", "0.01"), 'warmup = 0\nruns = 1\nrungs = ["8/6"]')
+                     command_arm("--per-token", "0.01"), {"warmup": 0, "runs": 1, "rungs": ["8/6"]})
     result = run_bench(load_gate_config(path)).result
     assert result.rungs[0].reference.tokens == result.rungs[0].candidate.tokens == 6
     assert not result.mismatches
@@ -147,7 +143,7 @@ def test_ignore_eos_is_sent_and_the_real_count_recorded(tmp_path):
 def test_rungs_over_the_context_are_dropped_and_hello_settings_matched(tmp_path):
     ref = command_arm("--per-token", "0.01", "--hello-json", '{"max_context": 64, "eager": true, "dtype": "float32"}')
     cand = command_arm("--per-token", "0.01", "--hello-json", '{"eager": false, "dtype": "bfloat16"}')
-    path = gate_file(tmp_path, ref, cand, 'warmup = 0\nruns = 1\nrungs = ["8/4", "128/8"]\nmin_speed_ratio = 0.5')
+    path = gate_file(tmp_path, ref, cand, {"warmup": 0, "runs": 1, "rungs": ["8/4", "128/8"], "min_speed_ratio": 0.5})
     result = run_bench(load_gate_config(path)).result
     assert [r.rung.name for r in result.rungs] == ["8/4"]
     assert any("128/8 dropped" in n and "(64)" in n for n in result.notes)
@@ -157,13 +153,12 @@ def test_rungs_over_the_context_are_dropped_and_hello_settings_matched(tmp_path)
 
 def test_a_bar_not_met_exits_4_and_an_engine_that_dies_is_incomplete(tmp_path):
     path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01"),
-                     'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }')
+                     {"warmup": 0, "runs": 1, "rungs": ["8/4"], "min_speed_ratio": {"decode": 10.0}})
     result = runner.invoke(app, ["bench", str(path)])
     assert result.exit_code == 4, result.output
     assert "speed: fail" in result.output and "8/4" in result.output
-    dead = '\n'.join(['kind = "command"', f'command = ["{sys.executable}", "-c", "import sys; sys.exit(5)"]',
-                      'tokenizer = "bundled:tiny-llama"'])
-    path = gate_file(tmp_path, dead, command_arm(), 'warmup = 0\nruns = 1\nrungs = ["gate"]\nmin_speed_ratio = 1.0')
+    dead = {"kind": "command", "command": [sys.executable, "-c", "import sys; sys.exit(5)"], "tokenizer": "bundled:tiny-llama"}
+    path = gate_file(tmp_path, dead, command_arm(), {"warmup": 0, "runs": 1, "rungs": ["gate"], "min_speed_ratio": 1.0})
     result = runner.invoke(app, ["bench", str(path)])
     assert result.exit_code == 3, result.output
     assert "not measured" in result.output
@@ -171,7 +166,7 @@ def test_a_bar_not_met_exits_4_and_an_engine_that_dies_is_incomplete(tmp_path):
 
 def test_an_engine_that_dies_mid_ladder_is_not_restarted(tmp_path):
     path = gate_file(tmp_path, command_arm("--per-token", "0.01", "--die-after", "1"), command_arm("--per-token", "0.01"),
-                     'warmup = 0\nruns = 2\nrungs = ["8/4", "gate"]\nmin_speed_ratio = 0.5')
+                     {"warmup": 0, "runs": 2, "rungs": ["8/4", "gate"], "min_speed_ratio": 0.5})
     result = run_bench(load_gate_config(path)).result
     first, gate = result.rungs
     assert "exited with code 7" in first.error and first.reference is None and first.candidate is not None
@@ -182,9 +177,9 @@ def test_an_engine_that_dies_mid_ladder_is_not_restarted(tmp_path):
 def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tmp_path):
     from strict_gate.gate.run import run_gate
 
-    speed = 'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = { decode = 10.0 }'
+    speed = {"warmup": 0, "runs": 1, "rungs": ["8/4"], "min_speed_ratio": {"decode": 10.0}}
     path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01"), speed,
-                     extra='policy = "strict"')
+                     policy="strict")
     outcome = run_gate(load_gate_config(path))
     assert outcome.result.verdict.verdict == "pass"  # the tokens are equal
     assert outcome.result.speed.verdict.kind is SpeedVerdictKind.FAIL
@@ -195,24 +190,14 @@ def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tm
 
 
 @pytest.fixture
-def paced_servers():
-    from test_openai_engine import _make_fake
-
-    servers = []
-    for per_token in (2 * PER_TOKEN, PER_TOKEN):
-        srv = _make_fake("ids", pace=(TTFT, per_token))
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(srv)
-    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+def paced_servers(fake_openai):
+    """Two fake OpenAI servers of known speed: the reference decodes at half the candidate's rate."""
+    return [fake_openai(pace=(TTFT, per_token)).url for per_token in (2 * PER_TOKEN, PER_TOKEN)]
 
 
 def test_openai_kind_streams_and_serves_concurrent_sequences(tmp_path, paced_servers):
-    arm = 'kind = "openai"\nbase_url = "{}"\ntokenizer = "bundled:tiny-llama"\nretries = 0\n'
-    path = gate_file(tmp_path, arm.format(paced_servers[0]), arm.format(paced_servers[1]),
-                     'warmup = 0\nruns = 2\nrungs = ["8/9"]\nconcurrency = [1, 2]')
+    ref, cand = ({"kind": "openai", "base_url": url, "tokenizer": "bundled:tiny-llama", "retries": 0} for url in paced_servers)
+    path = gate_file(tmp_path, ref, cand, {"warmup": 0, "runs": 2, "rungs": ["8/9"], "concurrency": [1, 2]})
     result = run_bench(load_gate_config(path)).result
     assert result.method is Method.STREAM
     assert [r.rung.name for r in result.rungs] == ["8/9", "8/9@2"]
@@ -275,17 +260,17 @@ def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(t
     from strict_gate.gate.run import run_gate
 
     engine = tmp_path / "engine.toml"
-    engine.write_text(command_arm("--per-token", "0.01") + 'model = "speed-model"\n')
+    engine.write_text(toml_text(command_arm("--per-token", "0.01") | {"model": "speed-model"}))
     prompts = tmp_path / "two.jsonl"
     prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
     baseline = tmp_path / "baseline"
     made = runner.invoke(app, ["run", str(engine), "--prompts", str(prompts), "--out", str(baseline),
                                "--max-tokens", "4"])
     assert made.exit_code == 0, made.output
-    recorded = f'kind = "recorded"\npath = "{baseline}"\nmodel = "speed-model"\n'
-    path = gate_file(tmp_path, recorded, command_arm("--per-token", "0.01"), 'warmup = 0\nruns = 1\nrungs = ["8/4"]')
-    rescorer = command_arm("--per-token", "0.01") + 'model = "speed-model"\n'
-    path.write_text(path.read_text().replace("[speed]", f"[rescorer]\n{rescorer}\n[speed]"))
+    recorded = {"kind": "recorded", "path": baseline, "model": "speed-model"}
+    rescorer = command_arm("--per-token", "0.01") | {"model": "speed-model"}
+    path = gate_file(tmp_path, recorded, command_arm("--per-token", "0.01"), {"warmup": 0, "runs": 1, "rungs": ["8/4"]},
+                     rescorer=rescorer)
     outcome = run_gate(load_gate_config(path))
     assert outcome.result.verdict.verdict == "pass" and outcome.result.exit_code == 0
     speed = outcome.result.speed
@@ -297,7 +282,7 @@ def test_an_arm_whose_token_run_failed_is_not_restarted_to_be_timed(tmp_path):
     from strict_gate.gate.run import run_gate
 
     path = gate_file(tmp_path, command_arm("--per-token", "0.01"), command_arm("--per-token", "0.01", "--die-after", "1"),
-                     'warmup = 0\nruns = 1\nrungs = ["8/4"]\nmin_speed_ratio = 0.5')
+                     {"warmup": 0, "runs": 1, "rungs": ["8/4"], "min_speed_ratio": 0.5})
     result = run_gate(load_gate_config(path)).result
     assert result.verdict.verdict == "incomplete" and result.exit_code == 3  # the token verdict's code
     assert "candidate's token run did not complete" in result.speed.rungs[0].error

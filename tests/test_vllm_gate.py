@@ -4,14 +4,14 @@ Uses the session's one vLLM engine (conftest.vllm_engine), handed to the gate as
 already-started engine, so the whole session loads vLLM once.
 """
 
-import json
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, VLLM_OPTIONS
+from helpers import write_gate
 
 from strict_gate.errors import ConfigError
-from strict_gate.gate.config import parse_gate_config
+from strict_gate.gate.config import load_gate_config
 from strict_gate.gate.run import capture_baseline, run_gate
 from strict_gate.runs.reader import load_run
 
@@ -19,27 +19,20 @@ pytestmark = pytest.mark.vllm
 SMOKE = ROOT / "prompts" / "smoke.jsonl"
 
 
-def vllm_table() -> str:
-    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_OPTIONS.items())
+HF = {"kind": "hf", "model": "bundled:tiny-llama"}
 
 
-def config(tmp_path: Path, candidate: str, *, reference: str | None = None, policy="auto", max_tokens=16,
+def config(tmp_path: Path, candidate: dict, *, reference: dict | None = None, policy="auto", max_tokens=16,
            prompts: Path = SMOKE):
-    reference = reference or f'kind = "vllm"\n{vllm_table()}'
-    text = (
-        f'name = "vllm-gate"\nprompts = "{prompts}"\nmax_tokens = {max_tokens}\ntop_logprobs = 5\n'
-        f'policy = "{policy}"\noutput_dir = "{tmp_path / "reports"}"\n'
-        f"[reference]\n{reference}\n[candidate]\n{candidate}\n"
-    )
-    path = tmp_path / "gate.toml"
-    path.write_text(text)
-    return parse_gate_config(text, str(path))
+    return load_gate_config(write_gate(
+        tmp_path, name="vllm-gate", prompts=prompts, max_tokens=max_tokens, top_logprobs=5, policy=policy,
+        output_dir=tmp_path / "reports", reference=reference or {"kind": "vllm", **VLLM_OPTIONS}, candidate=candidate))
 
 
 @pytest.fixture(scope="module")
 def baseline(vllm_engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("baseline")
-    cfg = config(tmp, 'kind = "hf"\nmodel = "bundled:tiny-llama"')
+    cfg = config(tmp, HF)
     return capture_baseline(cfg, tmp / "baselines" / "smoke", runs=3, engine=vllm_engine)
 
 
@@ -57,7 +50,7 @@ def test_capture_writes_samples_and_determinism(baseline):
 
 
 def test_gate_hf_float32_against_vllm_passes(vllm_engine, tmp_path):
-    cfg = config(tmp_path, 'kind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "float32"', policy="strict")
+    cfg = config(tmp_path, HF | {"dtype": "float32"}, policy="strict")
     outcome = run_gate(cfg, engines={"reference": vllm_engine})
     r = outcome.result
     assert r.reference.kind == "vllm" and r.candidate.kind == "hf"
@@ -69,8 +62,7 @@ def test_gate_hf_float32_against_vllm_passes(vllm_engine, tmp_path):
 
 def test_gate_bf16_candidate_is_rescored_by_vllm(vllm_engine, tmp_path):
     """Divergences are re-scored by vLLM itself (prompt_logprobs) on the candidate's tokens."""
-    cfg = config(tmp_path, 'kind = "hf"\nmodel = "bundled:tiny-llama"\ndtype = "bfloat16"',
-                 prompts=ROOT / "prompts" / "battery-128.jsonl")
+    cfg = config(tmp_path, HF | {"dtype": "bfloat16"}, prompts=ROOT / "prompts" / "battery-128.jsonl")
     r = run_gate(cfg, engines={"reference": vllm_engine}).result
     assert r.rescored_by == "vllm bundled:tiny-llama"
     diverged = [p for p in r.comparison.prompts if p.status in ("near_tie", "divergent")]
@@ -82,14 +74,14 @@ def test_gate_bf16_candidate_is_rescored_by_vllm(vllm_engine, tmp_path):
 
 
 def test_recorded_baseline_as_reference(baseline, tmp_path):
-    ref = f'kind = "recorded"\npath = "{baseline.path}"\nmodel = "bundled:tiny-llama"'
-    cfg = config(tmp_path, 'kind = "hf"\nmodel = "bundled:tiny-llama"', reference=ref)
+    ref = {"kind": "recorded", "path": baseline.path, "model": "bundled:tiny-llama"}
+    cfg = config(tmp_path, HF, reference=ref)
     r = run_gate(cfg).result
     assert r.reference.kind == "vllm" and r.determinism["runs"] == 3
     assert r.verdict.verdict == "pass", r.verdict.reasons
     rules = {v.rule for v in r.verdict.prompts}
     assert rules <= {"strict", "distributional"}
     # the same baseline under other conditions is refused, naming the field
-    cfg = config(tmp_path, 'kind = "hf"\nmodel = "bundled:tiny-llama"', reference=ref, max_tokens=8)
+    cfg = config(tmp_path, HF, reference=ref, max_tokens=8)
     with pytest.raises(ConfigError, match="max_tokens is 16 in the baseline"):
         run_gate(cfg)
