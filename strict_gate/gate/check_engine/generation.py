@@ -134,8 +134,11 @@ def eos(probe: Probe) -> Verdict:
         raise Failed(f"prompt {pid!r} with eos_token_ids {list(ids)}: {list(rec.token_ids)} "
                      f"({rec.finish_reason!r}); expected to stop at position {i} on {full.token_ids[i]}, "
                      f"\"stop\": every id of the list ends the sequence")
-    return Status.PASS, (f"stopped on eos_token_ids {list(ids)} at position {i}, \"stop\", EOS included"
-                         + (f"; {natural}" if natural else ""))
+    default = probe.model_eos()
+    sent = f"the arm sends eos_token_ids {list(default)}" if default else \
+        "the arm sends no eos_token_ids (no tokenizer, no option): the engine stops on its own"
+    return Status.PASS, (f"stopped on eos_token_ids {list(ids)} at position {i}, \"stop\", EOS included; "
+                         f"otherwise {sent}" + (f"; {natural}" if natural else ""))
 
 
 def ignore_eos(probe: Probe) -> Verdict:
