@@ -251,7 +251,7 @@ def run(
 @app.command("check-engine")
 @_fail_cleanly
 def check_engine(
-    engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, [env]) or a gate config")],
+    engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, env) or a gate config")],
     arm: Annotated[str, typer.Option("--arm", help="of a gate config: candidate, reference or rescorer")] = "candidate",
     prompts: Annotated[
         Path | None, typer.Option("--prompts", "-p", help="take the first prompts of this set (default: built-in texts)")

@@ -49,9 +49,13 @@ def _logprob_gap(a: Record, b: Record) -> float:
 
 def determinism(probe: Probe) -> Verdict:
     runs = probe.need_runs()
-    last, first = probe.prompts[-1], probe.prompts[0]
-    pairs = [("the same request twice in a row", runs[last.id], probe.generate(last)),
-             (f"prompt {first.id!r} again after {len(probe.prompts)} other requests", runs[first.id],
+    ids = list(runs)
+    last, first = probe.prompt(ids[-1]), probe.prompt(ids[0])
+    before = runs[last.id]
+    if probe.generated[-1].record is not before:  # the greedy check stopped early: pair them here
+        before = probe.generate(last)
+    pairs = [("the same request twice in a row", before, probe.generate(last)),
+             (f"prompt {first.id!r} again after {len(probe.generated) - 1} other requests", runs[first.id],
               probe.generate(first))]
     tol = probe.tolerance.nats
     for what, a, b in pairs:
