@@ -248,6 +248,38 @@ def run(
     console.print(f"wrote {len(result.records)} records to {visible(str(out))}")
 
 
+@app.command("check-engine")
+@_fail_cleanly
+def check_engine(
+    engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, env) or a gate config")],
+    arm: Annotated[str, typer.Option("--arm", help="of a gate config: candidate, reference or rescorer")] = "candidate",
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", "-p", help="take the first prompts of this set (default: built-in texts)")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="the dtype the engine computes in, when its hello does not say")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the checklist as JSON (for CI)")] = False,
+) -> None:
+    """Conformance checks of one engine: a checklist, exit 0 only when every applicable check passes
+    (1 a check failed, 2 bad input, 3 the engine never started)."""
+    import json
+
+    from strict_gate.gate.check_engine import check_engine as run_checks
+    from strict_gate.gate.check_engine import load_engine_arm
+    from strict_gate.report.text import visible
+    from strict_gate.runs.prompts import load_prompts
+
+    cfg = load_engine_arm(engine_config, arm)
+    checklist = run_checks(cfg, prompts=load_prompts(prompts) if prompts else None, dtype=dtype)
+    if json_out:
+        sys.stdout.write(json.dumps(checklist.to_json(), indent=2) + "\n")
+    else:
+        for line in checklist.lines():
+            console.print(visible(line), soft_wrap=True)
+    raise typer.Exit(checklist.exit_code)
+
+
 @app.command()
 @_fail_cleanly
 def capture(

@@ -1,9 +1,15 @@
 #!/usr/bin/env python
-"""A minimal engine speaking strict-gate/engine@1 (docs/engine-protocol.md, section 7).
+"""A minimal engine speaking strict-gate/engine@1 (docs/engine-protocol.md: the messages are its
+section 4, and this file is printed in its section 8).
 
-Replace forward_last_logits with your model's forward pass; the rest is the whole protocol.
-The toy model (32 tokens, logits from the last id) is only there so that this file runs."""
-import json, math, os, sys
+Replace forward_last_logits with your model's forward pass; the rest is the required protocol
+(score, token events and ignore_eos are optional: sections 4 and 5). The toy model (32 tokens,
+logits from the sum of the ids) is only there so that this file runs; `strict-gate check-engine`
+passes it (section 9)."""
+import json
+import math
+import os
+import sys
 
 proto = os.fdopen(os.dup(1), "w", buffering=1)   # the protocol keeps the real stdout...
 os.dup2(2, 1); sys.stdout = sys.stderr            # ...and stray prints go to stderr

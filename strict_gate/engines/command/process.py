@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from strict_gate.core.redact import scrub
@@ -328,3 +329,33 @@ class EngineProcess:
 
     def _invalid(self, label: str, why: str, obj: dict) -> EngineError:
         return self._fail(f"{label}: invalid response: {why}; response: {_quote(json.dumps(obj))}")
+
+    # -- raw access for `strict-gate check-engine` (strict_gate/gate/check_engine): what a gate never sends
+    def exchange(self, req: dict, label: str, on_event: Callable[[dict], str | None] | None = None) -> dict:
+        """Send `req` as it is (an op the gate never sends, a request no gate would write, a
+        streamed generate whose events the caller records) and return the response object, with
+        the framing and failure handling of every other request."""
+        self.start()
+        return self._request(req, label, on_event)
+
+    def end_of_input(self, wait_s: float) -> tuple[int | None, str]:
+        """Close stdin without a shutdown request, as a gate that died does, and wait up to wait_s
+        for the exit: (exit code, None while still running; what it wrote on stderr after the
+        EOF). The group is stopped either way."""
+        self.start()
+        log = Path(self._log_used) if self._log_used else None
+        offset = log.stat().st_size if log is not None else 0
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+        wait_exit(self._proc, wait_s)
+        code = self._proc.poll()
+        self._kill()
+        if log is None:
+            return code, ""
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+        return code, "\n".join(ln for ln in text.splitlines() if not ln.startswith("--- strict-gate: "))

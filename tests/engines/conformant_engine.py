@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""An engine that does everything docs/engine-protocol.md asks, for check-engine's tests.
+
+The minimal engine's toy model (32 tokens, logits from the sum of the ids, exact ties between t
+and t + 17), plus score, token events, ignore_eos, timing and the hello's facts. Computed in
+float64, so score and generate agree exactly. The tests/engines/check_*.py engines subclass
+Conformant and break one thing each (tests/test_adversarial_check_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import ClassVar
+
+VOCAB = 32
+MODEL_EOS = [2]
+
+
+def log_softmax(x: list[float]) -> list[float]:
+    m = max(x)
+    lse = m + math.log(sum(math.exp(v - m) for v in x))
+    return [v - lse for v in x]
+
+
+class Conformant:
+    capabilities: ClassVar[list[str]] = ["generate", "score", "stream"]
+
+    def __init__(self) -> None:
+        self.proto = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol keeps the real stdout
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+    # -- the model
+    def logprobs(self, ids: list[int]) -> list[float]:
+        return log_softmax([float((sum(ids) * 7 + t * 13) % 17) / 4 for t in range(VOCAB)])
+
+    def order(self, lp: list[float]) -> list[int]:
+        return sorted(range(len(lp)), key=lambda t: (-lp[t], t))  # exact ties: the lowest id first
+
+    def choose(self, lp: list[float], step: int) -> int:
+        return self.order(lp)[0]
+
+    def top(self, lp: list[float], k: int, chosen: int) -> list[list]:
+        pairs = [[t, lp[t]] for t in self.order(lp)[:k]]
+        return pairs if chosen in {t for t, _ in pairs} or not k else [*pairs, [chosen, lp[chosen]]]
+
+    # -- the protocol
+    def hello(self) -> dict:
+        return {"hello": "strict-gate/engine@1", "name": "conformant", "version": "1.0",
+                "capabilities": self.capabilities, "dtype": "float64", "eager": True, "kv_cache": "none",
+                "prefix_cache": False, "max_context": 4096}
+
+    def send(self, obj: dict) -> None:
+        self.proto.write(json.dumps(obj) + "\n")
+        self.proto.flush()
+
+    def eos(self, req: dict) -> set[int]:
+        return set() if req.get("ignore_eos") else set(req.get("eos_token_ids") or MODEL_EOS)
+
+    def finish(self, req: dict, toks: list[int], eos: set[int]) -> str:
+        return "stop" if toks[-1] in eos else "length"
+
+    def event(self, req: dict, tok: int, i: int, ids: list[int]) -> None:
+        self.send({"event": "token", "id": req["id"], "token_id": tok})
+
+    def timing(self, ttft: float, total: float) -> dict:
+        return {"ttft_s": ttft, "total_s": total}
+
+    def max_tokens(self, req: dict) -> int:
+        return req["max_tokens"]
+
+    def generate(self, req: dict) -> dict:
+        t0 = time.perf_counter()
+        ids = req["prompt_token_ids"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+            raise ValueError("prompt_token_ids must be a non-empty list of ids")
+        k, eos, toks, tops, ttft = req["top_logprobs"], self.eos(req), [], [], 0.0
+        prompt, ids = list(ids), list(ids)
+        for step in range(self.max_tokens(req)):
+            lp = self.logprobs(ids)
+            tok = self.choose(lp, step)
+            tops.append(self.top(lp, k, tok))
+            toks.append(tok)
+            ids.append(tok)
+            if req.get("stream"):
+                self.event(req, tok, step, prompt)
+            ttft = ttft or time.perf_counter() - t0
+            if tok in eos:
+                break
+        out = {"id": req["id"], "token_ids": toks, "finish_reason": self.finish(req, toks, eos),
+               "timing": self.timing(ttft, time.perf_counter() - t0)}
+        if k:
+            out["top_logprobs"] = tops
+        return out
+
+    def score(self, req: dict) -> dict:
+        ids, k, steps = list(req["prompt_token_ids"]), max(1, req["top_logprobs"]), []
+        for tok in req["continuation_ids"]:
+            lp = self.logprobs(ids)
+            steps.append({"token_id": tok, "logprob": lp[tok], "top": self.top(lp, k, tok)[:k]})
+            ids.append(tok)
+        return {"id": req["id"], "steps": steps}
+
+    def answer(self, req: dict) -> dict:
+        op = req.get("op")
+        if op == "generate":
+            return self.generate(req)
+        if op == "score" and "score" in self.capabilities:
+            return self.score(req)
+        return {"id": req.get("id"), "error": f"unsupported op {op!r}"}
+
+    def handle(self, line: str) -> None:
+        req = json.loads(line)
+        try:
+            out = self.answer(req)
+        except Exception as e:  # this request failed; keep serving
+            out = {"id": req.get("id"), "error": f"{type(e).__name__}: {e}"}
+        self.send(out)
+
+    def serve(self) -> None:
+        self.send(self.hello())
+        for line in sys.stdin:
+            if not line.endswith("\n"):
+                break
+            if not line.strip():
+                continue
+            if json.loads(line).get("op") == "shutdown":
+                break
+            self.handle(line)
+        self.on_eof()
+
+    def on_eof(self) -> None:
+        pass
+
+    def run(self) -> None:
+        try:
+            self.serve()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.proto.fileno())
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    Conformant().run()
