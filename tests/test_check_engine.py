@@ -151,15 +151,12 @@ def test_transformers_runs_the_generate_checks_and_not_the_protocol_ones(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_kda_adapter_passes_all_but_the_eos_ids_it_ignores(tmp_path):
-    """examples/engines/kda_engine.py stops on its model's own EOS set and ignores the request's
-    eos_token_ids: check-engine sends other ids and catches it (ignore_eos is then not judged)."""
+def test_the_kda_adapter_passes(tmp_path):
+    """examples/engines/kda_engine.py stops on the request's eos_token_ids and honours ignore_eos
+    (it once stopped on its model's own EOS set: check-engine's eos check caught it)."""
     need("transformers")
     checklist = check_engine(load_engine_arm(ROOT / "gates" / "kda-chunk.toml"), log_dir=tmp_path)
-    assert statuses(checklist) == expect(eos="fail", ignore_eos="skipped", stream="not_applicable"), \
-        checklist.lines()
-    eos = next(c for c in checklist.checks if c.name == "eos")
-    assert "expected to stop at position" in eos.detail and eos.section.startswith("4 generate")
+    assert statuses(checklist) == expect(stream="not_applicable"), checklist.lines()
 
 
 def _installed(*paths: Path, install: str) -> None:

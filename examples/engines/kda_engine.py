@@ -140,6 +140,8 @@ class KDAEngine:
             raise ValueError("prompt_token_ids is empty")
         max_tokens = int(req.get("max_tokens", 16))
         k = int(req.get("top_logprobs", 0))
+        eos = set(req["eos_token_ids"]) if req.get("eos_token_ids") is not None else self.eos  # section 4: the request's ids win
+        stop_on_eos = not req.get("ignore_eos", False)  # the speed arm times exactly max_tokens tokens
         t0 = time.perf_counter()
         ttft = None
         toks, tops = [], []
@@ -155,7 +157,7 @@ class KDAEngine:
                 tops.append(self._top(logits, k, tok))
                 if ttft is None:
                     ttft = time.perf_counter() - t0
-                if tok in self.eos:
+                if stop_on_eos and tok in eos:
                     break
                 x = torch.tensor([[tok]])
         total = time.perf_counter() - t0
@@ -163,7 +165,7 @@ class KDAEngine:
             "id": req["id"],
             "prompt_token_ids": ids,
             "token_ids": toks,
-            "finish_reason": "stop" if toks and toks[-1] in self.eos else "length",
+            "finish_reason": "stop" if stop_on_eos and toks and toks[-1] in eos else "length",
             "top_logprobs": tops,
             "timing": {"ttft_s": ttft, "total_s": total},
         }
