@@ -110,7 +110,8 @@ def test_command_engine_is_measured_within_tolerance(tmp_path, stream):
     # the reference decodes at 10 tok/s, the candidate at 20: sleeps long enough to dominate a busy machine's jitter
     path = gate_file(tmp_path, command_arm(*flags, "--per-token", str(2 * PER_TOKEN)), command_arm(*flags),
                      'warmup = 0\nruns = 2\nrungs = ["16/9", "gate"]\nconcurrency = [1, 2]\n'
-                     "min_speed_ratio = { decode = 1.5, ttft = 0.7 }")
+                     # two-request holds e2e to the decode bar too: 1.67x on 16/9, 1.43x on the gate rung
+                     "min_speed_ratio = { decode = 1.2, ttft = 0.7 }")
     result = run_bench(load_gate_config(path)).result
     assert result.method is (Method.STREAM if stream else Method.TWO_REQUEST)
     ladder = result.rungs[0]

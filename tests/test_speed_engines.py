@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from strict_gate.gate.bench import SpeedSession
 from strict_gate.gate.config import load_gate_config
-from strict_gate.speed.config import SpeedConfig, parse_rung
+from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement
 from strict_gate.speed.model import FigureName, Method
@@ -29,6 +29,9 @@ def hf_engine(dtype: str = "float32"):
     from strict_gate.engines.hf import HFEngine, HFOptions
 
     return HFEngine(HFOptions(model="bundled:tiny-llama", dtype=dtype, threads=1), base_dir=ROOT)
+
+
+RULES = TokenRules(top_logprobs=5, band=0.5, greedy_tolerance=1e-3)  # the gate defaults
 
 
 def small_ladder() -> SpeedConfig:
@@ -46,6 +49,7 @@ def assert_sane(result, max_tokens: dict[str, int]) -> None:
     assert [r.rung.name for r in result.rungs] == ["32/8", "32/8@2", "gate"]
     for rung in result.rungs:
         assert rung.error is None, rung.error
+        assert rung.token_check.verified is True, rung.token_check  # the two arms' timed tokens agree
         for arm in (rung.reference, rung.candidate):
             assert arm.tokens == max_tokens[rung.rung.name]
             for name in FigureName:
@@ -56,7 +60,7 @@ def assert_sane(result, max_tokens: dict[str, int]) -> None:
 @pytest.mark.vllm
 def test_hf_against_vllm_small_ladder(vllm_engine):
     hf = hf_engine()
-    session = SpeedSession(small_ladder(), 4, gate_inputs(hf), {"reference": vllm_engine, "candidate": hf})
+    session = SpeedSession(small_ladder(), 4, gate_inputs(hf), {"reference": vllm_engine, "candidate": hf}, RULES)
     session.measure("candidate", hf)
     session.measure("reference", vllm_engine)  # the shared engine: measured, not closed
     result = session.result()
@@ -69,7 +73,7 @@ def test_hf_against_vllm_small_ladder(vllm_engine):
 
 def test_hf_against_hf_is_matched_and_bf16_flatters():
     ref, cand = hf_engine(), hf_engine()
-    session = SpeedSession(small_ladder(), 4, gate_inputs(ref), {"reference": ref, "candidate": cand})
+    session = SpeedSession(small_ladder(), 4, gate_inputs(ref), {"reference": ref, "candidate": cand}, RULES)
     session.measure("candidate", cand)
     session.measure("reference", ref)
     result = session.result()
@@ -108,6 +112,8 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
     assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]
     assert all(r["error"] is None and r["candidate"]["tokens"] == r["max_tokens"] for r in data["rungs"])
+    assert all(r["token_check"]["verified"] is True for r in data["rungs"])  # hf's timed tokens are vLLM's
+    assert data["speed_verdict"]["reasons"] == []
 
 
 @pytest.mark.vllm
