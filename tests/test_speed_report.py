@@ -34,6 +34,7 @@ from strict_gate.speed.model import (
     SpeedResult,
     SpeedVerdict,
     SpeedVerdictKind,
+    TokenCheck,
     judge_speed,
 )
 
@@ -222,15 +223,21 @@ arms = st.builds(ArmFigures, figure, figure, figure, st.integers(0, 10**6),
                  st.none() | st.dictionaries(text, floats | text, max_size=3)) | st.none()
 
 
+token_checks = st.builds(TokenCheck, st.integers(0, 5), st.lists(text, max_size=2).map(tuple), st.integers(0, 5))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rungs=st.lists(st.tuples(text, arms, arms, st.none() | text), max_size=3),
+@given(rungs=st.lists(st.tuples(text, arms, arms, st.none() | text, token_checks), max_size=3),
        mismatches=st.lists(st.builds(Mismatch, text, text | floats, text, st.booleans(), text), max_size=2),
        machine=text, bars=st.dictionaries(st.sampled_from(["decode", "ttft", "e2e"]), floats, max_size=2),
        method=st.sampled_from(list(Method)))
 def test_any_figures_render_in_every_format(tmp_path_factory, rungs, mismatches, machine, bars, method):
-    results = tuple(RungResult(replace(RUNGS[0], name=n), ref, cand, err) for n, ref, cand, err in rungs)
+    results = tuple(RungResult(replace(RUNGS[0], name=n), ref, cand, err, tc) for n, ref, cand, err, tc in rungs)
     s = SpeedResult(method, 3, 1, results, tuple(mismatches),
                     judge_speed(results, bars, method=method, mismatches=mismatches), machine=machine)
+    if s.verdict.kind is SpeedVerdictKind.PASS:  # never past a flattering mismatch or an unverified reply
+        assert not any(m.flattering for m in mismatches)
+        assert all(r.token_check.verified for r in results)
     r = gate(s)
     out = tmp_path_factory.mktemp("any")
     write_reports(r, out)
