@@ -134,9 +134,9 @@ class SpeedSession:
     def _gate_rung_notes(self, kept: tuple[Rung, ...], method: Method) -> tuple[str, ...]:
         if not any(r.prompt_tokens is None for r in kept):
             return ()
-        out = ["rung gate: its full requests repeat the gate's own prompts, which the gate has run before "
-               "(and every repetition runs again): an engine with a prefix cache answers their prefill from "
-               "it, so compare the arms' prefix_cache (the matched check does, where both state it); its "
+        out = ["rung gate: its full requests repeat the gate's own prompts in every repetition (in a gate, "
+               "after its token run too): an engine with a prefix cache answers their prefill from it, so "
+               "compare the arms' prefix_cache (the matched check does, where both state it); its "
                "max_tokens=1 requests get a fresh prompt of each prompt's length, never a cached one"]
         if method is Method.TWO_REQUEST and self.ladder.space is None:
             out.append("rung gate: no vocabulary is known to draw those fresh prompts, so its two-request "
