@@ -120,7 +120,8 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
 def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_path):
     """The bundled demo gate (recorded vLLM baseline, hf bf16 candidate) with a `[speed]` table
     added: its live [rescorer] (vLLM, the same model) is timed as the speed reference; the token
-    verdict is the demo's own (fail, exit 1) and every report carries the speed section."""
+    verdict is the demo's own (fail, exit 1) and every report carries the speed section, whose
+    verdict is not comparable: a bf16 candidate against an fp32 reference flatters the ratio."""
     need("vllm")
     need("transformers")
     from strict_gate.cli import app
@@ -139,9 +140,11 @@ def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_
     assert [r["name"] for r in speed["rungs"]] == ["32/8"]
     rung = speed["rungs"][0]
     assert rung["error"] is None and rung["reference"]["tokens"] == rung["candidate"]["tokens"] == 8
-    assert rung["ratio"]["decode_tok_s"]["median"] > 0 and speed["verdict"] == "pass"
+    assert rung["ratio"]["decode_tok_s"]["median"] > 0 and speed["verdict"] == "not_comparable"
+    assert speed["speed_verdict"]["reasons"][0].startswith("not comparable: dtype (the candidate computes in a "
+                                                           "narrower dtype; reference 'float32', candidate 'bfloat16')")
     assert any("rescorer" in n for n in speed["notes"]), speed["notes"]
     md = (report_dir / "report.md").read_text()
-    assert "## Speed" in md and "speed: pass" in md
+    assert "## Speed" in md and "speed: not comparable" in md
     assert "speed" in (report_dir / "report.html").read_text()
     assert 'name="speed"' in (report_dir / "junit.xml").read_text()
