@@ -1,7 +1,7 @@
 """The `strict-gate` command: thin typer functions over the library.
 
 Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run,
-4 slower than the [speed] bar (only when the token verdict passed).
+4 slower than the [speed] bar or not comparable (only when the token verdict passed).
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -196,7 +196,7 @@ def bench(
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
 ) -> None:
     """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
-    Exit 0, 4 below min_speed_ratio, 3 not measured while a bar is set, 2 bad input."""
+    Exit 0, 4 below min_speed_ratio or not comparable, 3 not measured while a bar is set, 2 bad input."""
     from strict_gate.core.engine_log import terminal_stderr
     from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config

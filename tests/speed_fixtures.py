@@ -10,7 +10,17 @@ from helpers import rec
 from strict_gate.gate.run import judge
 from strict_gate.report import GateResult
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
-from strict_gate.speed.model import ArmFigures, Figure, Method, Mismatch, Rung, RungResult, SpeedResult, judge_speed
+from strict_gate.speed.model import (
+    ArmFigures,
+    Figure,
+    Method,
+    Mismatch,
+    Rung,
+    RungResult,
+    SpeedResult,
+    TokenCheck,
+    judge_speed,
+)
 
 RUNGS = (Rung("128/128", 128, 128), Rung("1024/128@4", 1024, 128, concurrency=4))
 REF = {"ttft_s": (0.020, 0.021, 0.022), "decode_tok_s": (100.0, 101.0, 102.0), "e2e_tok_s": (90.0, 91.0, 92.0)}
@@ -31,17 +41,19 @@ def arm(figs: dict, self_reported: dict | None = None) -> ArmFigures:
 def speed(case: str) -> SpeedResult:
     """One SpeedResult per case; the verdict is judged by the model's own judge_speed."""
     cand = {"fail": "slow", "not-separable": "even"}.get(case, "fast")
-    rungs = [RungResult(r, arm(REF), arm(CAND[cand], {"vllm:gpu_cache_usage": 0.4} if i == 0 else None))
+    rungs = [RungResult(r, arm(REF), arm(CAND[cand], {"vllm:gpu_cache_usage": 0.4} if i == 0 else None),
+                        token_check=TokenCheck(checked=6))
              for i, r in enumerate(RUNGS)]
     if case == "incomplete":
         rungs[1] = RungResult(RUNGS[1], arm(REF), None, error="candidate: connection refused")
     bars = {} if case == "informational" else {"decode": 0.95}
+    method = Method.TWO_REQUEST if case == "informational" else Method.STREAM
+    mismatches = (FLATTERING,) if case == "flattering" else ()
     return SpeedResult(
-        method=Method.TWO_REQUEST if case == "informational" else Method.STREAM,
-        runs=3, warmup=1, rungs=tuple(rungs),
-        mismatches=(FLATTERING,) if case == "flattering" else (),
-        verdict=judge_speed(rungs, bars), machine="1x NVIDIA H200, 16 cores",
+        method=method, runs=3, warmup=1, rungs=tuple(rungs), mismatches=mismatches,
+        verdict=judge_speed(rungs, bars, method=method, mismatches=mismatches), machine="1x NVIDIA H200, 16 cores",
         notes=("gpu clocks not locked",) if case == "pass" else (),
+        checked_rungs=tuple(r.rung.name for r in rungs if r.reference and r.candidate),
     )
 
 

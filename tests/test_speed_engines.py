@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from strict_gate.gate.bench import SpeedSession
 from strict_gate.gate.config import load_gate_config
-from strict_gate.speed.config import SpeedConfig, parse_rung
+from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement
 from strict_gate.speed.model import FigureName, Method
@@ -29,6 +29,9 @@ def hf_engine(dtype: str = "float32"):
     from strict_gate.engines.hf import HFEngine, HFOptions
 
     return HFEngine(HFOptions(model="bundled:tiny-llama", dtype=dtype, threads=1), base_dir=ROOT)
+
+
+RULES = TokenRules(top_logprobs=5, band=0.5, greedy_tolerance=1e-3)  # the gate defaults
 
 
 def small_ladder() -> SpeedConfig:
@@ -46,6 +49,7 @@ def assert_sane(result, max_tokens: dict[str, int]) -> None:
     assert [r.rung.name for r in result.rungs] == ["32/8", "32/8@2", "gate"]
     for rung in result.rungs:
         assert rung.error is None, rung.error
+        assert rung.token_check.verified is True, rung.token_check  # the two arms' timed tokens agree
         for arm in (rung.reference, rung.candidate):
             assert arm.tokens == max_tokens[rung.rung.name]
             for name in FigureName:
@@ -56,7 +60,7 @@ def assert_sane(result, max_tokens: dict[str, int]) -> None:
 @pytest.mark.vllm
 def test_hf_against_vllm_small_ladder(vllm_engine):
     hf = hf_engine()
-    session = SpeedSession(small_ladder(), 4, gate_inputs(hf), {"reference": vllm_engine, "candidate": hf})
+    session = SpeedSession(small_ladder(), 4, gate_inputs(hf), {"reference": vllm_engine, "candidate": hf}, RULES)
     session.measure("candidate", hf)
     session.measure("reference", vllm_engine)  # the shared engine: measured, not closed
     result = session.result()
@@ -69,7 +73,7 @@ def test_hf_against_vllm_small_ladder(vllm_engine):
 
 def test_hf_against_hf_is_matched_and_bf16_flatters():
     ref, cand = hf_engine(), hf_engine()
-    session = SpeedSession(small_ladder(), 4, gate_inputs(ref), {"reference": ref, "candidate": cand})
+    session = SpeedSession(small_ladder(), 4, gate_inputs(ref), {"reference": ref, "candidate": cand}, RULES)
     session.measure("candidate", cand)
     session.measure("reference", ref)
     result = session.result()
@@ -108,13 +112,16 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
     assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]
     assert all(r["error"] is None and r["candidate"]["tokens"] == r["max_tokens"] for r in data["rungs"])
+    assert all(r["token_check"]["verified"] is True for r in data["rungs"])  # hf's timed tokens are vLLM's
+    assert data["speed_verdict"]["reasons"] == []
 
 
 @pytest.mark.vllm
 def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_path):
     """The bundled demo gate (recorded vLLM baseline, hf bf16 candidate) with a `[speed]` table
     added: its live [rescorer] (vLLM, the same model) is timed as the speed reference; the token
-    verdict is the demo's own (fail, exit 1) and every report carries the speed section."""
+    verdict is the demo's own (fail, exit 1) and every report carries the speed section, whose
+    verdict is not comparable: a bf16 candidate against an fp32 reference flatters the ratio."""
     need("vllm")
     need("transformers")
     from strict_gate.cli import app
@@ -133,9 +140,11 @@ def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_
     assert [r["name"] for r in speed["rungs"]] == ["32/8"]
     rung = speed["rungs"][0]
     assert rung["error"] is None and rung["reference"]["tokens"] == rung["candidate"]["tokens"] == 8
-    assert rung["ratio"]["decode_tok_s"]["median"] > 0 and speed["verdict"] == "pass"
+    assert rung["ratio"]["decode_tok_s"]["median"] > 0 and speed["verdict"] == "not_comparable"
+    assert speed["speed_verdict"]["reasons"][0].startswith("not comparable: dtype (the candidate computes in a "
+                                                           "narrower dtype; reference 'float32', candidate 'bfloat16')")
     assert any("rescorer" in n for n in speed["notes"]), speed["notes"]
     md = (report_dir / "report.md").read_text()
-    assert "## Speed" in md and "speed: pass" in md
+    assert "## Speed" in md and "speed: not comparable" in md
     assert "speed" in (report_dir / "report.html").read_text()
     assert 'name="speed"' in (report_dir / "junit.xml").read_text()

@@ -34,6 +34,7 @@ from strict_gate.speed.model import (
     SpeedResult,
     SpeedVerdict,
     SpeedVerdictKind,
+    TokenCheck,
     judge_speed,
 )
 
@@ -42,13 +43,15 @@ runner = CliRunner()
 # What each case must say, in every format that shows words.
 SAYS = {
     "pass": ["speed: pass (min_speed_ratio decode 0.95x)", "decode 0.97x vLLM (0.95–0.99)", "TTFT 1.33x (1.23–1.45)",
-             "matched: yes", "gpu clocks not locked"],
+             "matched: yes", "gpu clocks not locked", "timed tokens: 12 replies checked", "all verified"],
     "fail": ["speed: fail (min_speed_ratio decode 0.95x)", "decode 0.81x vLLM (0.79–0.83)",
              "rung 128/128: decode speed 0.81x reference < 0.95x"],
     "incomplete": ["speed: incomplete (min_speed_ratio decode 0.95x)", "not measured: candidate: connection refused"],
     "not-separable": ["decode 1.00x vLLM (0.96–1.04, not separable)", "TTFT 1.02x (0.91–1.15, not separable)"],
     "flattering": ["matched: no (1 difference, 1 flattering denominator",
-                   "dtype: vLLM bfloat16, candidate float16 — flattering denominator (the candidate computes in fp16)"],
+                   "dtype: vLLM bfloat16, candidate float16 — flattering denominator (the candidate computes in fp16)",
+                   "speed: not comparable (min_speed_ratio decode 0.95x)",
+                   "not comparable: dtype (the candidate computes in fp16; reference 'bfloat16', candidate 'float16')"],
     "informational": ["speed: informational (no min_speed_ratio", "method two-request", "3 runs after 1 warmup"],
 }
 
@@ -90,7 +93,7 @@ def test_non_finite_figures_are_null_in_strict_json_and_shown_as_unknown(tmp_pat
                      self_reported={"x": math.inf})
     good = arm({"ttft_s": (0.02,), "decode_tok_s": (90.0, 91.0), "e2e_tok_s": (80.0,)})
     rungs = (RungResult(RUNGS[0], bad, good),)
-    s = SpeedResult(Method.STREAM, 2, 0, rungs, (), judge_speed(rungs, {"decode": 0.9}))
+    s = SpeedResult(Method.STREAM, 2, 0, rungs, (), judge_speed(rungs, {"decode": 0.9}, method=Method.STREAM))
     write_reports(gate(s), tmp_path, formats=("json", "md", "html", "junit"))
     text = (tmp_path / "report.json").read_text()
     rep = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
@@ -136,7 +139,8 @@ def test_html_speed_section(case):
     section = page[page.index("<h2 id='speed'>"):page.index("<h2>Engines</h2>")]
     assert section.count("<tr>") == 1 + len(RUNGS)
     verdict = speed(case).verdict.kind.value
-    assert f"<main>\n<p class='speedv {verdict}'><a href='#speed'>speed: {verdict}" in page  # under the banner
+    said = verdict.replace("_", " ")
+    assert f"<main>\n<p class='speedv {verdict}'><a href='#speed'>speed: {said}" in page  # under the banner
     for words in SAYS[case]:
         assert html.escape(words) in section, words
     if case == "not-separable":
@@ -165,7 +169,7 @@ def test_console_speed_fits_80_columns(case):
 
 
 @pytest.mark.parametrize("case, outcome", [("pass", None), ("informational", None), ("not-separable", None),
-                                           ("fail", "failure"), ("incomplete", "error")])
+                                           ("fail", "failure"), ("incomplete", "error"), ("flattering", "failure")])
 def test_junit_speed_case(case, outcome):
     suite = ET.fromstring(junit.render(gate(speed(case), diverge=True)))
     (sp,) = [c for c in suite.iter("testcase") if c.get("name") == "speed"]
@@ -175,7 +179,8 @@ def test_junit_speed_case(case, outcome):
     assert suite.get("failures") == str(1 + (outcome == "failure"))  # prompt b, and speed when below the bar
     assert suite.get("errors") == str(int(outcome == "error"))
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert props["speed_verdict"] == case.replace("not-separable", "pass") and props["verdict"] == "fail"
+    want = {"not-separable": "pass", "flattering": "not_comparable"}.get(case, case)
+    assert props["speed_verdict"] == want and props["verdict"] == "fail"
 
 
 def test_show_prints_the_speed_arm_from_report_json(tmp_path):
@@ -184,7 +189,7 @@ def test_show_prints_the_speed_arm_from_report_json(tmp_path):
     write_reports(gate(speed("flattering")), tmp_path, formats=("json",))
     r = runner.invoke(app, ["show", str(tmp_path)], terminal_width=80)
     assert r.exit_code == 0, r.output
-    assert "all 3 prompts match token for token" in r.output and "speed: pass (min_speed_ratio" in r.output
+    assert "all 3 prompts match token for token" in r.output and "speed: not comparable (min_speed_ratio" in r.output
     assert "flattering denominator" in r.output and "1024/128@4" in r.output
     # a report written before `wall_clock` had its own key: the old per-arm `speed` is not a speed arm
     rep = json.loads((tmp_path / "report.json").read_text())
@@ -206,7 +211,7 @@ def test_overall_exit_code(token, kind, expected):
 
 
 def test_gate_exit_code_takes_the_speed_verdict_only_when_the_tokens_pass():
-    assert [gate(speed(c)).exit_code for c in CASES] == [0, 4, 3, 0, 0, 0]
+    assert [gate(speed(c)).exit_code for c in CASES] == [0, 4, 3, 0, 4, 0]  # flattering: not comparable
     assert gate(speed("fail"), diverge=True).exit_code == 1
     assert gate(None).exit_code == 0
 
@@ -218,14 +223,21 @@ arms = st.builds(ArmFigures, figure, figure, figure, st.integers(0, 10**6),
                  st.none() | st.dictionaries(text, floats | text, max_size=3)) | st.none()
 
 
+token_checks = st.builds(TokenCheck, st.integers(0, 5), st.lists(text, max_size=2).map(tuple), st.integers(0, 5))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rungs=st.lists(st.tuples(text, arms, arms, st.none() | text), max_size=3),
+@given(rungs=st.lists(st.tuples(text, arms, arms, st.none() | text, token_checks), max_size=3),
        mismatches=st.lists(st.builds(Mismatch, text, text | floats, text, st.booleans(), text), max_size=2),
        machine=text, bars=st.dictionaries(st.sampled_from(["decode", "ttft", "e2e"]), floats, max_size=2),
        method=st.sampled_from(list(Method)))
 def test_any_figures_render_in_every_format(tmp_path_factory, rungs, mismatches, machine, bars, method):
-    results = tuple(RungResult(replace(RUNGS[0], name=n), ref, cand, err) for n, ref, cand, err in rungs)
-    s = SpeedResult(method, 3, 1, results, tuple(mismatches), judge_speed(results, bars), machine=machine)
+    results = tuple(RungResult(replace(RUNGS[0], name=n), ref, cand, err, tc) for n, ref, cand, err, tc in rungs)
+    s = SpeedResult(method, 3, 1, results, tuple(mismatches),
+                    judge_speed(results, bars, method=method, mismatches=mismatches), machine=machine)
+    if s.verdict.kind is SpeedVerdictKind.PASS:  # never past a flattering mismatch or an unverified reply
+        assert not any(m.flattering for m in mismatches)
+        assert all(r.token_check.verified for r in results)
     r = gate(s)
     out = tmp_path_factory.mktemp("any")
     write_reports(r, out)

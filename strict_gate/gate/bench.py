@@ -2,8 +2,9 @@
 
 One engine at a time, as in a gate: the candidate is measured on every rung and stopped,
 then the reference. A recorded reference is stood in for by the gate's [rescorer] (a live
-engine of the same model; config.py refuses [speed] otherwise). The speed verdict never
-changes the token verdict.
+engine of the same model; config.py refuses [speed] otherwise). Every timed reply's tokens
+are checked (timed_tokens.py) before a ratio can pass. The speed verdict never changes the
+token verdict.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
+from strict_gate.gate.timed_tokens import GateRecords, check_tokens
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name
-from strict_gate.runs.records import write_text_atomic
-from strict_gate.speed.config import SpeedConfig
+from strict_gate.runs.records import Record, write_text_atomic
+from strict_gate.speed.config import SpeedConfig, TokenRules
 from strict_gate.speed.ladder import build_ladder
-from strict_gate.speed.matched import check_matched
+from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm
-from strict_gate.speed.model import Method, RungResult, SpeedResult, judge_speed
+from strict_gate.speed.model import Method, Rung, RungResult, SpeedResult, judge_speed
 
 SPEED_FILE = "speed.json"
 ROLES = ("reference", "candidate")
@@ -58,15 +60,23 @@ class SpeedSession:
     """The speed arm of one gate or bench: the ladder, then each arm measured on its engine."""
 
     def __init__(self, cfg: SpeedConfig, gate_max_tokens: int, gate_inputs: list[PromptInput],
-                 engines: dict[str, Engine], notes: tuple[str, ...] = ()):
+                 engines: dict[str, Engine], rules: TokenRules, notes: tuple[str, ...] = ()):
         self.cfg = cfg
-        self.ladder = build_ladder(cfg, gate_max_tokens, gate_inputs, [engines[r] for r in ROLES])
+        self.rules = rules
+        self.ladder = build_ladder(cfg, gate_max_tokens, rules.top_logprobs, gate_inputs,
+                                   [engines[r] for r in ROLES])
         self.arms: dict[str, ArmMeasurement] = {}
         self.failed: dict[str, str] = {}
+        self.gate_records: GateRecords = {}
         self.notes = list(notes)
 
-    def measure(self, role: str, engine: Engine, run_dir: Path | None = None, on_rung: OnRung | None = None) -> None:
-        """Time every rung on `engine` (started if it is not); a failure becomes the arm's error."""
+    def measure(self, role: str, engine: Engine, run_dir: Path | None = None, on_rung: OnRung | None = None,
+                gate_records: dict[str, Record] | None = None) -> None:
+        """Time every rung on `engine` (started if it is not); a failure becomes the arm's error.
+        `gate_records` are the arm's own gate run's: the gate rung's timed replies are checked
+        against them."""
+        if gate_records is not None:
+            self.gate_records[role] = gate_records
         if not engine.measurable:
             self.failed[role] = f"the {role} engine ({engine.kind}) is a stored run and cannot be timed"
             return
@@ -100,14 +110,38 @@ class SpeedSession:
             errors = [f"{role}: {self.failed[role]}" for role in ROLES if role in self.failed]
             errors += [f"{role}: {r.error}" for role, r in arm_rungs.items() if r is not None and r.error]
             figs = {role: figures(r, method) if r is not None else None for role, r in arm_rungs.items()}
+            tokens = check_tokens(rung, dict(arm_rungs), self.gate_records, self.rules)
             rungs.append(RungResult(rung, figs.get("reference"), figs.get("candidate"),
-                                    "; ".join(errors) if errors else None))
+                                    "; ".join(errors) if errors else None, tokens))
         kept = tuple(r.rung for r in rungs)
         mismatches, matched_notes = check_matched(ref, cand, kept) if ref and cand else ((), ())
-        notes = (*self.notes, *self.ladder.notes, *dropped, *matched_notes)
+        notes = (*self.notes, *self.ladder.notes, *dropped, *self._context_note(), *self._gate_rung_notes(kept, method),
+                 *matched_notes)
         notes += tuple(f"{role} not measured: {why}" for role, why in self.failed.items())
         return SpeedResult(method, self.cfg.runs, self.cfg.warmup, tuple(rungs), mismatches,
-                           judge_speed(rungs, self.cfg.min_speed_ratio), machine=machine(), notes=notes)
+                           judge_speed(rungs, self.cfg.min_speed_ratio, method=method, mismatches=mismatches),
+                           machine=machine(), notes=notes,
+                           checked_rungs=compared_rungs(ref, cand, kept) if ref and cand else ())
+
+    def _context_note(self) -> tuple[str, ...]:
+        """Said only when no arm stated a context, before or after it started, and a ladder rung asked."""
+        stated = self.ladder.context is not None or any(
+            isinstance(a.settings.get("max_context"), int) for a in self.arms.values())
+        if stated or all(r.is_gate for r in self.cfg.rungs):
+            return ()
+        return ("the models' max context is unknown: no rung was checked against it",)
+
+    def _gate_rung_notes(self, kept: tuple[Rung, ...], method: Method) -> tuple[str, ...]:
+        if not any(r.prompt_tokens is None for r in kept):
+            return ()
+        out = ["rung gate: its full requests repeat the gate's own prompts in every repetition (in a gate, "
+               "after its token run too): an engine with a prefix cache answers their prefill from it, so "
+               "compare the arms' prefix_cache (the matched check does, where both state it); its "
+               "max_tokens=1 requests get a fresh prompt of each prompt's length, never a cached one"]
+        if method is Method.TWO_REQUEST and self.ladder.space is None:
+            out.append("rung gate: no vocabulary is known to draw those fresh prompts, so its two-request "
+                       "TTFT and decode were not measured (give either arm a `tokenizer`)")
+        return tuple(out)
 
 
 def stand_in_note(cfg: GateConfig) -> tuple[str, ...]:
@@ -125,16 +159,21 @@ def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, ca
         return None, None
     speed_ref = reference if cfg.speed_reference is cfg.reference else build_rescorer()
     engines = {"reference": speed_ref, "candidate": candidate}
-    return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg)), speed_ref
+    return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg)), speed_ref
+
+
+def token_rules(cfg: GateConfig) -> TokenRules:
+    return TokenRules(cfg.top_logprobs, cfg.band, cfg.greedy_tolerance)
 
 
 def timed_run(session: SpeedSession, role: str, engine: Engine, run, run_dir: Path) -> None:
     """Time a gate's arm on its engine, unless its token run failed (an engine that died is not
-    restarted just to be timed: the rungs say why they were not measured)."""
+    restarted just to be timed: the rungs say why they were not measured). The gate rung's
+    timed tokens are checked against the run's records."""
     if run is not None and not run.complete:
         session.skip(role, f"the {role}'s token run did not complete ({run.manifest.error or 'not finished'})")
     else:
-        session.measure(role, engine, run_dir)
+        session.measure(role, engine, run_dir, gate_records=run.records if run is not None else None)
 
 
 @dataclass(frozen=True)
@@ -166,7 +205,7 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     if any(r.is_gate for r in cfg.speed.rungs):  # the gate's own prompts, tokenized as the gate does
         tokenizer = engines["reference"] if cfg.speed_reference is cfg.reference else cfg.reference.build()
         inputs = prompt_inputs(load_prompts(cfg.prompts), tokenizer)
-    session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, stand_in_note(cfg))
+    session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg))
     for role in ("candidate", "reference"):  # one engine loaded at a time
         engine = engines[role]
         if engine.writes_log:

@@ -15,7 +15,8 @@ from strict_gate.report.drift_view import console_line
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, visible
 
-_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold"}
+_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
+          "not_comparable": "bold red"}
 
 
 _SHORT_STATUS = {Status.NEAR_TIE: "near-tie", Status.LENGTH_MISMATCH: "length",
@@ -107,7 +108,8 @@ def print_speed(view: speed_view.SpeedView, console: Console) -> None:
     errors = [f"rung {row.name}: not measured: {row.error}" for row in view.rows
               if row.error and not any(row.error in x for x in view.reasons)]  # a reason says it already
     own = [f"self-reported, never used: {x}" for x in view.self_reported]
-    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches), *own,
+    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches),
+                 view.tokens, *own,
                  *(f"note: {x}" for x in view.notes)):
         console.print(Text(f"  {visible(line)}"))
 

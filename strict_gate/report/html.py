@@ -48,7 +48,7 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-all;mar
 svg.trend text{font-size:11px;fill:#57606a}svg.trend .grid{stroke:#d0d7de}
 svg.trend polyline{fill:none;stroke-width:2}svg .exact,.legend .exact{stroke:#0969da;color:#0969da}
 svg .pos,.legend .pos{stroke:#8250df;color:#8250df}
-.speedv{font-weight:600}.speedv.pass{color:#1a7f37}.speedv.fail{color:#cf222e}.speedv.incomplete{color:#9a6700}
+.speedv{font-weight:600}.speedv.pass{color:#1a7f37}.speedv.fail,.speedv.not_comparable{color:#cf222e}.speedv.incomplete{color:#9a6700}
 .flat{color:#cf222e;font-weight:600}td.ns{background:#fff8c5}
 """
 
@@ -138,7 +138,7 @@ def _speed(view: speed_view.SpeedView | None) -> str:
     notes = "".join(f"<li class='none'>note: {escape(x)}</li>" for x in view.notes)
     return (f"<h2 id='speed'>Speed</h2><p class='speedv {escape(view.verdict)}'>{escape(view.verdict_line)}</p>"
             "<p class='none'>The speed arm's own verdict: it never changes the token verdict.</p>"
-            f"{'<ul>' + reasons + '</ul>' if reasons else ''}<p>{escape(view.setup)}; {escape(view.matched)}</p>"
+            f"{'<ul>' + reasons + '</ul>' if reasons else ''}<p>{escape(view.setup)}; {escape(view.matched)}; {escape(view.tokens)}</p>"
             f"{'<ul>' + mism + '</ul>' if mism else ''}<table class='speed'><tr>{head}</tr>{''.join(rows)}</table>"
             f"<p class='none'>{escape(view.legend)}</p>"
             + (f"<p>Self-reported by the engines (shown beside, never used):</p><ul>{own}</ul>" if own else "")

@@ -1,5 +1,6 @@
 """junit.xml: one test case per prompt, so CI systems show which prompts failed, and one `speed`
-test case when the gate measured speed (failed below min_speed_ratio, an error when unmeasured).
+test case when the gate measured speed (failed below min_speed_ratio or not comparable, an error
+when unmeasured).
 
 Every string goes through visible(): XML 1.0 cannot hold most control characters at all, so an
 id or an engine error holding ESC or NUL would otherwise make the whole file unreadable to CI.
@@ -55,10 +56,11 @@ def render(r: GateResult) -> str:
 
 
 def _speed_case(case: ET.Element, view: speed_view.SpeedView) -> None:
-    """Failed below the bar; an error when a bar is set and a rung went unmeasured (never a pass);
-    passed, figures in system-out, when it holds or when no min_speed_ratio makes it a verdict."""
+    """Failed below the bar or not comparable (exit 4 both); an error when a bar is set and a rung
+    went unmeasured (never a pass); passed, figures in system-out, when it holds or when no
+    min_speed_ratio makes it a verdict."""
     why = _text("\n".join(view.reasons) or view.verdict_line)
-    if view.verdict == "fail":
+    if view.verdict in ("fail", "not_comparable"):
         ET.SubElement(case, "failure", message=visible(view.verdict_line)).text = why
     elif view.verdict not in ("pass", "informational"):
         ET.SubElement(case, "error", message=visible(view.verdict_line)).text = why

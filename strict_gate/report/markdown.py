@@ -132,7 +132,7 @@ def speed_section(view: speed_view.SpeedView | None) -> list[str]:
     out = ["## Speed", "", f"**{md(view.verdict_line)}**: the speed arm's own verdict; it never changes the "
            "token verdict.", ""]
     out += [f"- {md(x)}" for x in view.reasons] + ([""] if view.reasons else [])
-    out += [f"{md(view.setup)}; {md(view.matched)}.", ""]
+    out += [f"{md(view.setup)}; {md(view.matched)}; {md(view.tokens)}.", ""]
     out += [f"- {'**' if flat else ''}{md(m)}{'**' if flat else ''}" for m, flat in view.mismatches]
     out += [""] if view.mismatches else []
     cols = view.columns()

@@ -20,8 +20,10 @@ REFERENCE_NAMES = {"vllm": "vLLM"}  # an engine kind as a reviewer names it
 FIGURES = (("decode_tok_s", "decode", "tok/s", 1.0), ("ttft_s", "TTFT", "ms", 1000.0),
            ("e2e_tok_s", "e2e", "tok/s", 1.0))
 METHODS = {
-    "stream": "TTFT and decode from streamed token timestamps",
-    "two-request": "TTFT from a max_tokens=1 request, decode from the full request",
+    "stream": "TTFT and decode from one streamed request: its first token and its reply",
+    "two-request": "TTFT from a separate max_tokens=1 request, decode = (n - 1) / (full request - that TTFT): "
+                   "biased wherever the two requests differ in more than their length (an engine slow at "
+                   "max_tokens=1 looks fast at decoding), so a decode bar holds e2e to the same bar",
 }
 
 
@@ -81,7 +83,8 @@ class SpeedView:
     verdict_line: str  # "speed: fail (min_speed_ratio decode 0.95x)"
     reasons: tuple[str, ...]
     setup: str  # method, runs/warmup, machine
-    matched: str  # "matched: yes" or "matched: no (...)"
+    matched: str  # "matched: yes", "matched: no (...)" or "matched: not checked (...)"
+    tokens: str  # "timed tokens: 40 replies checked, all verified" or what did not verify
     mismatches: tuple[tuple[str, bool], ...]  # (words, flattering)
     rows: tuple[RungRow, ...]
     self_reported: tuple[str, ...]
@@ -109,7 +112,7 @@ class SpeedView:
 
     def lines(self) -> list[str]:
         """The section as plain text (junit's system-out, a log)."""
-        out = [self.verdict_line, *(f"  {r}" for r in self.reasons), self.setup, self.matched]
+        out = [self.verdict_line, *(f"  {r}" for r in self.reasons), self.setup, self.matched, self.tokens]
         out += [f"  {m}" for m, _ in self.mismatches]
         out += [f"rung {row.name}: {row.words(self.reference)}; "
                 + "; ".join(f"{f.label} {f.unit} {self.reference} {f.reference}, candidate {f.candidate}"
@@ -137,29 +140,55 @@ def build(speed: object, reference_kind: object) -> SpeedView | None:
     v = _dict(speed.get("speed_verdict"))
     verdict = str(speed.get("verdict") or v.get("verdict") or "?")
     bars = _dict(v.get("min_speed_ratio"))
+    said = verdict.replace("_", " ")
     if bars:
-        line = f"speed: {verdict} (min_speed_ratio " + ", ".join(f"{k} {_bar(x)}" for k, x in bars.items()) + ")"
+        line = f"speed: {said} (min_speed_ratio " + ", ".join(f"{k} {_bar(x)}" for k, x in bars.items()) + ")"
     else:
-        line = f"speed: {verdict} (no min_speed_ratio: figures only)"
+        line = f"speed: {said} (no min_speed_ratio: figures only)"
     mismatches = tuple(_mismatch(_dict(m), ref) for m in _list(speed.get("mismatches")))
-    flattering = sum(1 for _, f in mismatches if f)
-    matched = "matched: yes" if speed.get("matched") is True and not mismatches else (
-        f"matched: no ({len(mismatches)} difference{'s' if len(mismatches) != 1 else ''}"
-        + (f", {flattering} flattering denominator: the ratios look better than they are" if flattering else "")
-        + ")")
+    rungs = [_dict(r) for r in _list(speed.get("rungs"))]
     method = str(speed.get("method") or "?")
     machine = str(speed.get("machine") or "not recorded")
     setup = (f"method {method} ({METHODS.get(method, 'unknown method')}), {_int(speed.get('runs'))} runs after "
              f"{_int(speed.get('warmup'))} warmup, machine: {machine}")
-    rungs = [_dict(r) for r in _list(speed.get("rungs"))]
     return SpeedView(
         reference=ref, verdict=verdict, verdict_line=line,
         reasons=tuple(str(x) for x in _list(v.get("reasons"))),
-        setup=setup, matched=matched, mismatches=mismatches,
+        setup=setup, matched=_matched(speed.get("matched"), mismatches), tokens=_tokens(rungs),
+        mismatches=mismatches,
         rows=tuple(_row(r) for r in rungs),
         self_reported=tuple(s for r in rungs for s in _self_reported(r, ref)),
         notes=tuple(str(x) for x in _list(speed.get("notes"))),
     )
+
+
+def _matched(matched: object, mismatches: tuple[tuple[str, bool], ...]) -> str:
+    """Yes only when report.json says a comparison was made and found nothing."""
+    if mismatches:
+        flattering = sum(1 for _, f in mismatches if f)
+        return (f"matched: no ({len(mismatches)} difference{'s' if len(mismatches) != 1 else ''}"
+                + (f", {flattering} flattering denominator: the ratios look better than they are, "
+                   "the speed verdict cannot pass" if flattering else "") + ")")
+    if matched is True:
+        return "matched: yes"
+    return "matched: not checked (no rung was measured on both arms)"
+
+
+def _tokens(rungs: list[dict]) -> str:
+    """The timed-token check over every rung, in one line."""
+    if not rungs:
+        return "timed tokens: not checked (no rung was measured)"
+    checks = [(str(r.get("name") or "?"), _dict(r.get("token_check"))) for r in rungs]
+    bad = [f"rung {name} ({_int(c.get('unverified'))} of {_int(c.get('checked'))} replies)"
+           for name, c in checks if c.get("verified") is False]
+    if bad:
+        return "timed tokens: not verified on " + ", ".join(bad)
+    checked = sum(n for _, c in checks if isinstance(n := c.get("checked"), int) and not isinstance(n, bool))
+    unchecked = [f"rung {name}" for name, c in checks if c.get("verified") is not True]
+    if unchecked:
+        return ("timed tokens: not checked on " + ", ".join(unchecked)
+                + (f"; {checked} replies checked elsewhere, all verified" if checked else ""))
+    return f"timed tokens: {checked} replies checked (own gate records, or the other arm's), all verified"
 
 
 def _row(r: dict) -> RungRow:

@@ -43,6 +43,17 @@ class RungSpec:
 
 
 @dataclass(frozen=True)
+class TokenRules:
+    """How the speed arm checks the tokens it times, taken from the gate: both arms are asked
+    for the gate's top-k (at least 1: every engine kind then answers with token ids), and the
+    comparator judges the replies with the gate's band and greedy tolerance."""
+
+    top_logprobs: int
+    band: float
+    greedy_tolerance: float
+
+
+@dataclass(frozen=True)
 class SpeedConfig:
     warmup: int = 1
     runs: int = 5

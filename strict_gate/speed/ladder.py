@@ -4,8 +4,11 @@ Ladder prompts are synthesised token ids, drawn by a seeded generator from the m
 vocabulary minus its special and added tokens (so no EOS or BOS in the middle of a prompt).
 Each request of each repetition gets its own prompt, so no request reads a KV prefix cached
 by an earlier one; the seeds depend only on the rung, the repetition and the request, so
-both arms get the very same ids. The gate rung repeats the gate's own prompts, which an
-engine with a prefix cache reuses: the matched check compares prefix caching for that reason.
+both arms get the very same ids. The gate rung's full requests repeat the gate's own prompts,
+which the gate has already run: an engine with a prefix cache answers their prefill from it
+(the matched check compares prefix caching for that reason, and the report says so). Its
+max_tokens=1 requests get a fresh prompt of each gate prompt's length, so that the two
+requests of the two-request method never share a cached prompt.
 Rungs longer than the models' context are dropped, saying so.
 """
 
@@ -14,11 +17,23 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.speed.config import SpeedConfig
 from strict_gate.speed.model import Rung
+
+
+class Request(StrEnum):
+    """The two requests of every unit: the max_tokens=1 one (two-request TTFT), the full one."""
+
+    TTFT = "ttft"
+    FULL = "full"
+
+
+NO_VOCABULARY = ("ladder prompts need the model's vocabulary: give either arm a `tokenizer` "
+                 "(a tokenizer.json or a model directory holding one)")
 
 
 @dataclass(frozen=True)
@@ -75,21 +90,31 @@ class Ladder:
     space: TokenSpace | None
     gate_inputs: tuple[PromptInput, ...]
     seed: int
+    top_logprobs: int  # asked of both arms on every request: the tokens are checked, not only timed
+    context: int | None  # the smallest max context the arms stated before they started
 
-    def inputs(self, rung: Rung, rep: int, request: str) -> list[list[PromptInput]]:
+    def inputs(self, rung: Rung, rep: int, request: Request) -> list[list[PromptInput]]:
         """Units of one repetition: the gate rung is one unit per prompt (one after another),
-        a ladder rung one unit of `concurrency` sequences in flight together."""
+        a ladder rung one unit of `concurrency` sequences in flight together. The gate rung's
+        TTFT units are empty when no vocabulary is known (no fresh prompt can be drawn)."""
         if rung.prompt_tokens is None:
-            return [[p] for p in self.gate_inputs]
+            if request is Request.FULL:
+                return [[p] for p in self.gate_inputs]
+            if self.space is None:
+                return [[] for _ in self.gate_inputs]
+            return [[self._fresh(rung, rep, request, i, len(p.token_ids))] for i, p in enumerate(self.gate_inputs)]
         if self.space is None:
-            raise LookupError("ladder prompts need the model's vocabulary: give either arm a `tokenizer` "
-                              "(a tokenizer.json or a model directory holding one)")
-        return [[PromptInput(f"{rung.name}#{rep}-{request}-{i}",
-                             self.space.draw(f"{self.seed}:{rung.name}:{rep}:{request}:{i}", rung.prompt_tokens))
-                 for i in range(rung.concurrency)]]
+            raise LookupError(NO_VOCABULARY)
+        return [[self._fresh(rung, rep, request, i, rung.prompt_tokens) for i in range(rung.concurrency)]]
+
+    def _fresh(self, rung: Rung, rep: int, request: Request, i: int, n: int) -> PromptInput:
+        assert self.space is not None
+        return PromptInput(f"{rung.name}#{rep}-{request}-{i}",
+                           self.space.draw(f"{self.seed}:{rung.name}:{rep}:{request}:{i}", n))
 
 
-def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, gate_inputs, engines: list[Engine]) -> Ladder:
+def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, top_logprobs: int, gate_inputs,
+                 engines: list[Engine]) -> Ladder:
     """The rungs both arms run, in order; dropped rungs and skipped concurrency levels as notes."""
     notes: list[str] = []
     limits = [s["max_context"] for s in (e.speed_settings() for e in engines)
@@ -102,7 +127,7 @@ def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, gate_inputs, engines: l
                          "serves one sequence at a time")
     rungs: list[Rung] = []
     for spec in cfg.rungs:
-        if spec.is_gate:
+        if spec.prompt_tokens is None or spec.max_tokens is None:  # the gate rung
             rungs.append(Rung("gate", None, gate_max_tokens, 1, len(gate_inputs)))
             continue
         need = spec.prompt_tokens + spec.max_tokens
@@ -114,7 +139,5 @@ def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, gate_inputs, engines: l
                 continue
             name = spec.name if c == 1 else f"{spec.name}@{c}"
             rungs.append(Rung(name, spec.prompt_tokens, spec.max_tokens, c, c))
-    if context is None:
-        notes.append("the models' max context is unknown: no rung was checked against it")
-    space = token_space(engines) if any(r.prompt_tokens for r in rungs) else None
-    return Ladder(tuple(rungs), tuple(notes), space, tuple(gate_inputs), cfg.seed)
+    space = token_space(engines) if rungs else None
+    return Ladder(tuple(rungs), tuple(notes), space, tuple(gate_inputs), cfg.seed, max(1, top_logprobs), context)

@@ -10,7 +10,8 @@ A difference is a Mismatch; it is `flattering` when it makes the candidate's rat
 better than a matched run would: a reference in eager mode against a compiled candidate (a
 slow denominator), a candidate in a narrower dtype, prefix caching on the candidate only.
 Eager against compiled is flagged in both directions (the ratio then compares compilation,
-not engines); the other opposite differences are reported as plain mismatches.
+not engines); the other opposite differences are reported as plain mismatches. A flattering
+mismatch makes the speed verdict not comparable (model.judge_speed): it is never a pass.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def _setting(name: str, ref, cand) -> Mismatch:
     return Mismatch(name, ref, cand, flattering, why)
 
 
+def compared_rungs(ref: ArmMeasurement, cand: ArmMeasurement, rungs: tuple[Rung, ...]) -> tuple[str, ...]:
+    """The rungs measured on both arms without an error: the only ones whose outputs can be compared."""
+    out = []
+    for rung in rungs:
+        a, b = ref.rungs.get(rung.name), cand.rungs.get(rung.name)
+        if a is not None and b is not None and not a.error and not b.error and a.reps and b.reps:
+            out.append(rung.name)
+    return tuple(out)
+
+
 def check_matched(ref: ArmMeasurement, cand: ArmMeasurement, rungs: tuple[Rung, ...]
                   ) -> tuple[tuple[Mismatch, ...], tuple[str, ...]]:
     """(mismatches, notes) for two measured arms."""
@@ -58,17 +69,15 @@ def check_matched(ref: ArmMeasurement, cand: ArmMeasurement, rungs: tuple[Rung, 
             out.append(_setting(name, r, c))
     if unknown:
         notes.append(f"matched check: {', '.join(unknown)} not stated by both arms, not checked")
-    for rung in rungs:
-        a, b = ref.rungs.get(rung.name), cand.rungs.get(rung.name)
-        if a is None or b is None or a.error or b.error:
-            continue
+    for name in compared_rungs(ref, cand, rungs):
+        a, b = ref.rungs[name], cand.rungs[name]
         if a.prompt_sha256 != b.prompt_sha256:
             out.append(Mismatch("prompt_set", a.prompt_sha256, b.prompt_sha256, False,
-                                f"rung {rung.name}: the engines echo different prompt ids (re-tokenized or truncated)"))
+                                f"rung {name}: the engines echo different prompt ids (re-tokenized or truncated)"))
         ta = int(statistics.median(a.tokens_per_seq)) if a.tokens_per_seq else 0
         tb = int(statistics.median(b.tokens_per_seq)) if b.tokens_per_seq else 0
         if ta != tb:
             out.append(Mismatch("output_tokens", ta, tb, False,
-                                f"rung {rung.name}: the arms generated different lengths "
+                                f"rung {name}: the arms generated different lengths "
                                 "(an engine that does not honour ignore_eos stopped early)"))
     return tuple(out), tuple(notes)

@@ -20,16 +20,18 @@ from strict_gate.core.fmt import fmt_vs
 
 
 class Method(StrEnum):
-    """How TTFT was measured; both arms of one ladder always use the same method."""
+    """How TTFT was measured; both arms of one ladder always use the same method, so a bar
+    never compares figures measured two ways."""
 
-    STREAM = "stream"  # streamed token timestamps (OpenAI `stream`, the command protocol's token events)
-    TWO_REQUEST = "two-request"  # a max_tokens=1 request for TTFT, the full request for decode
+    STREAM = "stream"  # TTFT and decode from one streamed request (OpenAI `stream`, the command protocol's events)
+    TWO_REQUEST = "two-request"  # a max_tokens=1 request for TTFT, the full request for decode: biased, see judge_speed
 
 
 class SpeedVerdictKind(StrEnum):
     PASS = "pass"  # every min_speed_ratio check holds on every rung
     FAIL = "fail"  # a check does not hold
     INCOMPLETE = "incomplete"  # a rung could not be measured on an arm: never a pass
+    NOT_COMPARABLE = "not_comparable"  # a flattering mismatch, or timed tokens not verified: never a pass
     INFORMATIONAL = "informational"  # no min_speed_ratio: figures only, no second verdict
 
 
@@ -125,11 +127,31 @@ class Rung:
 
 
 @dataclass(frozen=True)
+class TokenCheck:
+    """What was verified of the tokens timed on a rung (gate/timed_tokens.py): every timed reply
+    against the arm's own gate record, or against the other arm's reply to the same request."""
+
+    checked: int = 0  # timed replies compared
+    problems: tuple[str, ...] = ()  # the first few that did not verify, in words
+    unverified: int = 0  # how many did not verify (problems shows at most a few)
+
+    @property
+    def verified(self) -> bool | None:
+        """True when every timed reply checked out; None when nothing could be compared."""
+        return None if not self.checked else not self.unverified
+
+    def to_json(self) -> dict:
+        return {"checked": self.checked, "verified": self.verified, "unverified": self.unverified,
+                "problems": list(self.problems)}
+
+
+@dataclass(frozen=True)
 class RungResult:
     rung: Rung
     reference: ArmFigures | None
     candidate: ArmFigures | None
     error: str | None = None  # why an arm could not be measured on this rung
+    token_check: TokenCheck = field(default_factory=TokenCheck)
 
     def ratio(self, name: FigureName) -> Ratio:
         if self.reference is None or self.candidate is None:
@@ -143,6 +165,7 @@ class RungResult:
             "candidate": self.candidate.to_json() if self.candidate else None,
             "ratio": {f.value: self.ratio(f).to_json() for f in FigureName},
             "error": self.error,
+            "token_check": self.token_check.to_json(),
         }
 
 
@@ -163,17 +186,20 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class SpeedCheck:
-    """One min_speed_ratio check on one rung: the speed ratio (>1 candidate faster) against the bar."""
+    """One min_speed_ratio check on one rung: the speed ratio (>1 candidate faster) against the bar.
+    `bar` names the min_speed_ratio entry that asked for it: a two-request decode bar also
+    checks e2e (figure e2e_tok_s, bar "decode")."""
 
     figure: FigureName
     rung: str
     min_ratio: float
     speed_ratio: float | None  # decode/e2e: candidate/reference; TTFT: reference/candidate
     passed: bool
+    bar: str = ""
 
     def to_json(self) -> dict:
         return {"figure": self.figure.value, "rung": self.rung, "min_ratio": self.min_ratio,
-                "speed_ratio": _r(self.speed_ratio), "passed": self.passed}
+                "speed_ratio": _r(self.speed_ratio), "passed": self.passed, "bar": self.bar}
 
 
 @dataclass(frozen=True)
@@ -185,8 +211,9 @@ class SpeedVerdict:
 
     @property
     def exit_code(self) -> int:
-        """0 pass or informational, 4 below the bar, 3 not measured (never a pass)."""
-        return {SpeedVerdictKind.FAIL: 4, SpeedVerdictKind.INCOMPLETE: 3}.get(self.kind, 0)
+        """0 pass or informational, 4 below the bar or not comparable, 3 not measured (never a pass)."""
+        return {SpeedVerdictKind.FAIL: 4, SpeedVerdictKind.NOT_COMPARABLE: 4,
+                SpeedVerdictKind.INCOMPLETE: 3}.get(self.kind, 0)
 
     def to_json(self) -> dict:
         return {"verdict": self.kind.value, "min_speed_ratio": dict(self.min_speed_ratio),
@@ -203,10 +230,15 @@ class SpeedResult:
     verdict: SpeedVerdict
     machine: str = ""  # CPU/GPU model, cores: the figures depend on it
     notes: tuple[str, ...] = field(default_factory=tuple)
+    checked_rungs: tuple[str, ...] = ()  # rungs the matched check compared (measured on both arms)
 
     @property
-    def matched(self) -> bool:
-        return not self.mismatches
+    def matched(self) -> bool | None:
+        """False with a mismatch; True only when a rung was compared and nothing differed;
+        None when nothing was compared (no rung measured on both arms)."""
+        if self.mismatches:
+            return False
+        return True if self.checked_rungs else None
 
     def to_json(self) -> dict:
         return {
@@ -216,6 +248,7 @@ class SpeedResult:
             "machine": self.machine,
             "rungs": [r.to_json() for r in self.rungs],
             "matched": self.matched,
+            "checked_rungs": list(self.checked_rungs),
             "mismatches": [m.to_json() for m in self.mismatches],
             "verdict": self.verdict.kind.value,
             "speed_verdict": self.verdict.to_json(),
@@ -231,27 +264,65 @@ def speed_ratio(rung: RungResult, name: FigureName) -> float | None:
     return r if HIGHER_IS_FASTER[name] else 1.0 / r
 
 
-def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float]) -> SpeedVerdict:
-    """The second verdict: every rung's speed ratio at or above each bar; unmeasured is incomplete."""
+NAMES = {"decode": FigureName.DECODE, "ttft": FigureName.TTFT, "e2e": FigureName.E2E}
+
+
+def blockers(rungs: Sequence[RungResult], mismatches: Sequence[Mismatch]) -> list[str]:
+    """Why the ratios cannot be compared at all: a flattering mismatch (the denominator is not
+    a matched run), or a rung whose timed tokens are not the ones the gate verified."""
+    out = [f"not comparable: {m.field} ({m.message or 'flattering'}; reference {m.reference!r}, "
+           f"candidate {m.candidate!r})" for m in mismatches if m.flattering]
+    for r in rungs:
+        check = r.token_check
+        if check.unverified:
+            more = len(check.problems) < check.unverified
+            out.append(f"not comparable: rung {r.rung.name}: {check.unverified} timed repl"
+                       f"{'ies' if check.unverified != 1 else 'y'} not verified: " + "; ".join(check.problems)
+                       + ("; ..." if more else ""))
+        elif r.reference is not None and r.candidate is not None and check.verified is None:
+            out.append(f"not comparable: rung {r.rung.name}: no timed reply could be checked")
+    return out
+
+
+def _checks(rung: RungResult, key: str, bar: float, method: Method) -> list[SpeedCheck]:
+    """The checks one bar makes on one rung. Two-request decode is (n - 1) / (t_full - TTFT) of
+    two different requests: an engine slow to answer max_tokens=1 (or with the full request's
+    prompt cached) gets a decode figure its end-to-end speed belies, so a two-request decode
+    bar holds e2e to the same bar."""
+    names = [NAMES[key]] + ([FigureName.E2E] if key == "decode" and method is Method.TWO_REQUEST else [])
+    out = []
+    for name in names:
+        got = speed_ratio(rung, name)
+        out.append(SpeedCheck(name, rung.rung.name, bar, got, got is not None and got >= bar, key))
+    return out
+
+
+def _reason(check: SpeedCheck, rung: RungResult) -> str:
+    if check.speed_ratio is None:
+        return f"rung {check.rung}: {check.bar} not measured ({rung.error or 'no figures'})"
+    got, bar = fmt_vs(check.speed_ratio, check.min_ratio, min_digits=2)
+    if check.figure is NAMES[check.bar]:
+        return f"rung {check.rung}: {check.bar} speed {got}x reference < {bar}x"
+    return (f"rung {check.rung}: e2e speed {got}x reference < the decode bar {bar}x (two-request decode "
+            "is held against e2e: it cannot tell a slow max_tokens=1 request from fast decoding)")
+
+
+def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float], *, method: Method,
+                mismatches: Sequence[Mismatch] = ()) -> SpeedVerdict:
+    """The second verdict: every rung's speed ratio at or above each bar; unmeasured is
+    incomplete; a flattering mismatch or unverified timed tokens make it not comparable.
+    Without a bar there is no verdict, but what blocks one is still said."""
+    blocked = blockers(rungs, mismatches)
     if not min_speed_ratio:
-        return SpeedVerdict(SpeedVerdictKind.INFORMATIONAL, {})
-    names = {"decode": FigureName.DECODE, "ttft": FigureName.TTFT, "e2e": FigureName.E2E}
-    checks, reasons, incomplete = [], [], False
-    for rung in rungs:
-        for key, bar in min_speed_ratio.items():
-            got = speed_ratio(rung, names[key])
-            if got is None:
-                incomplete = True
-                reasons.append(f"rung {rung.rung.name}: {key} not measured ({rung.error or 'no figures'})")
-            ok = got is not None and got >= bar
-            checks.append(SpeedCheck(names[key], rung.rung.name, bar, got, ok))
-            if got is not None and not ok:
-                shown_got, shown_bar = fmt_vs(got, bar, min_digits=2)
-                reasons.append(f"rung {rung.rung.name}: {key} speed {shown_got}x reference < {shown_bar}x")
+        return SpeedVerdict(SpeedVerdictKind.INFORMATIONAL, {}, reasons=tuple(blocked))
+    checks = [c for rung in rungs for key, bar in min_speed_ratio.items() for c in _checks(rung, key, bar, method)]
+    by_name = {r.rung.name: r for r in rungs}
+    reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed]))
+    incomplete = not rungs or any(c.speed_ratio is None for c in checks)
     if not rungs:
-        incomplete = True
         reasons.append("no rung was measured")
-    kind = (SpeedVerdictKind.INCOMPLETE if incomplete
+    kind = (SpeedVerdictKind.NOT_COMPARABLE if blocked
+            else SpeedVerdictKind.INCOMPLETE if incomplete
             else SpeedVerdictKind.FAIL if any(not c.passed for c in checks) else SpeedVerdictKind.PASS)
     return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
 

@@ -4,9 +4,10 @@
   does not know the field ignores it; the gate records the real token count either way).
 - `"stream": true` in a generate request, sent only to an engine whose hello lists the
   capability "stream": the engine writes one `{"event": "token", "id": ID, "token_id": T}`
-  line per generated token, as it is generated, before its normal response. The gate
-  timestamps each line on receipt: time to first token and decode rate are measured from
-  outside, like every other engine kind.
+  line per generated token, as it is generated, before its normal response. The events must
+  carry the response's `token_ids`, in order, one each. The gate timestamps each line on
+  receipt and the response when it arrives: time to first token and decode rate (until the
+  response) are measured from outside, like every other engine kind.
 - optional hello fields for the matched-config check: "dtype", "eager", "kv_cache",
   "prefix_cache", "max_context".
 
@@ -45,7 +46,7 @@ class TokenEvents:
     def __init__(self, request_id: str, on_token: Callable[[int], None]):
         self.request_id = request_id
         self.on_token = on_token
-        self.count = 0
+        self.token_ids: list[int] = []
 
     def __call__(self, obj: dict) -> str | None:
         """One event line; returns why it is invalid, or None."""
@@ -56,12 +57,19 @@ class TokenEvents:
         t = obj.get("token_id")
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             return '"token_id" of a token event must be a non-negative integer'
-        self.count += 1
+        self.token_ids.append(t)
         self.on_token(1)
         return None
 
     def check(self, rec: Record, fail: Callable[[str], Exception]) -> Record:
-        """Fail closed: one event per generated token, or the engine's stream is not what it declared."""
-        if rec.error is None and self.count != len(rec.token_ids):
-            raise fail(f"prompt {self.request_id!r}: {self.count} token events for {len(rec.token_ids)} tokens")
-        return rec
+        """Fail closed: the events are the response's tokens, in order, or the engine streamed
+        something other than what it answered (and its stream timed nothing)."""
+        if rec.error is not None or tuple(self.token_ids) == rec.token_ids:
+            return rec
+        n, m = len(self.token_ids), len(rec.token_ids)
+        if n != m:
+            raise fail(f"prompt {self.request_id!r}: {n} token events for {m} tokens")
+        i = next(i for i, (a, b) in enumerate(zip(self.token_ids, rec.token_ids)) if a != b)
+        raise fail(f"prompt {self.request_id!r}: token event {i} carries token {self.token_ids[i]}, "
+                   f"the response's token {i} is {rec.token_ids[i]} (the events must be the response's "
+                   "token_ids, in order)")

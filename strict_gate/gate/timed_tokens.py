@@ -1,0 +1,88 @@
+"""The speed arm verifies what it times: the tokens of every timed reply are checked.
+
+speed/measure.py audits each timed reply's format as it arrives (the run audit's rules) and
+keeps it; here its tokens are judged by the gate's own comparator, at the gate's band and
+greedy tolerance, so that no figure is the speed of tokens nobody verified:
+
+- on the gate rung, an arm's full replies against its own gate records (the engine timed is
+  the one the token verdict judged), over the gate record's length (the gate stopped at EOS,
+  the timed request ignores it);
+- every other reply (the ladder rungs, the max_tokens=1 requests, and the gate rung of an arm
+  without gate records: `strict-gate bench`, a recorded reference's stand-in) against the
+  other arm's reply to the very same request, over their common length.
+
+A reply verifies when it matches or first diverges at a near-tie; anything else (a choice
+that is not its own argmax, a divergence beyond a near-tie, other prompt ids) leaves the
+rung unverified, and the speed verdict not comparable (speed.model.judge_speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from strict_gate.judge.compare import Status, compare_prompt
+from strict_gate.runs.records import Record
+from strict_gate.speed.config import TokenRules
+from strict_gate.speed.ladder import Request
+from strict_gate.speed.measure import ArmRung, TimedKey
+from strict_gate.speed.model import Rung, TokenCheck
+
+SHOWN = 3  # problems written out per rung; the count says how many more
+AGREE = (Status.MATCH, Status.NEAR_TIE)
+GateRecords = dict[str, dict[str, Record]]  # role -> the arm's gate records by prompt id
+
+
+def _head(rec: Record, n: int) -> Record:
+    """The record's first n tokens (and steps), as if it had been asked for n."""
+    if len(rec.token_ids) <= n:
+        return rec
+    top = None if rec.top_logprobs is None else rec.top_logprobs[:n]
+    return replace(rec, token_ids=rec.token_ids[:n], top_logprobs=top, finish_reason="length")
+
+
+def _disagreement(first: Record, second: Record, rules: TokenRules) -> str | None:
+    """Why `second` does not verify against `first` (over their common length), or None."""
+    n = min(len(first.token_ids), len(second.token_ids))
+    c = compare_prompt(first.id, _head(first, n), _head(second, n), rules.band, rules.greedy_tolerance)
+    if c.status in AGREE:
+        return None
+    d = c.first_divergence
+    return f"{c.status} at position {d.position} ({d.reason})" if d is not None else f"{c.status} ({c.detail})"
+
+
+def _where(role: str, key: TimedKey) -> str:
+    rep, request, pid = key
+    return f"the {role}'s {request} reply to {pid!r} (repetition {rep})"
+
+
+def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: GateRecords,
+                 rules: TokenRules) -> TokenCheck:
+    """Every timed reply of the rung, checked once: against the arm's gate record where it has one
+    for the prompt (full replies on the gate rung), else against the other arm's reply."""
+    problems: list[str] = []
+    checked = 0
+    cross: set[TimedKey] = set()
+    for role, arm in arms.items():
+        if arm is None:
+            continue
+        own = gate_records.get(role, {}) if rung.prompt_tokens is None else {}
+        for key, rec in arm.timed.items():
+            gate_rec = own.get(key[2]) if key[1] is Request.FULL else None
+            if gate_rec is None or gate_rec.error is not None:
+                cross.add(key)
+                continue
+            checked += 1
+            why = _disagreement(gate_rec, rec, rules)
+            if why:
+                problems.append(f"{_where(role, key)} against its own gate record (as reference): {why}")
+    ref, cand = arms.get("reference"), arms.get("candidate")
+    if ref is not None and cand is not None:
+        for key, rec in ref.timed.items():
+            other = cand.timed.get(key)
+            if key not in cross or other is None:
+                continue
+            checked += 1
+            why = _disagreement(rec, other, rules)
+            if why:
+                problems.append(f"{_where('candidate', key)} against the reference's: {why}")
+    return TokenCheck(checked, tuple(problems[:SHOWN]), len(problems))

@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""A command engine that tries to talk the speed arm into a pass (tests/test_adversarial_speed.py).
+
+    python hostile_speed_engine.py --trick TRICK [--ttft S] [--per-token S] [--stream] [--hello-json JSON]
+
+It answers like tests/engines/speed_engine.py (token i of a reply is (last prompt id + i + 1)
+% 1000, chosen with logprob -0.1; --ttft seconds before the first token, --per-token before
+each later one), except where its trick says otherwise:
+
+  burst       (with --stream) writes every token event at once, straight away, then takes the
+              honest time (ttft + per-token each) before it replies
+  event-ids   (with --stream) token events carry 999, whatever the reply holds
+  zeros       a request with "ignore_eos" (the speed arm's) gets [0, 0, ...] at once; a
+              gate's own requests are answered honestly
+  slow-first  a max_tokens = 1 request takes --slow seconds; a full request takes --slow
+              seconds before its first token, then --per-token each (almost as slow)
+  cache       a prompt equal to the previous request's skips its prefill (--ttft): a
+              one-entry prefix cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def send(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def tokens_for(req: dict) -> list[int]:
+    base = req["prompt_token_ids"][-1] if req["prompt_token_ids"] else 0
+    return [(base + i + 1) % 1000 for i in range(req["max_tokens"])]
+
+
+def reply(req: dict, toks: list[int]) -> dict:
+    k = max(1, req.get("top_logprobs", 1))
+    return {
+        "id": req["id"],
+        "token_ids": toks,
+        "finish_reason": "length",
+        "top_logprobs": [[[t, -0.1]] + [[(t + 1 + j) % 1000, -5.0 - j] for j in range(k - 1)] for t in toks],
+    }
+
+
+def event(req: dict, t: int) -> None:
+    send({"event": "token", "id": req["id"], "token_id": t})
+
+
+def serve(args, req: dict, previous: list[int] | None) -> None:
+    toks = tokens_for(req)
+    streaming = args.stream and req.get("stream")
+    if args.trick == "zeros" and req.get("ignore_eos"):
+        toks = [0] * req["max_tokens"]
+        for t in toks if streaming else ():
+            event(req, t)
+        send(reply(req, toks))
+        return
+    if args.trick == "burst" and streaming:
+        for t in toks:
+            event(req, t)
+        time.sleep(args.ttft + args.per_token * (len(toks) - 1))
+        send(reply(req, toks))
+        return
+    first = args.ttft
+    if args.trick == "slow-first":
+        first = args.slow
+    elif args.trick == "cache" and req["prompt_token_ids"] == previous:
+        first = args.per_token  # the prefill is cached: only the first decode step is left
+    for i, t in enumerate(toks):
+        time.sleep(first if i == 0 else args.per_token)
+        if streaming:
+            event(req, 999 if args.trick == "event-ids" else t)
+    send(reply(req, toks))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trick", required=True, choices=["burst", "event-ids", "zeros", "slow-first", "cache"])
+    ap.add_argument("--ttft", type=float, default=0.2)
+    ap.add_argument("--per-token", type=float, default=0.05)
+    ap.add_argument("--slow", type=float, default=1.5)
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--hello-json", default="{}")
+    args = ap.parse_args()
+    caps = ["generate", "stream"] if args.stream else ["generate"]
+    send({"hello": "strict-gate/engine@1", "name": "hostile-speed-engine", "version": "1", "capabilities": caps,
+          **json.loads(args.hello_json)})
+    previous = None
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("op") == "shutdown":
+            return
+        serve(args, req, previous)
+        previous = req["prompt_token_ids"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Hostile engines against the speed arm: each tries to talk it into a pass (issue 16, items
+2-5, and the speed part of 22). Each test failed on the code before the speed arm verified
+what it times.
+
+The engines are real processes over the command protocol: tests/engines/hostile_speed_engine.py
+(one trick each) against tests/engines/speed_engine.py (honest). Their sleeps (0.2 s before the
+first token, 0.05 s per later one, 1.5 s for a slow first request) are chosen so that every
+trick moves a ratio by 1.5x or more, far beyond a busy 2-core machine's jitter; the tests
+assert verdicts and exit codes, not timings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = Path(__file__).parent / "engines"
+HOSTILE = ENGINES / "hostile_speed_engine.py"
+HONEST = ENGINES / "speed_engine.py"
+runner = CliRunner()
+
+
+def arm(script: Path, *flags: str) -> str:
+    argv = json.dumps(["python", str(script), *flags])
+    return f'kind = "command"\ncommand = {argv}\ntokenizer = "bundled:tiny-llama"\n'
+
+
+def config(tmp_path: Path, reference: str, candidate: str, speed: str) -> Path:
+    prompts = tmp_path / "two.jsonl"
+    prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
+    path = tmp_path / "gate.toml"
+    path.write_text(
+        f'name = "hostile"\nprompts = "{prompts}"\nmax_tokens = 4\npolicy = "strict"\n'
+        f'output_dir = "{tmp_path / "out"}"\n[reference]\n{reference}\n[candidate]\n{candidate}\n'
+        f"[speed]\nwarmup = 0\nruns = 1\n{speed}\n"
+    )
+    return path
+
+
+def bench(tmp_path: Path, reference: str, candidate: str, speed: str) -> tuple[int, str, dict]:
+    result = runner.invoke(app, ["bench", str(config(tmp_path, reference, candidate, speed))], terminal_width=200)
+    data = json.loads((tmp_path / "out" / "hostile" / "speed.json").read_text())
+    return result.exit_code, result.output, data
+
+
+# ---------------------------------------------------------------------------- item 2: stream events
+
+
+def test_events_written_at_once_before_a_slow_reply_get_no_fast_decode(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "burst", "--stream"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { decode = 3.0 }')
+    assert data["method"] == "stream"
+    assert code == 4 and data["verdict"] == "fail", out  # was: decode in the thousands, a pass
+    assert "rung 8/8: decode speed" in out
+
+
+def test_token_events_must_carry_the_replys_token_ids(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "event-ids", "--stream"),
+                            'rungs = ["8/4"]\nmin_speed_ratio = { decode = 0.5 }')
+    assert code == 3 and data["verdict"] == "incomplete", out  # was: accepted, only the count compared
+    assert "token event 0 carries token 999" in data["rungs"][0]["error"]
+
+
+# ---------------------------------------------------------------------------- item 3: timed tokens
+
+
+def test_zeros_answered_instantly_to_timed_requests_are_not_comparable(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "zeros", "--stream"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { decode = 1.0, e2e = 1.0 }')
+    assert data["method"] == "stream"
+    assert code == 4 and data["verdict"] == "not_comparable", out  # was: decode and e2e in the thousands, a pass
+    check = data["rungs"][0]["token_check"]
+    assert check["verified"] is False and check["unverified"] == check["checked"] == 2  # the TTFT and the full reply
+    reason = data["speed_verdict"]["reasons"][0]
+    assert "the candidate's full reply to '8/8#0-full-0' (repetition 0) against the reference's: divergent at " \
+           "position 0" in reason
+    assert "timed tokens: not verified on rung 8/8" in out
+
+
+def test_zeros_on_the_gate_rung_disagree_with_the_arms_own_gate_tokens(tmp_path):
+    path = config(tmp_path, arm(HONEST, "--per-token", "0.01"), arm(HOSTILE, "--trick", "zeros", "--per-token", "0.01"),
+                  'rungs = ["gate"]\nmin_speed_ratio = { decode = 1.0 }')
+    result = runner.invoke(app, ["gate", str(path)], terminal_width=200)
+    assert result.exit_code == 4, result.output  # the tokens pass (the gate's own requests were honest)
+    (report,) = (tmp_path / "out").glob("hostile-*/report.json")
+    rep = json.loads(report.read_text())
+    assert rep["verdict"] == "pass" and rep["speed"]["verdict"] == "not_comparable"
+    assert "against its own gate record (as reference)" in rep["speed"]["speed_verdict"]["reasons"][0]
+
+
+# ---------------------------------------------------------------------------- item 4: the two-request method
+
+
+def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_path):
+    # the full request takes 1.5 s to its first token, then 0.03 s per token: derived decode
+    # (n - 1) / (t_full - TTFT) is 1.7x the honest reference's while e2e is 0.5x
+    code, out, data = bench(tmp_path, arm(HONEST), arm(HOSTILE, "--trick", "slow-first", "--per-token", "0.03"),
+                            'rungs = ["8/16"]\nmin_speed_ratio = { decode = 1.3 }')
+    assert data["method"] == "two-request"
+    assert code == 4 and data["verdict"] == "fail", out  # was: a pass on decode alone
+    failed = [c for c in data["speed_verdict"]["checks"] if not c["passed"]]
+    assert [(c["figure"], c["bar"]) for c in failed] == [("e2e_tok_s", "decode")]
+    assert "held against e2e" in out and "biased" in out  # the method states its bias
+
+
+def test_the_gate_rung_ttft_request_shares_no_cached_prompt_with_the_full_request(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "cache", "--stream"),
+                            'rungs = ["gate"]\nmin_speed_ratio = { ttft = 2.0 }')
+    assert data["method"] == "stream"
+    assert code == 4 and data["verdict"] == "fail", out  # was: TTFT read from a cached prompt, 4x, a pass
+    assert any("fresh prompt" in n for n in data["notes"])
+
+
+# ---------------------------------------------------------------------------- item 5: flattering mismatches
+
+
+@pytest.mark.parametrize("ref_hello, cand_hello, field", [
+    ({"eager": True}, {"eager": False}, "eager"),
+    ({"dtype": "float32"}, {"dtype": "bfloat16"}, "dtype"),
+    ({"prefix_cache": False}, {"prefix_cache": True}, "prefix_cache"),
+])
+def test_a_flattering_mismatch_blocks_a_speed_pass(tmp_path, ref_hello, cand_hello, field):
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01", "--hello-json", json.dumps(ref_hello)),
+                            arm(HONEST, "--per-token", "0.01", "--hello-json", json.dumps(cand_hello)),
+                            'rungs = ["8/4"]\nmin_speed_ratio = { decode = 0.5 }')
+    assert code == 4 and data["verdict"] == "not_comparable", out  # was: pass, exit 0
+    assert data["matched"] is False and f"not comparable: {field} (" in data["speed_verdict"]["reasons"][0]
+    assert "speed: not comparable" in out
+
+
+# ---------------------------------------------------------------------------- item 22: claims about nothing
+
+
+def test_matched_is_not_claimed_when_every_rung_was_dropped(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"),
+                            arm(HONEST, "--per-token", "0.01", "--hello-json", '{"max_context": 8}'),
+                            'rungs = ["8/4"]')
+    assert data["rungs"] == [] and data["matched"] is None  # was: "matched": true
+    assert "matched: not checked" in out and "matched: yes" not in out
+
+
+def test_matched_is_not_claimed_when_no_rung_was_measured_on_both_arms(tmp_path):
+    dead = arm(HONEST).replace(f'"{HONEST}"', '"-c", "import sys; sys.exit(5)"')
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"), dead, 'rungs = ["8/4"]')
+    assert data["rungs"][0]["error"] and data["matched"] is None  # was: "matched": true
+    assert "matched: yes" not in out
+
+
+def test_an_unknown_context_is_not_claimed_beside_a_stated_one(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"),
+                            arm(HONEST, "--per-token", "0.01", "--hello-json", '{"max_context": 64}'),
+                            'rungs = ["8/4", "128/8"]')
+    assert any("128/8 dropped" in n and "candidate's max context (64)" in n for n in data["notes"])
+    assert not any("unknown" in n for n in data["notes"]), data["notes"]  # was: both, side by side
