@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from strict_gate.errors import StrictGateError
+from strict_gate.errors import ExitCode, StrictGateError
 
 app = typer.Typer(
     add_completion=False,
@@ -73,7 +73,7 @@ def _fail_cleanly(fn):
             for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
                 signal.signal(sig, signal.SIG_IGN)
             err.print("interrupted: the run directories written so far are marked failed")
-            raise typer.Exit(3) from None
+            raise typer.Exit(ExitCode.ENGINE_FAILURE) from None
 
     return wrapper
 

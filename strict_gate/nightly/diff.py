@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from strict_gate.core.options import did_you_mean
-from strict_gate.errors import ConfigError, InputError
+from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
 
@@ -126,8 +126,8 @@ class ReportDiff:
         return tuple(r for r in self.regressions if r.rule in self.fail_on)
 
     @property
-    def exit_code(self) -> int:
-        return 1 if self.failing else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FAIL if self.failing else ExitCode.PASS
 
     @property
     def started_matching(self) -> tuple[str, ...]:

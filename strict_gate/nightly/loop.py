@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.errors import InputError
+from strict_gate.errors import ExitCode, InputError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
 from strict_gate.judge.history import DEFAULT_NIGHTS, read_history
@@ -44,10 +44,12 @@ class NightlyOutcome:
     summary: str
 
     @property
-    def exit_code(self) -> int:
-        """The gate's code when it did not pass (1 fail, 3 incomplete), else 1 on a regression."""
+    def exit_code(self) -> ExitCode:
+        """The gate's code when it did not pass (fail, incomplete, slower), else FAIL on a regression."""
         code = self.gate.result.exit_code
-        return code if code else (self.diff.exit_code if self.diff else 0)
+        if code != ExitCode.PASS:
+            return code
+        return self.diff.exit_code if self.diff else ExitCode.PASS
 
 
 def summary_markdown(result: GateResult) -> str:
