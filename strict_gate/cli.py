@@ -306,15 +306,16 @@ def diff(
     new_report: Annotated[Path, typer.Argument(help="tonight's report directory or report.json")],
     fail_on: FailOnOpt = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="where diff.json goes (default: beside the new report.json)")
+        Path | None, typer.Option("--json", help="write diff.json here (by default nothing is written)")
     ] = None,
 ) -> None:
     """What changed from one night's report to the next; exit 1 on a regression. No torch."""
-    from strict_gate.nightly.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
+    from strict_gate.nightly.diff import diff_report_files, render_markdown, write_diff_json
 
     d = diff_report_files(old_report, new_report, fail_on=_fail_on(fail_on))
     console.print(render_markdown(d))
-    write_diff_json(d, json_out or report_path(new_report).parent / DIFF_FILE)
+    if json_out is not None:  # never by default: a report directory's diff.json is its nightly's
+        write_diff_json(d, json_out)
     raise typer.Exit(d.exit_code)
 
 
