@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from strict_gate.errors import StrictGateError
+from strict_gate.errors import ExitCode, StrictGateError
 
 app = typer.Typer(
     add_completion=False,
@@ -73,7 +73,7 @@ def _fail_cleanly(fn):
             for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
                 signal.signal(sig, signal.SIG_IGN)
             err.print("interrupted: the run directories written so far are marked failed")
-            raise typer.Exit(3) from None
+            raise typer.Exit(ExitCode.ENGINE_FAILURE) from None
 
     return wrapper
 
@@ -338,15 +338,16 @@ def diff(
     new_report: Annotated[Path, typer.Argument(help="tonight's report directory or report.json")],
     fail_on: FailOnOpt = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="where diff.json goes (default: beside the new report.json)")
+        Path | None, typer.Option("--json", help="write diff.json here (by default nothing is written)")
     ] = None,
 ) -> None:
     """What changed from one night's report to the next; exit 1 on a regression. No torch."""
-    from strict_gate.nightly.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
+    from strict_gate.nightly.diff import diff_report_files, render_markdown, write_diff_json
 
     d = diff_report_files(old_report, new_report, fail_on=_fail_on(fail_on))
     console.print(render_markdown(d))
-    write_diff_json(d, json_out or report_path(new_report).parent / DIFF_FILE)
+    if json_out is not None:  # never by default: a report directory's diff.json is its nightly's
+        write_diff_json(d, json_out)
     raise typer.Exit(d.exit_code)
 
 

@@ -1,15 +1,24 @@
-"""Errors a user can act on. Each carries the CLI exit code and says what to do next.
-
-Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run.
-"""
+"""Errors a user can act on. Each carries the CLI exit code and says what to do next."""
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Every exit code the CLI gives (README, "Exit codes"); a caller branches on these values."""
+
+    PASS = 0  # every prompt passes the policy
+    FAIL = 1  # a prompt fails the policy, or the nightly diff found a regression
+    BAD_INPUT = 2  # bad input or config: the message names the file (and line)
+    ENGINE_FAILURE = 3  # an engine failed, or the run is incomplete (never a pass)
+    SLOWER = 4  # the tokens pass, the candidate is below `min_speed_ratio`
 
 
 class StrictGateError(Exception):
     """Base class: message is shown to the user as is, never with a traceback."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
         self.path = path
@@ -41,10 +50,10 @@ class MissingExtraError(StrictGateError):
 class EngineError(StrictGateError):
     """An engine failed while running (crash, hang, protocol violation)."""
 
-    exit_code = 3
+    exit_code = ExitCode.ENGINE_FAILURE
 
 
 class IncompleteRunError(StrictGateError):
     """A run directory that was not finished (the writer died before closing it)."""
 
-    exit_code = 3
+    exit_code = ExitCode.ENGINE_FAILURE

@@ -57,7 +57,7 @@ def write(tmp_path, name, rep) -> Path:
 def drift(mean=0.01, margin=0.5, same=1.0):
     return {"same_top1_rate": same, "abs_dlogprob": {"mean": mean, "p99": mean * 3, "max": mean * 5},
             "kl": {"estimator": "topk", "mean": mean / 10}, "min_reference_margin": margin,
-            "positions_within_band": 60, "positions": 64, "prompts": [{"id": "p0"}]}
+            "positions_within_band": 60, "positions": 64, "prompts": {"p0": {"id": "p0"}}}
 
 
 OLD = [prompt("p0"), prompt("p1"), prompt("p2", "near_tie", 2), prompt("p3", "divergent", 1), prompt("gone")]
@@ -133,6 +133,9 @@ def test_cli_exit_codes_and_diff_json(tmp_path):
     r = runner.invoke(app, ["diff", str(old), str(new / "report.json")])
     assert r.exit_code == 1, r.output
     assert "REGRESSION" in r.output and "p1" in r.output
+    assert not (new / "diff.json").exists()  # written only where --json says (docs/nightly.md)
+    r = runner.invoke(app, ["diff", str(old), str(new / "report.json"), "--json", str(new / "diff.json")])
+    assert r.exit_code == 1, r.output
     dj = json.loads((new / "diff.json").read_text())
     assert dj["schema"] == "strict-gate/diff@1" and dj["regression"] is True
     assert dj["stopped_matching"] == ["p1"] and dj["added"] == ["fresh", "fresh-bad"] and dj["removed"] == ["gone"]

@@ -2,39 +2,43 @@
 
 A gate run without diagnosis (diagnose = false, a stored reference with no [rescorer],
 a failed scorer) can be diagnosed later: the report directory holds the config
-(gate.toml), both arms' runs and report.json, which says the policy, band and prompt
-ids the gate judged with, so the new verdict is judged exactly as the old one was.
+(gate.toml), both arms' runs and report.json (read by judge/stored.py), which says the
+policy, band and prompt ids the gate judged with, so the new verdict is judged exactly as the
+old one was.
 
 Named rescore, not rediagnose, so that `strict_gate.rediagnose` stays the function.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
+
+import msgspec
 
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
 from strict_gate.gate.run import GateOutcome, build_rescorer, judge
 from strict_gate.judge.drift import DriftReport
+from strict_gate.judge.result import REPORT_SCHEMA
+from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
 from strict_gate.report import write_reports
 from strict_gate.runs.reader import load_run
 
 
-def _old_report(report_dir: Path) -> dict:
-    """The gate's report.json, or {} when the gate died before writing it."""
+def _old_report(report_dir: Path) -> StoredReport:
+    """The gate's report.json; an empty one when the gate died before writing it."""
     path = report_dir / "report.json"
-    if not path.exists():
-        return {}
+    return load_report(path) if path.exists() else StoredReport(schema=REPORT_SCHEMA, prompts=[])
+
+
+def _kept_drift(drift: StoredDrift, path: Path) -> DriftReport:
+    """The gate's drift figures as it wrote them: the drift pass is not re-run."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read the report: {e}", path=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("not a strict-gate report (expected a JSON object)", path=str(path))
-    return data
+        return DriftReport.from_json(msgspec.to_builtins(drift))
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"the report's drift object is incomplete ({type(e).__name__}: {e})", path=str(path)) from None
 
 
 def _scorer(cfg: GateConfig, report_dir: Path) -> tuple[Engine, bool]:
@@ -63,29 +67,24 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     if not cfg_path.exists():
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
     old = _old_report(report_dir)
-    config = old.get("config") or None
-    base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
-    cfg = load_gate_config(cfg_path, base_dir=base_dir)
+    config = msgspec.to_builtins(old.config) if old.config is not None else None
+    cfg = load_gate_config(cfg_path, base_dir=Path(config["base_dir"]) if config and config["base_dir"] else None)
+    drift = _kept_drift(old.drift, report_dir / "report.json") if old.drift is not None else None
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
+    prompt_set = msgspec.to_builtins(old.prompt_set) if old.prompt_set is not None else dict(ref.manifest.prompt_set)
     engine, rescorer_arm = _scorer(cfg, report_dir)
     try:
         result = judge(
-            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
-            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
-            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
-            rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
+            cfg.name, prompt_set, ref.manifest.sampling, ref, cand,
+            prompt_ids=[p.id for p in old.prompts] or None,
+            policy=old.policy or cfg.policy, band=cfg.band if old.band is None else old.band,
+            problems=list(old.problems), rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
         )
         if rescorer_arm and result.diagnoses:
             result = replace(result, rescorer=engine.info())
     finally:
         engine.close()
-    result = replace(result, history=tuple(old.get("history") or ()))  # the trend as the gate wrote it
-    if old.get("drift"):  # the gate's drift pass is not re-run: its figures are kept as they were
-        try:
-            result = replace(result, drift=DriftReport.from_json(old["drift"]))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise InputError(f"the report's drift object is malformed ({type(e).__name__}: {e})",
-                             path=str(report_dir / "report.json")) from None
+    result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
     write_reports(result, report_dir)
     return GateOutcome(result, report_dir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from strict_gate.errors import ConfigError
+from strict_gate.errors import ConfigError, ExitCode
 from strict_gate.judge.compare import UNCOMPARED, Comparison, Status
 from strict_gate.runs.records import Record
 
@@ -53,8 +53,9 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
     @property
-    def exit_code(self) -> int:
-        return {VerdictKind.PASS: 0, VerdictKind.FAIL: 1}.get(self.verdict, 3)
+    def exit_code(self) -> ExitCode:
+        return {VerdictKind.PASS: ExitCode.PASS, VerdictKind.FAIL: ExitCode.FAIL}.get(
+            self.verdict, ExitCode.ENGINE_FAILURE)
 
 
 def check_policy(policy: Policy | str) -> Policy:

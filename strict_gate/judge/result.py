@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from strict_gate.errors import ExitCode
 from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.drift import DriftReport
@@ -78,15 +79,15 @@ class GateResult:
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         return overall_exit_code(self.verdict.exit_code, self.speed)
 
 
-def overall_exit_code(token_exit: int, speed: SpeedResult | None) -> int:
+def overall_exit_code(token_exit: ExitCode, speed: SpeedResult | None) -> ExitCode:
     """The token verdict's code when it is not 0, else the speed verdict's: a wrong token is the
     first thing a caller must learn, and a speed verdict never turns a token failure into a pass."""
-    if token_exit or speed is None:
-        return token_exit
+    if token_exit != ExitCode.PASS or speed is None:
+        return ExitCode(token_exit)
     return speed.verdict.exit_code
 
 

@@ -1,6 +1,6 @@
 """Night to night: what changed between two gate reports, and whether it is a regression.
 
-Reads two report.json files (no engine, no torch): prompts that started or stopped matching,
+Reads two report.json files through judge/stored.py (no engine, no torch): prompts that started or stopped matching,
 status changes, the positions-matched delta over the prompts both nights ran, prompts added or
 removed, changes of engine, model, versions, baseline or prompt set, and the drift totals when
 both reports carry them. Which changes fail the job is the caller's choice (`fail_on`).
@@ -9,19 +9,24 @@ both reports carry them. Which changes fail the job is the caller's choice (`fai
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from strict_gate.core.options import did_you_mean
-from strict_gate.errors import ConfigError, InputError
+from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
+from strict_gate.judge.stored import StoredReport, StoredSummary, load_report, report_of, report_path
 
-REPORT_FILE = "report.json"
 DIFF_FILE = "diff.json"
 DIFF_SCHEMA = "strict-gate/diff@1"
+ROWS_LISTED = 50  # rows per markdown table: a 10,000-prompt diff stays a summary (diff.json has all)
+IDS_LISTED = 30  # prompt ids per markdown list
 
 
 class Rule(StrEnum):
@@ -103,7 +108,7 @@ class Night:
     name: str | None
     created: str | None
     verdict: str | None
-    summary: dict
+    summary: StoredSummary
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,8 @@ class ReportDiff:
         return tuple(r for r in self.regressions if r.rule in self.fail_on)
 
     @property
-    def exit_code(self) -> int:
-        return 1 if self.failing else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FAIL if self.failing else ExitCode.PASS
 
     @property
     def started_matching(self) -> tuple[str, ...]:
@@ -138,60 +143,28 @@ class ReportDiff:
         return tuple(c.id for c in self.changes if c.old_status == Status.MATCH != c.new_status)
 
 
-def report_path(path: str | Path) -> Path:
-    """A report directory or its report.json -> the report.json."""
-    p = Path(path)
-    return p / REPORT_FILE if p.is_dir() else p
+def _night(path: Path, r: StoredReport) -> Night:
+    return Night(str(path), r.name, r.created, None if r.verdict is None else r.verdict.value, r.summary)
 
 
-def load_report(path: str | Path) -> dict:
-    """A report.json, checked enough to diff: bad input names the file (and line)."""
-    p = report_path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no report here (expected a gate's report directory or its report.json)", path=str(p)) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=str(p), line=e.lineno) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read the report: {e}", path=str(p)) from None
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("strict-gate/report@"):
-        raise InputError("not a strict-gate report (no \"schema\": \"strict-gate/report@N\")", path=str(p))
-    prompts = data.get("prompts")
-    if not isinstance(prompts, list):
-        raise InputError('a report needs a "prompts" list', path=str(p))
-    for i, q in enumerate(prompts):
-        if not isinstance(q, dict) or not isinstance(q.get("id"), str) or q.get("status") not in SEVERITY:
-            raise InputError(f"prompts[{i}] needs an id and a status ({', '.join(SEVERITY)})", path=str(p))
-    return data
-
-
-def _night(path: Path, r: dict) -> Night:
-    return Night(str(path), r.get("name"), r.get("created"), r.get("verdict"), dict(r.get("summary") or {}))
-
-
-def _context(old: dict, new: dict) -> tuple[ContextChange, ...]:
+def _context(old: StoredReport, new: StoredReport) -> tuple[ContextChange, ...]:
     out = []
 
     def check(what: str, a, b) -> None:
         if a != b:
             out.append(ContextChange(what, a, b))
 
-    check("gate", old.get("name"), new.get("name"))
-    check("prompt set sha256", (old.get("prompt_set") or {}).get("sha256"), (new.get("prompt_set") or {}).get("sha256"))
-    check("policy", old.get("policy"), new.get("policy"))
+    check("gate", old.name, new.name)
+    check("prompt set sha256", old.prompt_set and old.prompt_set.sha256, new.prompt_set and new.prompt_set.sha256)
+    check("policy", old.policy, new.policy)
     for arm in ("reference", "candidate"):
-        a = (old.get("engines") or {}).get(arm) or {}
-        b = (new.get("engines") or {}).get(arm) or {}
-        check(f"{arm} kind", a.get("kind"), b.get("kind"))
-        check(f"{arm} model", a.get("model"), b.get("model"))
-        check(f"{arm} baseline", (a.get("options") or {}).get("replayed_from"),
-              (b.get("options") or {}).get("replayed_from"))
-        check(f"{arm} model digest", (a.get("options") or {}).get("model_digest"),
-              (b.get("options") or {}).get("model_digest"))
-        va, vb = a.get("versions") or {}, b.get("versions") or {}
-        for lib in sorted(set(va) | set(vb)):
-            check(f"{arm} {lib} version", va.get(lib), vb.get(lib))
+        a, b = getattr(old.engines, arm), getattr(new.engines, arm)
+        check(f"{arm} kind", a.kind, b.kind)
+        check(f"{arm} model", a.model, b.model)
+        check(f"{arm} baseline", a.options.replayed_from, b.options.replayed_from)
+        check(f"{arm} model digest", a.options.model_digest, b.options.model_digest)
+        for lib in sorted(set(a.versions) | set(b.versions)):
+            check(f"{arm} {lib} version", a.versions.get(lib), b.versions.get(lib))
     return tuple(out)
 
 
@@ -207,8 +180,8 @@ def _flat_drift(totals: dict) -> dict[str, float]:
     return flat
 
 
-def _drift(old: dict, new: dict) -> tuple[tuple[DriftChange, ...], str | None]:
-    a, b = drift_totals(old), drift_totals(new)
+def _drift(old: StoredReport, new: StoredReport) -> tuple[tuple[DriftChange, ...], str | None]:
+    a, b = drift_totals(old.drift), drift_totals(new.drift)
     if a is None or b is None:
         which = "neither night has" if a is None and b is None else ("last night has no" if a is None else "tonight has no")
         return (), f"{which} drift figures (report.json \"drift\"): no drift comparison"
@@ -220,23 +193,28 @@ def _drift(old: dict, new: dict) -> tuple[tuple[DriftChange, ...], str | None]:
     return changes, None
 
 
-def diff_reports(old: dict, new: dict, *, fail_on=DEFAULT_FAIL_ON, old_path="old", new_path="new") -> ReportDiff:
-    """Compare two loaded report.json objects, last night's first."""
-    po = {p["id"]: p for p in old["prompts"]}
-    pn = {p["id"]: p for p in new["prompts"]}
+def _stored(r: StoredReport | Mapping[str, Any], where: str) -> StoredReport:
+    return r if isinstance(r, StoredReport) else report_of(dict(r), where)
+
+
+def diff_reports(old: StoredReport | Mapping[str, Any], new: StoredReport | Mapping[str, Any], *,
+                 fail_on=DEFAULT_FAIL_ON, old_path="old", new_path="new") -> ReportDiff:
+    """Compare two reports, last night's first: StoredReports, or report objects as json.load
+    gives them (checked by the same reader)."""
+    old, new = _stored(old, old_path), _stored(new, new_path)
+    po = {p.id: p for p in old.prompts}
+    pn = {p.id: p for p in new.prompts}
     changes = []
     for pid in (i for i in pn if i in po):
         a, b = po[pid], pn[pid]
-        c = PromptChange(pid, Status(a["status"]), Status(b["status"]), bool(a.get("passed")), bool(b.get("passed")),
-                         int(a.get("matched_positions") or 0), int(b.get("matched_positions") or 0))
+        c = PromptChange(pid, a.status, b.status, a.passed, b.passed, a.matched_positions, b.matched_positions)
         if (c.old_status, c.old_passed, c.old_matched) != (c.new_status, c.new_passed, c.new_matched):
             changes.append(c)
     added = tuple(i for i in pn if i not in po)
     removed = tuple(i for i in po if i not in pn)
-    added_failing = tuple(i for i in added if not pn[i].get("passed"))
+    added_failing = tuple(i for i in added if not pn[i].passed)
     common = [i for i in pn if i in po]
-    positions = (sum(int(po[i].get("matched_positions") or 0) for i in common),
-                 sum(int(pn[i].get("matched_positions") or 0) for i in common))
+    positions = (sum(po[i].matched_positions for i in common), sum(pn[i].matched_positions for i in common))
     drift, drift_note = _drift(old, new)
 
     regressions = []
@@ -272,7 +250,8 @@ def diff_report_files(old: str | Path, new: str | Path, *, fail_on=DEFAULT_FAIL_
 
 
 def _night_json(n: Night) -> dict:
-    return {"path": n.path, "name": n.name, "created": n.created, "verdict": n.verdict, "summary": n.summary}
+    return {"path": n.path, "name": n.name, "created": n.created, "verdict": n.verdict,
+            "summary": msgspec.to_builtins(n.summary)}
 
 
 def to_json(d: ReportDiff) -> dict:
@@ -320,8 +299,93 @@ def _delta(a, b) -> str:
     return f"{b - a:+g}" if b != a else "="
 
 
+def _ids(ids: tuple[str, ...]) -> str:
+    from strict_gate.report.text import md
+
+    return md(", ".join(ids[:IDS_LISTED])) + (" ..." if len(ids) > IDS_LISTED else "")
+
+
+def _rows(rows: list[str], what: str) -> list[str]:
+    """At most ROWS_LISTED table rows, then how many more there are and where they all are."""
+    more = len(rows) - ROWS_LISTED
+    tail = [f"… and {more} more {what}: diff.json lists every one."] if more > 0 else []
+    return rows[:ROWS_LISTED] + [""] + tail + ([""] if tail else [])
+
+
+def _figures(d: ReportDiff) -> list[str]:
+    out = ["| measure | last night | tonight | change |", "|---|---|---|---|"]
+    so, sn = d.old.summary, d.new.summary
+    for key, label in (("prompts_exact", "prompts exact"), ("prompts_total", "prompts"),
+                       ("positions_matched", "positions matched"), ("positions_total", "positions")):
+        a, b = getattr(so, key), getattr(sn, key)
+        out.append(f"| {label} | {a} | {b} | {_delta(a, b)} |")
+    for status in (s for s in Status if s != Status.MATCH):
+        a, b = so.counts.get(status, 0), sn.counts.get(status, 0)
+        if a or b:
+            out.append(f"| {status.value.replace('_', ' ')} | {a} | {b} | {_delta(a, b)} |")
+    a, b = d.positions_common
+    out.append(f"| positions matched, common prompts | {a} | {b} | {_delta(a, b)} |")
+    return out + [""]
+
+
+def _regressions(d: ReportDiff) -> list[str]:
+    from strict_gate.report.text import md
+
+    out = ["### Regressions", ""] if d.regressions else []
+    for r in d.regressions:
+        fails = "" if r.rule in d.fail_on else " (not in --fail-on: reported only)"
+        ids = f": {_ids(r.prompts)}" if r.prompts else ""
+        out.append(f"- **{r.rule.value}**{fails}: {md(r.detail)}{ids}")
+    return out + ([""] if out else [])
+
+
+def _changes(d: ReportDiff) -> list[str]:
+    from strict_gate.report.text import md
+
+    if not d.changes:
+        return []
+    rows = [f"| {md(c.id)} | {c.old_status} | {c.new_status} | {'yes' if c.old_passed else 'no'} -> "
+            f"{'yes' if c.new_passed else 'no'} | {c.old_matched} -> {c.new_matched} |" for c in d.changes]
+    head = ["### Prompts that changed", "", "| prompt | last night | tonight | passed | positions matched |",
+            "|---|---|---|---|---|"]
+    return head + _rows(rows, "prompts changed")
+
+
+def _added_removed(d: ReportDiff) -> list[str]:
+    if not (d.added or d.removed):
+        return []
+    out = ["### Prompts added or removed", ""]
+    if d.added:
+        failing = f" ({len(d.added_failing)} failing: {_ids(d.added_failing)})" if d.added_failing else ""
+        out.append(f"- added {len(d.added)}: {_ids(d.added)}{failing}")
+    if d.removed:
+        out.append(f"- removed {len(d.removed)}: {_ids(d.removed)}")
+    return out + [""]
+
+
+def _setup(d: ReportDiff) -> list[str]:
+    from strict_gate.report.text import md
+
+    if not d.context:
+        return []
+    head = ["### What changed between the nights", "", "| what | last night | tonight |", "|---|---|---|"]
+    return head + _rows([f"| {md(c.what)} | {md(str(c.old))} | {md(str(c.new))} |" for c in d.context], "changes")
+
+
+def _drift_rows(d: ReportDiff) -> list[str]:
+    from strict_gate.report.text import md
+
+    if d.drift_note:
+        return ["### Drift", "", md(d.drift_note), ""]
+    return ["### Drift", "", "| total | last night | tonight | change |", "|---|---|---|---|"] + [
+        f"| {md(x.metric)} | {x.old:.6g} | {x.new:.6g} | {x.new - x.old:+.3g}{' (worse)' if x.worse else ''} |"
+        for x in d.drift] + [""]
+
+
 def render_markdown(d: ReportDiff) -> str:
-    """The diff for a reviewer (and $GITHUB_STEP_SUMMARY): the regressions first."""
+    """The diff for a reviewer (and $GITHUB_STEP_SUMMARY): the verdict line first, then the
+    regressions; long lists are cut (diff.json has them whole), so 10,000 changed prompts
+    still make a summary GitHub shows."""
     from strict_gate.report.text import md
 
     head = (f"REGRESSION ({', '.join(dict.fromkeys(r.rule.value for r in d.failing))})" if d.failing
@@ -330,51 +394,7 @@ def render_markdown(d: ReportDiff) -> str:
     out.append(f"Last night: `{md(d.old.path)}` ({md(str(d.old.created))}, {md(str(d.old.verdict))}); "
                f"tonight: `{md(d.new.path)}` ({md(str(d.new.created))}, {md(str(d.new.verdict))}). "
                f"Fails on: {', '.join(r.value for r in d.fail_on) or 'nothing (report only)'}.")
-    out += ["", "| measure | last night | tonight | change |", "|---|---|---|---|"]
-    so, sn = d.old.summary, d.new.summary
-    for key, label in (("prompts_exact", "prompts exact"), ("prompts_total", "prompts"),
-                       ("positions_matched", "positions matched"), ("positions_total", "positions")):
-        out.append(f"| {label} | {so.get(key)} | {sn.get(key)} | {_delta(so.get(key), sn.get(key))} |")
-    co, cn = so.get("counts") or {}, sn.get("counts") or {}
-    for status in (s.value for s in Status if s != Status.MATCH):
-        if co.get(status) or cn.get(status):
-            out.append(f"| {status.replace('_', ' ')} | {co.get(status, 0)} | {cn.get(status, 0)} "
-                       f"| {_delta(co.get(status, 0), cn.get(status, 0))} |")
-    a, b = d.positions_common
-    out.append(f"| positions matched, common prompts | {a} | {b} | {_delta(a, b)} |")
     out.append("")
-    if d.regressions:
-        out += ["### Regressions", ""]
-        for r in d.regressions:
-            fails = "" if r.rule in d.fail_on else " (not in --fail-on: reported only)"
-            ids = f": {md(', '.join(r.prompts[:30]))}{' ...' if len(r.prompts) > 30 else ''}" if r.prompts else ""
-            out.append(f"- **{r.rule.value}**{fails}: {md(r.detail)}{ids}")
-        out.append("")
-    if d.changes:
-        out += ["### Prompts that changed", "",
-                "| prompt | last night | tonight | passed | positions matched |", "|---|---|---|---|---|"]
-        for c in d.changes:
-            passed = f"{'yes' if c.old_passed else 'no'} -> {'yes' if c.new_passed else 'no'}"
-            out.append(f"| {md(c.id)} | {c.old_status} | {c.new_status} | {passed} | {c.old_matched} -> {c.new_matched} |")
-        out.append("")
-    if d.added or d.removed:
-        out += ["### Prompts added or removed", ""]
-        if d.added:
-            failing = f" ({len(d.added_failing)} failing: {md(', '.join(d.added_failing[:30]))})" if d.added_failing else ""
-            out.append(f"- added {len(d.added)}: {md(', '.join(d.added[:30]))}{failing}")
-        if d.removed:
-            out.append(f"- removed {len(d.removed)}: {md(', '.join(d.removed[:30]))}")
-        out.append("")
-    if d.context:
-        out += ["### What changed between the nights", "", "| what | last night | tonight |", "|---|---|---|"]
-        out += [f"| {md(c.what)} | {md(str(c.old))} | {md(str(c.new))} |" for c in d.context]
-        out.append("")
-    out += ["### Drift", ""]
-    if d.drift_note:
-        out.append(md(d.drift_note))
-    else:
-        out += ["| total | last night | tonight | change |", "|---|---|---|---|"]
-        out += [f"| {md(x.metric)} | {x.old:.6g} | {x.new:.6g} | {x.new - x.old:+.3g}{' (worse)' if x.worse else ''} |"
-                for x in d.drift]
-    out.append("")
+    for section in (_figures, _regressions, _changes, _added_removed, _setup, _drift_rows):
+        out += section(d)
     return "\n".join(out)

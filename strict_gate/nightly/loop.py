@@ -12,24 +12,24 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.errors import InputError
+from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
-from strict_gate.judge.history import DEFAULT_NIGHTS, read_history
+from strict_gate.judge.history import DEFAULT_NIGHTS, HISTORY_MAX_LINES, load_history, read_history
+from strict_gate.judge.stored import load_report, report_path
 from strict_gate.nightly.diff import (
     DEFAULT_FAIL_ON,
     DIFF_FILE,
     ReportDiff,
     diff_reports,
-    load_report,
     render_markdown,
-    report_path,
     write_diff_json,
 )
 from strict_gate.report import GateResult
 from strict_gate.runs.records import write_text_atomic
 
 SUMMARY_FILE = "summary.md"
+SUMMARY_MAX_BYTES = 512 << 10  # GitHub drops a step summary over 1 MiB, and with it the verdict
 NO_PREVIOUS = (
     "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, "
     "or the previous night's output directory was not restored), so there is nothing to diff against.\n"
@@ -44,10 +44,24 @@ class NightlyOutcome:
     summary: str
 
     @property
-    def exit_code(self) -> int:
-        """The gate's code when it did not pass (1 fail, 3 incomplete), else 1 on a regression."""
+    def exit_code(self) -> ExitCode:
+        """The gate's code when it did not pass (fail, incomplete, slower), else FAIL on a regression."""
         code = self.gate.result.exit_code
-        return code if code else (self.diff.exit_code if self.diff else 0)
+        if code != ExitCode.PASS:
+            return code
+        return self.diff.exit_code if self.diff else ExitCode.PASS
+
+
+def capped(text: str, limit: int = SUMMARY_MAX_BYTES) -> str:
+    """`text` cut at a line before `limit` UTF-8 bytes, saying so: the head (the verdict) stays."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    note = (f"\n… summary cut at {limit >> 10} KiB (of {len(data) >> 10} KiB): report.md and diff.json in the "
+            "report directory hold everything.\n")
+    keep = data[: limit - len(note.encode("utf-8"))]
+    keep = keep[: keep.rfind(b"\n") + 1] if b"\n" in keep else keep
+    return keep.decode("utf-8", "ignore") + note
 
 
 def summary_markdown(result: GateResult) -> str:
@@ -63,6 +77,7 @@ def write_summary(text: str, path: str | Path | None = None) -> None:
     """Write the summary to `path` and append it to $GITHUB_STEP_SUMMARY when that is set."""
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     target = path
+    text = capped(text)
     try:
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -84,13 +99,20 @@ def previous_report(output_dir: Path, gate: str) -> Path | None:
     return None
 
 
+def check_keep(keep: int) -> None:
+    """--keep 0 (or less) would delete tonight's report too: refused before anything runs."""
+    if keep < 1:
+        raise ConfigError(f"--keep must be 1 or more (tonight's report is one of them), got {keep}")
+
+
 def prune_reports(output_dir: Path, gate: str, keep: int) -> list[Path]:
     """Remove this gate's report directories that history.jsonl names beyond the newest `keep`,
     so a cached output directory stays bounded. Only directories named in the history go."""
-    named = [e.get("report_dir") for e in read_history(output_dir, 10**9, gate=gate)]
+    check_keep(keep)
+    named = [e.get("report_dir") for e in read_history(output_dir, HISTORY_MAX_LINES, gate=gate)]
     dirs = list(dict.fromkeys(n for n in named if isinstance(n, str) and n and "/" not in n and n not in (".", "..")))
     removed = []
-    for name in dirs[:-keep] if keep > 0 else dirs:
+    for name in dirs[:-keep]:
         d = output_dir / name
         if d.is_dir() and (d / "gate.toml").is_file():
             shutil.rmtree(d)
@@ -109,16 +131,18 @@ def run_nightly(
 ) -> NightlyOutcome:
     """Run the gate into output_dir, diff it against the previous night (given, or the newest in
     the history), write diff.json and summary.md into tonight's report directory."""
+    check_keep(keep)  # bad input is found before the gate runs
     out = Path(output_dir or cfg.output_dir)
+    load_history(out, 1)  # a history that is a directory or a FIFO, refused now rather than after the gate
     prev = report_path(previous) if previous is not None else previous_report(out, cfg.name)
-    old = load_report(prev) if prev is not None else None  # bad input is found before the gate runs
+    old = load_report(prev) if prev is not None else None
     outcome = run_gate(cfg, output_dir=out, progress=progress)
     diff = None
     if old is not None:
         new_path = outcome.report_dir / "report.json"
         diff = diff_reports(old, load_report(new_path), fail_on=fail_on, old_path=str(prev), new_path=str(new_path))
         write_diff_json(diff, outcome.report_dir / DIFF_FILE)
-    summary = summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS)
+    summary = capped(summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS))
     write_text_atomic(outcome.report_dir / SUMMARY_FILE, summary)
     prune_reports(out, cfg.name, keep)
     return NightlyOutcome(outcome, prev, diff, summary)

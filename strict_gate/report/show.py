@@ -1,23 +1,23 @@
 """`strict-gate show REPORT_DIR`: the side-by-side view of a finished gate, in the terminal.
 
-It reads report.json for the verdict, the divergences, the diagnosis and the speed arm, and the
-two run directories (reference/ and candidate/ in the report directory, else the paths
+It reads report.json (through judge/stored.py, every field it uses checked) for the verdict, the
+divergences, the diagnosis and the speed arm, and the two run directories (reference/ and candidate/ in the report directory, else the paths
 report.json names) for the full token sequences. No engine, no torch.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
+from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
@@ -32,17 +32,17 @@ _CELL = {"m": "on #1b4d2b", "t": "bold black on #d4a72c", "d": "bold white on #c
 class StoredGate:
     """A finished gate as `show` reads it: report.json and both runs' records."""
 
-    report: dict
+    report: StoredReport
     reference: dict[str, Record]
     candidate: dict[str, Record]
     decoder: Decoder
 
 
-def _records(report_dir: Path, report: dict, role: str) -> dict[str, Record]:
+def _records(report_dir: Path, report: StoredReport, role: str) -> dict[str, Record]:
     """The run in the report directory, else the one report.json names (a `compare --out`)."""
     here = report_dir / role
-    named = (report.get("runs") or {}).get(role)
-    for d in (here, Path(named) if isinstance(named, str) else None):
+    named = getattr(report.runs, role)
+    for d in (here, Path(named) if named is not None else None):
         if d is not None and (d / "manifest.json").exists():
             return load_run(d, allow_incomplete=True).records
     raise InputError(f"no {role} run directory: neither {here} nor the path report.json names ({named})",
@@ -51,21 +51,14 @@ def _records(report_dir: Path, report: dict, role: str) -> dict[str, Record]:
 
 def load_gate(report_dir: str | Path) -> StoredGate:
     d = Path(report_dir)
-    path = d / "report.json"
-    if not path.is_file():
+    if not (d / "report.json").exists():
         raise InputError("not a report directory: no report.json", path=str(d))
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"report.json is not valid JSON: {e}", path=str(path)) from None
-    if not isinstance(report, dict) or not isinstance(report.get("prompts"), list):
-        raise InputError("report.json has no prompts list", path=str(path))
-    engines = report.get("engines") or {}
-    dec = Decoder(*((engines.get(arm) or {}).get("tokenizer") for arm in ("reference", "candidate")))
+    report = load_report(d / "report.json")
+    dec = Decoder(report.engines.reference.tokenizer, report.engines.candidate.tokenizer)
     return StoredGate(report, _records(d, report, "reference"), _records(d, report, "candidate"), dec)
 
 
-def _kind(i: int, position: int | None, status: str) -> str:
+def _kind(i: int, position: int | None, status: Status) -> str:
     if position is None or i < position:
         return "m"
     if i == position:
@@ -73,7 +66,7 @@ def _kind(i: int, position: int | None, status: str) -> str:
     return "a"
 
 
-def _chips(tokens, dec: Decoder, position: int | None, status: str) -> Text:
+def _chips(tokens, dec: Decoder, position: int | None, status: Status) -> Text:
     text = Text()
     for i, t in enumerate(tokens):
         text.append(visible(dec.token(t)), style=_CELL[_kind(i, position, status)])
@@ -96,33 +89,32 @@ def _g(x) -> str:
     return "n/a" if not isinstance(x, (int, float)) else f"{x:.4f}"
 
 
-def prompt_view(gate: StoredGate, entry: dict) -> Group:
+def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     """One prompt: both continuations as coloured token chips, both top-k at the divergence,
     the gaps, the teacher-forced diagnosis and both decoded texts."""
-    pid, status = str(entry.get("id")), str(entry.get("status"))
-    fd = entry.get("first_divergence") or {}
-    pos = fd.get("position")
+    pid, status, fd = entry.id, entry.status, entry.first_divergence
+    pos = fd.position if fd is not None else None
     ref, cand = gate.reference.get(pid), gate.candidate.get(pid)
     R = ref.token_ids if ref is not None and ref.error is None else ()
     C = cand.token_ids if cand is not None and cand.error is None else ()
     dec = gate.decoder
     head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}")
-    parts = [head, Text(visible(str(entry.get("reason") or entry.get("detail") or "")), style="dim")]
+    parts: list[RenderableType] = [head, Text(visible(entry.reason or entry.detail or ""), style="dim")]
     side = Table(box=box.SIMPLE, expand=True, show_edge=False)
     side.add_column("reference", ratio=1)
     side.add_column("candidate", ratio=1)
     side.add_row(_chips(R, dec, pos, status), _chips(C, dec, pos, status))
-    if fd:
-        rt, ct = fd.get("reference_token"), fd.get("candidate_token")
-        side.add_row(_top(fd.get("reference_top"), rt, ct, dec), _top(fd.get("candidate_top"), rt, ct, dec))
+    if fd is not None:
+        rt, ct = fd.reference_token, fd.candidate_token
+        side.add_row(_top(fd.reference_top, rt, ct, dec), _top(fd.candidate_top, rt, ct, dec))
         parts.append(side)
-        parts.append(Text(f"reference gap {_g(fd.get('reference_gap'))}, candidate gap {_g(fd.get('candidate_gap'))}, "
-                          f"reference margin {_g(fd.get('reference_margin'))} nats"))
+        parts.append(Text(f"reference gap {_g(fd.reference_gap)}, candidate gap {_g(fd.candidate_gap)}, "
+                          f"reference margin {_g(fd.reference_margin)} nats"))
     else:
         parts.append(side)
-    dg = entry.get("diagnosis")
-    if isinstance(dg, dict):
-        parts.append(Text(visible(f"teacher-forced: {dg.get('verdict')}" + (f": {dg['error']}" if dg.get("error") else ""))))
+    dg = entry.diagnosis
+    if dg is not None:
+        parts.append(Text(visible(f"teacher-forced: {dg.verdict}" + (f": {dg.error}" if dg.error else ""))))
     texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
     texts.add_column("reference text", ratio=1)
     texts.add_column("candidate text", ratio=1)
@@ -137,17 +129,16 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     the speed arm when the gate measured it."""
     console = console or Console()
     gate = load_gate(report_dir)
-    prompts = [p for p in gate.report["prompts"] if isinstance(p, dict)]
     r = gate.report
-    console.print(Text(visible(f"{str(r.get('verdict')).upper()}: {r.get('name')} (policy {r.get('policy')})"),
-                       style="bold"))
+    prompts = r.prompts
+    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {r.policy})"), style="bold"))
     if prompt is not None:
-        entry = next((p for p in prompts if p.get("id") == prompt), None)
+        entry = next((p for p in prompts if p.id == prompt), None)
         if entry is None:
             raise InputError(f"no prompt {prompt!r} in this report ({len(prompts)} prompts)", path=str(report_dir))
         console.print(prompt_view(gate, entry))
         return
-    bad = [p for p in prompts if p.get("status") != Status.MATCH]
+    bad = [p for p in prompts if p.status != Status.MATCH]
     if not bad:
         console.print(f"all {len(prompts)} prompts match token for token")
     else:
@@ -157,7 +148,7 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
         console.rule()
         more = f"; {len(bad) - limit} more not shown: --prompt ID shows any one" if len(bad) > limit else ""
         console.print(f"{min(len(bad), limit)} of {len(bad)} non-matching prompt(s) shown{more}")
-    view = speed_view.build(r.get("speed"), ((r.get("engines") or {}).get("reference") or {}).get("kind"))
+    view = speed_view.build(r.speed, r.engines.reference.kind)
     if view is not None:
         print_speed(view, console)
 

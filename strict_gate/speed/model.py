@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from strict_gate.core.fmt import fmt_vs
+from strict_gate.errors import ExitCode
 
 
 class Method(StrEnum):
@@ -210,10 +211,10 @@ class SpeedVerdict:
     reasons: tuple[str, ...] = ()
 
     @property
-    def exit_code(self) -> int:
-        """0 pass or informational, 4 below the bar or not comparable, 3 not measured (never a pass)."""
-        return {SpeedVerdictKind.FAIL: 4, SpeedVerdictKind.NOT_COMPARABLE: 4,
-                SpeedVerdictKind.INCOMPLETE: 3}.get(self.kind, 0)
+    def exit_code(self) -> ExitCode:
+        """Pass or informational; slower below the bar or not comparable; engine failure when not measured (never a pass)."""
+        return {SpeedVerdictKind.FAIL: ExitCode.SLOWER, SpeedVerdictKind.NOT_COMPARABLE: ExitCode.SLOWER,
+                SpeedVerdictKind.INCOMPLETE: ExitCode.ENGINE_FAILURE}.get(self.kind, ExitCode.PASS)
 
     def to_json(self) -> dict:
         return {"verdict": self.kind.value, "min_speed_ratio": dict(self.min_speed_ratio),
