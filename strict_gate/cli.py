@@ -310,11 +310,12 @@ def diff(
     ] = None,
 ) -> None:
     """What changed from one night's report to the next; exit 1 on a regression. No torch."""
-    from strict_gate.nightly.diff import DIFF_FILE, diff_report_files, render_markdown, report_path, write_diff_json
+    from strict_gate.nightly.diff import diff_report_files, render_markdown, report_path, write_diff_json
+    from strict_gate.runs.layout import ReportDir
 
     d = diff_report_files(old_report, new_report, fail_on=_fail_on(fail_on))
     console.print(render_markdown(d))
-    write_diff_json(d, json_out or report_path(new_report).parent / DIFF_FILE)
+    write_diff_json(d, json_out or ReportDir(report_path(new_report).parent).diff)
     raise typer.Exit(d.exit_code)
 
 

@@ -20,9 +20,10 @@ from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, judge, play_gate
 from strict_gate.gate.state import GateState, check_unchanged, read_gate_state
 from strict_gate.judge.policy import check_policy
+from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import MANIFEST, Run, Sampling
+from strict_gate.runs.records import Run, Sampling
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def _stored_runs(report_dir: Path, cfg: GateConfig, ps: PromptSet, sampling: Sam
     runs = {}
     for role in ROLES:
         d = report_dir / role
-        if (d / MANIFEST).exists():
+        if RunDir(d).manifest.exists():
             run = load_run(d, allow_incomplete=True)
             _check_run_fits(run, role, getattr(cfg, role), ps, sampling)
             runs[role] = run

@@ -18,9 +18,8 @@ from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
+from strict_gate.runs.layout import ReportDir
 
-REPORT_FILE = "report.json"
-DIFF_FILE = "diff.json"
 DIFF_SCHEMA = "strict-gate/diff@1"
 
 
@@ -141,7 +140,7 @@ class ReportDiff:
 def report_path(path: str | Path) -> Path:
     """A report directory or its report.json -> the report.json."""
     p = Path(path)
-    return p / REPORT_FILE if p.is_dir() else p
+    return ReportDir(p).report_json if p.is_dir() else p
 
 
 def load_report(path: str | Path) -> dict:

@@ -20,6 +20,7 @@ from strict_gate.errors import InputError
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
+from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Record
 
@@ -42,7 +43,7 @@ def _records(report_dir: Path, report: dict, role: str) -> dict[str, Record]:
     here = report_dir / role
     named = (report.get("runs") or {}).get(role)
     for d in (here, Path(named) if isinstance(named, str) else None):
-        if d is not None and (d / "manifest.json").exists():
+        if d is not None and RunDir(d).manifest.exists():
             return load_run(d, allow_incomplete=True).records
     raise InputError(f"no {role} run directory: neither {here} nor the path report.json names ({named})",
                      path=str(report_dir))
@@ -50,7 +51,7 @@ def _records(report_dir: Path, report: dict, role: str) -> dict[str, Record]:
 
 def load_gate(report_dir: str | Path) -> StoredGate:
     d = Path(report_dir)
-    path = d / "report.json"
+    path = ReportDir(d).report_json
     if not path.is_file():
         raise InputError("not a report directory: no report.json", path=str(d))
     try:
