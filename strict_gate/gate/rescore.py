@@ -17,8 +17,10 @@ from pathlib import Path
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
-from strict_gate.gate.run import GateOutcome, build_rescorer, judge
+from strict_gate.gate.judgement import judge
+from strict_gate.gate.run import GateOutcome, build_rescorer
 from strict_gate.judge.drift import DriftReport
+from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.report import write_reports
 from strict_gate.runs.reader import load_run
 
@@ -70,12 +72,15 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     engine, rescorer_arm = _scorer(cfg, report_dir)
     try:
-        result = judge(
-            cfg.name, old.get("prompt_set") or dict(ref.manifest.prompt_set), ref.manifest.sampling, ref, cand,
-            prompt_ids=[p["id"] for p in old.get("prompts", [])] or None,
-            policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band), problems=list(old.get("problems", [])),
-            rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
+        spec = GateSpec(
+            name=cfg.name,
+            prompt_set=PromptSetRef.stored(old.get("prompt_set") or ref.manifest.prompt_set,
+                                           [p["id"] for p in old.get("prompts", [])] or None),
+            sampling=ref.manifest.sampling, policy=old.get("policy", cfg.policy), band=old.get("band", cfg.band),
+            greedy_tolerance=cfg.greedy_tolerance,
+            config=ConfigRef.from_json(config, where=str(report_dir / "report.json")) if config else None,
         )
+        result = judge(spec, ref, cand, problems=list(old.get("problems", [])), rescorer=engine)
         if rescorer_arm and result.diagnoses:
             result = replace(result, rescorer=engine.info())
     finally:
