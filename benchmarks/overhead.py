@@ -151,12 +151,14 @@ def gate_arm(engine: Engine, inputs: list[PromptInput], sampling: Sampling, ps: 
 
 def per_gate_costs(run, other, ps: PromptSet, ids: list[str], sampling: Sampling, work: Path) -> dict[str, float]:
     """Comparing two runs and writing every report: once per gate, whatever the prompt count."""
-    from strict_gate.gate.run import judge
+    from strict_gate.gate.judgement import judge
+    from strict_gate.judge.spec import GateSpec, PromptSetRef
     from strict_gate.report import write_reports
 
+    spec = GateSpec("overhead", PromptSetRef.stored({"name": ps.name, "sha256": ps.sha256, "count": len(ps)}, ids),
+                    sampling, policy="auto", band=0.5)
     t0 = time.perf_counter()
-    result = judge("overhead", {"name": ps.name, "sha256": ps.sha256, "count": len(ps)}, sampling, other, run,
-                   prompt_ids=ids, policy="auto", band=0.5, problems=[])
+    result = judge(spec, other, run)
     t1 = time.perf_counter()
     write_reports(result, work / "report")
     return {"compare": t1 - t0, "reports": time.perf_counter() - t1}

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from helpers import rec
 
-from strict_gate.gate.run import judge
+from strict_gate.gate.judgement import judge
+from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import GateResult
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
 from strict_gate.speed.model import (
@@ -67,6 +68,7 @@ def gate(speed_result: SpeedResult | None = None, *, diverge: bool = False) -> G
     ids = ["a", "b", "c"]
     ref = run("vllm", [rec(i, [5, 6, 7, 8]) for i in ids])
     cand = run("openai", [rec(i, [5, 6, 9, 8] if diverge and i == "b" else [5, 6, 7, 8]) for i in ids])
-    result = judge("speedy", {"name": "hand", "sha256": "0" * 64}, Sampling(4, 2), ref, cand, prompt_ids=ids,
-                   policy="strict", band=0.5, problems=[])
+    spec = GateSpec("speedy", PromptSetRef.stored({"name": "hand", "sha256": "0" * 64}, ids), Sampling(4, 2),
+                    policy="strict", band=0.5)
+    result = judge(spec, ref, cand)
     return replace(result, speed=speed_result)

@@ -18,7 +18,9 @@ from helpers import rec, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.gate.run import compare_run_dirs, judge
+from strict_gate.gate.judgement import judge
+from strict_gate.gate.run import compare_run_dirs
+from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import GateResult
 from strict_gate.report import html as html_report
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
@@ -134,8 +136,9 @@ def big_gate(diverge_every: int) -> GateResult:
     toks = list(range(5, 21))
     ref = run([rec(i, toks) for i in ids])
     cand = run([rec(i, toks if n % diverge_every else toks[:3] + [99] + toks[4:]) for n, i in enumerate(ids)])
-    return judge("big", {"name": "big", "sha256": "0" * 64}, Sampling(16, 2), ref, cand, prompt_ids=ids,
-                 policy="strict", band=0.5, problems=[])
+    spec = GateSpec("big", PromptSetRef.stored({"name": "big", "sha256": "0" * 64}, ids), Sampling(16, 2),
+                    policy="strict", band=0.5)
+    return judge(spec, ref, cand)
 
 
 def test_a_10000_prompt_gate_stays_a_small_file():

@@ -20,8 +20,11 @@ from strict_gate.engines.vllm.engine import VLLMOptions
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import parse_gate_config
 from strict_gate.judge.policy import Policy
+from strict_gate.runs.layout import RunFile
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import MANIFEST, RunStatus
+from strict_gate.runs.records import RunStatus
+
+MANIFEST = RunFile.MANIFEST
 
 GATE = """name = "t"
 prompts = "p.jsonl"

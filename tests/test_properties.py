@@ -143,7 +143,8 @@ def _strict_json(text: str):
 @DISK
 @given(run_pair(), st.text(min_size=1, max_size=12))
 def test_report_json_is_always_strict_json(tmp_path_factory, pair, weird):
-    from strict_gate.gate.run import judge
+    from strict_gate.gate.judgement import judge
+    from strict_gate.judge.spec import GateSpec, PromptSetRef
     from strict_gate.report import write_reports
     from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, Timing
 
@@ -158,8 +159,8 @@ def test_report_json_is_always_strict_json(tmp_path_factory, pair, weird):
     ps = {"name": "p", "sha256": "0" * 64, "count": len(ref)}
     manifest = Manifest(EngineInfo("hand", env={"X": weird}), ps, sampling, "now", status="complete")
     d = tmp_path_factory.mktemp("r")
-    result = judge("prop", ps, sampling, Run(str(d / "ref"), manifest, ref), Run(str(d / "cand"), manifest, cand),
-                   prompt_ids=None, policy="near-tie", band=0.5, problems=[])
+    spec = GateSpec("prop", PromptSetRef.stored(ps, None), sampling, policy="near-tie", band=0.5)
+    result = judge(spec, Run(str(d / "ref"), manifest, ref), Run(str(d / "cand"), manifest, cand))
     write_reports(result, d / "out")
     report = _strict_json((d / "out" / "report.json").read_text(encoding="utf-8"))
     assert report["verdict"] in ("pass", "fail", "incomplete")

@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 
 from strict_gate.cli import app
 from strict_gate.core.redact import REDACTED, is_secret_name, redact_toml
-from strict_gate.gate.run import judge
+from strict_gate.gate.judgement import judge
+from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import write_reports
 from strict_gate.report.console import print_result
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, Timing, now_iso
@@ -334,8 +335,9 @@ def _result(name: str, pid: str, error: str, problem: str):
 
     ref = run([rec(pid, [5, 6]), rec("b", [5, 6])])
     cand = run([rec(pid, [], error=error), rec("b", [5, 7])])
-    return judge(name, {"name": name, "sha256": "0" * 64}, Sampling(2, 2), ref, cand, prompt_ids=[pid, "b"],
-                 policy="strict", band=0.5, problems=[problem])
+    spec = GateSpec(name, PromptSetRef.stored({"name": name, "sha256": "0" * 64}, [pid, "b"]), Sampling(2, 2),
+                    policy="strict", band=0.5)
+    return judge(spec, ref, cand, problems=[problem])
 
 
 _PIECES = st.one_of(st.characters(), st.sampled_from(["\x00", "\x1b", "\x85", "]]>", "\r", "\t", "\ufffe", "&lt;"]))

@@ -1,8 +1,21 @@
 """The engine protocol: generate greedily with top-k logprobs, tokenize, describe, score.
 
-An engine is constructed from typed options (no model loaded), `start()`ed once per gate,
-and reused for every phase (generation, re-scoring) before `close()`. Engines are tiny
-adapters; the gate owns run files, timing, env scoping and progress.
+An engine is constructed from typed options (no model loaded) and tokenizes before it is
+started. What the gate (strict_gate/gate/run.py) then does with it:
+
+- one load per arm: the candidate is started for its arm (and timed on it under [speed]),
+  then closed before the reference starts, so one engine is loaded at a time; the reference
+  stays loaded for re-scoring and its speed rungs, and is closed after;
+- start() is called again on a started engine (re-scoring and the speed arm start what they
+  use) and must then do nothing;
+- start() may follow close(): with `drift = true` and a live reference, the reference is
+  closed and the candidate started a second time to score the reference's tokens;
+- close() may come twice, or before any start(), and must be harmless; engines a caller
+  hands to run_gate are never closed by the gate;
+- each in-process call (tokenize, start, generate, score, the speed rungs) runs inside scoped_env(),
+  so an arm's env switches hold only while that arm runs.
+
+Engines are tiny adapters; the gate owns run files, timing, env scoping and progress.
 """
 
 from __future__ import annotations
@@ -65,10 +78,11 @@ class Engine(ABC):
 
     # -- lifecycle
     def start(self) -> None:
-        """Load the model or launch the server. Called once; later phases reuse it."""
+        """Load the model or launch the server; a no-op when started. Later phases reuse it; after
+        close() it starts afresh (the drift pass restarts the candidate)."""
 
     def close(self) -> None:
-        """Release the model or stop the server. Safe to call twice."""
+        """Release the model or stop the server. Safe to call twice, or before start()."""
 
     def __enter__(self):
         return self

@@ -17,6 +17,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, EngineError, InputError, StrictGateError
 from strict_gate.runs.audit import audit_record, vocab_size
+from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo, Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
@@ -153,7 +154,7 @@ def run_arm(
     out = Path(out_dir)
     if engine.writes_log:
         out.mkdir(parents=True, exist_ok=True)
-        engine.set_log_path(out / "engine.log")
+        engine.set_log_path(RunDir(out).engine_log)
     keep: set[str] = set()
     if resume_from is None:
         manifest = Manifest(
@@ -176,7 +177,7 @@ def run_arm(
     started = False
     try:
         if inputs or resume_from is None:
-            with engine.scoped_env(), engine_log(out / "engine.log", engine.log_libraries):
+            with engine.scoped_env(), engine_log(RunDir(out).engine_log, engine.log_libraries):
                 engine.start()
                 started = True
                 # Describe the engine again once started: versions and server facts are known now.

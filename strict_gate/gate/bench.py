@@ -23,6 +23,7 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.timed_tokens import GateRecords, check_tokens
+from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name
 from strict_gate.runs.records import Record, write_text_atomic
 from strict_gate.speed.config import SpeedConfig, TokenRules
@@ -31,7 +32,6 @@ from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm
 from strict_gate.speed.model import Method, Rung, RungResult, SpeedResult, judge_speed
 
-SPEED_FILE = "speed.json"
 ROLES = ("reference", "candidate")
 OnRung = Callable[[str, str], None]  # (role, rung name), as each rung starts
 
@@ -80,7 +80,7 @@ class SpeedSession:
         if not engine.measurable:
             self.failed[role] = f"the {role} engine ({engine.kind}) is a stored run and cannot be timed"
             return
-        log = engine_log(run_dir / "engine.log", engine.log_libraries) if run_dir is not None else nullcontext()
+        log = engine_log(RunDir(run_dir).engine_log, engine.log_libraries) if run_dir is not None else nullcontext()
         try:
             with engine.scoped_env(), log:
                 self.arms[role] = measure_arm(engine, self.ladder, self.cfg.runs, self.cfg.warmup,
@@ -183,7 +183,7 @@ class BenchOutcome:
 
 
 def write_speed(result: SpeedResult, out_dir: Path) -> Path:
-    path = out_dir / SPEED_FILE
+    path = ReportDir(out_dir).speed
     write_text_atomic(path, json.dumps(result.to_json(), indent=2) + "\n")
     return path
 
@@ -210,11 +210,11 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
         engine = engines[role]
         if engine.writes_log:
             (out_dir / role).mkdir(parents=True, exist_ok=True)
-            engine.set_log_path(out_dir / role / "engine.log")
+            engine.set_log_path(ReportDir(out_dir).arm(role).engine_log)
         try:
             session.measure(role, engine, out_dir / role, on_rung)
         finally:
-            with engine_log(out_dir / role / "engine.log", engine.log_libraries):
+            with engine_log(ReportDir(out_dir).arm(role).engine_log, engine.log_libraries):
                 engine.close()
     result = session.result()
     return BenchOutcome(result, write_speed(result, out_dir))

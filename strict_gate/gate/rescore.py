@@ -19,9 +19,11 @@ import msgspec
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
-from strict_gate.gate.run import GateOutcome, build_rescorer, judge
+from strict_gate.gate.judgement import judge
+from strict_gate.gate.run import GateOutcome, build_rescorer
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
+from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
 from strict_gate.report import write_reports
 from strict_gate.runs.reader import load_run
@@ -75,12 +77,14 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     prompt_set = msgspec.to_builtins(old.prompt_set) if old.prompt_set is not None else dict(ref.manifest.prompt_set)
     engine, rescorer_arm = _scorer(cfg, report_dir)
     try:
-        result = judge(
-            cfg.name, prompt_set, ref.manifest.sampling, ref, cand,
-            prompt_ids=[p.id for p in old.prompts] or None,
-            policy=old.policy or cfg.policy, band=cfg.band if old.band is None else old.band,
-            problems=list(old.problems), rescorer=engine, config=config, greedy_tolerance=cfg.greedy_tolerance,
+        spec = GateSpec(
+            name=cfg.name,
+            prompt_set=PromptSetRef.stored(prompt_set, [p.id for p in old.prompts] or None),
+            sampling=ref.manifest.sampling, policy=old.policy or cfg.policy,
+            band=cfg.band if old.band is None else old.band, greedy_tolerance=cfg.greedy_tolerance,
+            config=ConfigRef.from_json(config, where=str(report_dir / "report.json")) if config else None,
         )
+        result = judge(spec, ref, cand, problems=list(old.problems), rescorer=engine)
         if rescorer_arm and result.diagnoses:
             result = replace(result, rescorer=engine.info())
     finally:

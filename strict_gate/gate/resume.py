@@ -17,11 +17,13 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.errors import InputError
 from strict_gate.gate.arm import prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, judge, play_gate
-from strict_gate.gate.state import GateState, check_unchanged, read_gate_state
+from strict_gate.gate.judgement import gate_spec, judge
+from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, play_gate
+from strict_gate.gate.state import check_unchanged, read_gate_state
+from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import MANIFEST, Run, Sampling
+from strict_gate.runs.records import Run, Sampling
 
 
 @dataclass(frozen=True)
@@ -59,27 +61,17 @@ def _check_run_fits(run: Run, role: str, arm: ArmConfig, ps: PromptSet, sampling
             )
 
 
-def _stored_runs(report_dir: Path, cfg: GateConfig, ps: PromptSet, sampling: Sampling) -> dict[str, Run]:
+def _stored_runs(report: ReportDir, cfg: GateConfig, ps: PromptSet, sampling: Sampling) -> dict[str, Run]:
     """The arms' runs as far as they got, re-validated (a torn last line is dropped). An arm
     that never wrote its manifest had not started."""
     runs = {}
     for role in ROLES:
-        d = report_dir / role
-        if (d / MANIFEST).exists():
-            run = load_run(d, allow_incomplete=True)
+        d = report.arm(role)
+        if d.manifest.exists():
+            run = load_run(d.path, allow_incomplete=True)
             _check_run_fits(run, role, getattr(cfg, role), ps, sampling)
             runs[role] = run
     return runs
-
-
-def _rejudge(cfg: GateConfig, state: GateState, ps: PromptSet, sampling: Sampling, runs: dict[str, Run]):
-    """A finished gate's verdict from its stored runs, with no engine loaded."""
-    return judge(
-        cfg.name, {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}, sampling,
-        runs["reference"], runs["candidate"], prompt_ids=ps.ids, policy=state.policy, band=state.band,
-        problems=[], config={"path": state.config_path, "base_dir": state.base_dir},
-        greedy_tolerance=cfg.greedy_tolerance,
-    )
 
 
 def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None) -> ResumeOutcome:
@@ -87,30 +79,26 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
     set, a run that does not fit, a record that fails validation, prompts now tokenized
     differently) is refused, exit 2, before any engine starts; an engine whose versions
     changed is refused once started."""
-    report_dir = Path(report_dir)
-    state = read_gate_state(report_dir)
-    cfg = load_gate_config(report_dir / "gate.toml", base_dir=Path(state.base_dir))
+    report = ReportDir(Path(report_dir))
+    state = read_gate_state(report)
+    cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
     ps = load_prompts(cfg.prompts)
     check_unchanged(state, cfg, ps)
-    policy = state.policy
-    sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
-    prior = _stored_runs(report_dir, cfg, ps, sampling)
+    spec = gate_spec(cfg, ps, policy=state.policy, band=state.band, config=state.config)
+    prior = _stored_runs(report, cfg, ps, spec.sampling)
     done = {role for role, run in prior.items() if run.complete}
-    if done == set(ROLES) and (report_dir / "report.json").exists():
-        result = _rejudge(cfg, state, ps, sampling, prior)
+    if done == set(ROLES) and report.report_json.exists():  # a finished gate: its verdict, no engine loaded
+        result = judge(spec, prior["reference"], prior["candidate"])
         kept = {role: len(prior[role].records) for role in ROLES}
-        return ResumeOutcome(GateOutcome(result, report_dir), kept, dict.fromkeys(ROLES, 0), True)
+        return ResumeOutcome(GateOutcome(result, report.path), kept, dict.fromkeys(ROLES, 0), True)
     reference = cfg.reference.build()
     candidate = cfg.candidate.build()
     if "reference" not in done:
-        reference.check_compatible(ps.sha256, sampling)
-    with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
+        reference.check_compatible(ps.sha256, spec.sampling)
+    with engine_log(report.arm("reference").engine_log, reference.log_libraries):
         inputs = prompt_inputs(ps, reference) if done != set(ROLES) else []
-    result = play_gate(
-        cfg, ps, inputs, report_dir, reference=reference, candidate=candidate, owned=set(ROLES),
-        policy=policy, band=state.band, progress=progress, prior=prior,
-        config={"path": state.config_path, "base_dir": state.base_dir},
-    )
+    result = play_gate(cfg, spec, ps, inputs, report, reference=reference, candidate=candidate, owned=set(ROLES),
+                       progress=progress, prior=prior)
     records = {"candidate": result.candidate_records, "reference": result.reference_records}
     kept = {}
     for role in ROLES:
@@ -121,4 +109,4 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
         else:
             kept[role] = 0
     generated = {role: len(records[role]) - kept[role] for role in ROLES}
-    return ResumeOutcome(GateOutcome(result, report_dir), kept, generated, False)
+    return ResumeOutcome(GateOutcome(result, report.path), kept, generated, False)

@@ -2,42 +2,45 @@
 
 The candidate runs first and is stopped before the reference starts, so a GPU holds one
 engine at a time; the reference stays loaded for teacher-forced re-scoring and is loaded
-exactly once per gate.
+exactly once per gate. `play_gate` reads as the gate's phases, in the order they run.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
-from strict_gate.core.redact import redact_toml, scrub_tree
-from strict_gate.engines.base import Engine
-from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError
-from strict_gate.gate.arm import OnRecord, determinism_summary, prompt_inputs, run_arm
-from strict_gate.gate.bench import gate_speed, timed_run
+from strict_gate.core.redact import redact_toml
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import EngineError, IncompleteRunError, InputError
+from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
+from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
+from strict_gate.gate.judgement import compare, gate_spec, judge
+from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.state import write_gate_state
-from strict_gate.judge.compare import DEFAULT_BAND, check_band, compare_runs
-from strict_gate.judge.diagnose import DIAGNOSED, diagnose
+from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
-from strict_gate.judge.policy import Policy, apply_policy, check_policy
+from strict_gate.judge.policy import Policy, check_policy
+from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.staleness import baseline_staleness
 from strict_gate.report import GateResult
-from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, check_comparable
+from strict_gate.runs.audit import check_comparable
+from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Run, Sampling, now_iso, write_text_atomic
+from strict_gate.runs.records import Run, Sampling, write_text_atomic
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
-RESCORER_LOG = "rescorer.log"
 ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
+DIVERGED = (Status.DIVERGENT, Status.NEAR_TIE)  # what teacher-forced diagnosis re-scores
 
 
 @dataclass(frozen=True)
@@ -56,93 +59,6 @@ def new_report_dir(output_dir: Path, name: str) -> Path:
         path = Path(f"{base}-{n}")
     path.mkdir(parents=True)
     return inside(path, output_dir)
-
-
-def valid_band(band: float) -> float:
-    """A band given on the command line or by a caller: finite and >= 0, else bad input."""
-    try:
-        return check_band(band)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _arm(engine: Engine, label: str, inputs, sampling, out: Path, ps: PromptSet, runs: int,
-         progress: ProgressHook | None, problems: list[str], prior: Run | None = None) -> Run:
-    """Run an arm (or what an interrupted one left); an engine failure keeps the prompts done
-    and becomes a stated problem."""
-    on_record = None
-    if progress:
-        done = {r.id for r in prior.records.values() if r.error is None} if prior else set()
-        left = sum(1 for p in inputs if p.id not in done)
-        on_record = progress(f"{label} (resumed, {len(inputs) - left} kept)" if prior else label, left)
-    try:
-        return run_arm(engine, inputs, sampling, out, prompt_set=ps, runs=runs, on_record=on_record,
-                       resume_from=prior)
-    except (EngineError, IncompleteRunError) as e:
-        problems.append(f"{label} engine failed: {e}")
-        return load_run(out, allow_incomplete=True)
-
-
-def judge(
-    name: str,
-    ps_info: dict,
-    sampling: Sampling,
-    ref: Run,
-    cand: Run,
-    *,
-    prompt_ids: list[str] | None,
-    policy: Policy | str,
-    band: float,
-    problems: list[str],
-    rescorer: Engine | None = None,
-    config: dict | None = None,
-    diagnose_wanted: bool = False,
-    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
-) -> GateResult:
-    """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
-    policy = check_policy(policy)
-    band = valid_band(band)
-    for label, run in (("reference", ref), ("candidate", cand)):
-        if not run.complete and not any(p.startswith(label) for p in problems):
-            problems.append(f"{label} run is {run.manifest.status}: {run.manifest.error or 'not finished'}")
-    comparison = compare_runs(
-        ref.records, cand.records, band=band, prompt_ids=prompt_ids, greedy_tolerance=greedy_tolerance
-    )
-    verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
-    diagnoses = {}
-    notes: list[str] = []
-    rescored_by = None
-    if rescorer is not None and rescorer.can_score:
-        with engine_log(Path(ref.path) / "engine.log", rescorer.log_libraries):  # a rescorer's start-up too
-            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, sampling.top_logprobs)
-        rescored_by = f"{rescorer.kind} {rescorer.info().model}" if diagnoses else None
-    elif diagnose_wanted and any(p.status in DIAGNOSED for p in comparison.prompts):
-        notes.append(
-            "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
-            "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`"
-        )
-    sampled = [r for r in ref.records.values() if r.samples]
-    resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
-    return GateResult(
-        name=name,
-        created=now_iso(),
-        verdict=verdict,
-        comparison=comparison,
-        reference=ref.manifest.engine,
-        candidate=cand.manifest.engine,
-        prompt_set=ps_info,
-        sampling=sampling,
-        reference_records=ref.records,
-        candidate_records=cand.records,
-        diagnoses=diagnoses,
-        runs={"reference": ref.path, "candidate": cand.path},
-        determinism=determinism_summary(list(ref.records.values())) if sampled else None,
-        problems=tuple(problems),
-        config=config,
-        notes=tuple(notes),
-        rescored_by=rescored_by,
-        resumed={label: entries for label, entries in resumed.items() if entries},
-    )
 
 
 def compare_run_dirs(
@@ -174,10 +90,9 @@ def compare_run_dirs(
                 path=str(prompts),
             )
         prompt_ids = ps.ids
-    result = judge(
-        f"{ref_dir.name}-vs-{cand_dir.name}", ps_info, ref.manifest.sampling, ref, cand,
-        prompt_ids=prompt_ids, policy=policy, band=band, problems=[],
-    )
+    spec = GateSpec(name=f"{ref_dir.name}-vs-{cand_dir.name}", prompt_set=PromptSetRef.stored(ps_info, prompt_ids),
+                    sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
+    result = judge(spec, ref, cand)
     if out is not None:
         from strict_gate.report import write_reports
 
@@ -185,32 +100,13 @@ def compare_run_dirs(
     return result
 
 
-def _rescorer(cfg: GateConfig, reference: Engine, ref_run: Run, cand_run: Run, band: float, report_dir: Path,
-              *, reference_live: bool = True, built: Engine | None = None) -> Engine | None:
-    """The engine that re-scores divergences: the live reference, else the [rescorer] arm.
-    One not already loaded (a baseline's rescorer, the reference of a resumed gate whose
-    reference arm had finished) is used only when something diverged."""
-    if not ref_run.complete:
-        return None
-    if reference.can_score and reference_live:
-        return reference
-    diverged = compare_runs(
-        ref_run.records, cand_run.records, band=band, greedy_tolerance=cfg.greedy_tolerance
-    ).summary.counts
-    if not any(diverged.get(s) for s in DIAGNOSED):
-        return None
-    if reference.can_score:
-        return reference
-    if cfg.rescorer is None:
-        return None
-    return built or build_rescorer(cfg, report_dir)  # built: the speed arm's stand-in, one load for both
-
-
 def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
     """The [rescorer] arm (not started); a process it runs logs to <report dir>/rescorer.log,
     which the report names (engines.rescorer), not to a temp file nobody finds."""
+    if cfg.rescorer is None:
+        raise TypeError("the gate config has no [rescorer] arm")
     engine = cfg.rescorer.build()
-    engine.set_log_path(report_dir / RESCORER_LOG)
+    engine.set_log_path(ReportDir(report_dir).rescorer_log)
     return engine
 
 
@@ -253,41 +149,193 @@ def run_gate(
     """Run a gate. `engines` may hand in already-started engines by role ("reference",
     "candidate"); the caller owns those and the gate does not close them."""
     ps = load_prompts(cfg.prompts)
-    sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
-    policy = check_policy(policy or cfg.policy)
-    band = cfg.band if band is None else valid_band(band)
+    spec = gate_spec(cfg, ps, policy=policy, band=band)
     ensure_writable_dir(output_dir or cfg.output_dir)
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
     candidate = given.get("candidate") or cfg.candidate.build()
-    reference.check_compatible(ps.sha256, sampling)
-    report_dir = new_report_dir(output_dir or cfg.output_dir, cfg.name)
+    reference.check_compatible(ps.sha256, spec.sampling)
+    report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
     try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
-        with engine_log(report_dir / "reference" / "engine.log", reference.log_libraries):
+        with engine_log(report.arm("reference").engine_log, reference.log_libraries):
             inputs = prompt_inputs(ps, reference)
     except BaseException:
-        shutil.rmtree(report_dir, ignore_errors=True)  # bad input: no half-made report directory
+        shutil.rmtree(report.path, ignore_errors=True)  # bad input: no half-made report directory
         raise
-    write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
-    write_gate_state(report_dir, cfg, ps, policy=policy, band=band)  # what `gate --resume` needs
-    result = play_gate(
-        cfg, ps, inputs, report_dir, reference=reference, candidate=candidate, owned=set(ROLES) - set(given),
-        policy=policy, band=band, progress=progress,
-        config={"path": str(Path(cfg.path).resolve()), "base_dir": str(cfg.reference.base_dir)},
-    )
-    return GateOutcome(result, report_dir)
+    write_text_atomic(report.gate_toml, redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
+    write_gate_state(report, cfg, ps, spec)  # what `gate --resume` needs
+    result = play_gate(cfg, spec, ps, inputs, report, reference=reference, candidate=candidate,
+                       owned=set(ROLES) - set(given), progress=progress)
+    return GateOutcome(result, report.path)
 
 
-def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: PromptSet, band: float,
-                progress: ProgressHook | None, notes: list[str]) -> DriftReport | None:
+@dataclass(frozen=True)
+class _Gate:
+    """What every phase of one gate reads: its settings, prompts, engines and report directory."""
+
+    cfg: GateConfig
+    spec: GateSpec
+    ps: PromptSet
+    inputs: list[PromptInput]
+    report: ReportDir
+    progress: ProgressHook | None
+    prior: Mapping[str, Run]  # the runs an interrupted gate left, by role
+    reference: Engine
+    candidate: Engine
+    speed: SpeedSession | None  # the [speed] arm
+    speed_ref: Engine | None  # the engine it times as the reference: the reference, or the [rescorer]
+
+    def engine(self, role: str) -> Engine:
+        return self.reference if role == "reference" else self.candidate
+
+    def done(self, role: str) -> Run | None:
+        """The run an interrupted gate had finished for this arm (its engine is not started)."""
+        run = self.prior.get(role)
+        return run if run is not None and run.complete else None
+
+
+def play_gate(
+    cfg: GateConfig,
+    spec: GateSpec,
+    ps: PromptSet,
+    inputs: list[PromptInput],
+    report: ReportDir,
+    *,
+    reference: Engine,
+    candidate: Engine,
+    owned: set[str],
+    progress: ProgressHook | None,
+    prior: Mapping[str, Run] | None = None,
+) -> GateResult:
+    """Run both arms into the report directory (candidate first), judge, diagnose and write the reports.
+
+    `prior` holds the runs an interrupted gate left: a complete one is kept as it is (its
+    engine is not started), an unfinished one is continued. Engines in `owned` are closed."""
+    speed, speed_ref = gate_speed(cfg, inputs, reference, candidate, lambda: build_rescorer(cfg, report.path))
+    g = _Gate(cfg, spec, ps, inputs, report, progress, prior or {}, reference, candidate, speed, speed_ref)
+    problems: list[str] = []  # arm failures, in words
+    drift_notes: list[str] = []
+    with Lifetimes(report) as engines:
+        for role in ("reference", "candidate"):  # closed on the way out in the other order
+            if role in owned:
+                engines.own(role, g.engine(role))
+        cand_run, drift = _candidate_phase(g, engines, problems, drift_notes)
+        ref_run = _arm_phase(g, "reference", problems)
+        comparison = compare(spec, ref_run, cand_run)  # once: the rescorer is chosen on it too
+        rescorer = _rescorer(g, ref_run, comparison)
+        extras = [e for e in (rescorer, speed_ref) if e is not None and e is not reference]  # the gate built them
+        engines.own("reference", *extras)
+        result = _rescore_phase(g, ref_run, cand_run, comparison, rescorer, problems)
+        result = _speed_phase(g, ref_run, result)
+        engines.close(*extras)
+        result = _drift_phase(g, engines, ref_run, result, drift, drift_notes)
+    return _write_phase(result, report)
+
+
+def _arm_phase(g: _Gate, role: str, problems: list[str]) -> Run:
+    """An arm's run: kept when an interrupted gate had finished it, else run (or continued
+    where it stopped). An engine failure keeps the prompts done and becomes a stated problem."""
+    done = g.done(role)
+    if done is not None:
+        return done
+    prior = g.prior.get(role)
+    out = g.report.arm(role).path
+    on_record = None
+    if g.progress:
+        kept = {r.id for r in prior.records.values() if r.error is None} if prior else set()
+        left = sum(1 for p in g.inputs if p.id not in kept)
+        on_record = g.progress(f"{role} (resumed, {len(g.inputs) - left} kept)" if prior else role, left)
+    try:
+        return run_arm(g.engine(role), g.inputs, g.spec.sampling, out, prompt_set=g.ps,
+                       runs=g.cfg.reference.runs if role == "reference" else 1, on_record=on_record, resume_from=prior)
+    except (EngineError, IncompleteRunError) as e:
+        problems.append(f"{role} engine failed: {e}")
+        return load_run(out, allow_incomplete=True)
+
+
+def _candidate_phase(g: _Gate, engines: Lifetimes, problems: list[str],
+                     notes: list[str]) -> tuple[Run, DriftReport | None]:
+    """The candidate's run, timed on the engine it just ran on; with a stored reference, whose
+    tokens are known, its drift too (no extra load). Then the candidate is stopped."""
+    cand_run = _arm_phase(g, "candidate", problems)
+    if g.speed is not None:
+        timed_run(g.speed, "candidate", g.candidate, cand_run, g.report.arm("candidate").path)
+    drift = None
+    if g.cfg.drift and g.reference.replays_run:
+        drift = _drift_pass(g, g.reference.run.records, notes)
+    engines.close(g.candidate)
+    return cand_run, drift
+
+
+def _rescorer(g: _Gate, ref_run: Run, comparison: Comparison) -> Engine | None:
+    """The engine that re-scores divergences: the live reference, else the [rescorer] arm.
+    One not already loaded (a baseline's rescorer, the reference of a resumed gate whose
+    reference arm had finished) is used only when something diverged."""
+    if not g.cfg.diagnose or not ref_run.complete:
+        return None
+    reference_live = g.done("reference") is None
+    if g.reference.can_score and reference_live:
+        return g.reference
+    if not any(comparison.summary.counts.get(s) for s in DIVERGED):
+        return None
+    if g.reference.can_score:
+        return g.reference
+    if g.cfg.rescorer is None:
+        return None
+    built = g.speed_ref if g.speed_ref is not g.reference else None  # the speed arm's stand-in: one load for both
+    return built or build_rescorer(g.cfg, g.report.path)
+
+
+def _rescore_phase(g: _Gate, ref_run: Run, cand_run: Run, comparison: Comparison, rescorer: Engine | None,
+                   problems: list[str]) -> GateResult:
+    """The verdict, with the divergences re-scored by `rescorer`; a gate that wanted diagnosis
+    and had no engine for it says so."""
+    result = judge(g.spec, ref_run, cand_run, problems=problems, rescorer=rescorer, comparison=comparison)
+    if rescorer is not None and rescorer is not g.reference and result.diagnoses:
+        result = replace(result, rescorer=rescorer.info())
+    scored = rescorer is not None and rescorer.can_score
+    if g.cfg.diagnose and not scored and any(p.status in DIVERGED for p in comparison.prompts):
+        result = replace(result, notes=(*result.notes, (
+            "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
+            "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`")))
+    return result
+
+
+def _speed_phase(g: _Gate, ref_run: Run, result: GateResult) -> GateResult:
+    """The [speed] arm's reference side, timed on the engine still loaded, and its verdict."""
+    if g.speed is None or g.speed_ref is None:
+        return result
+    timed_run(g.speed, "reference", g.speed_ref, ref_run if g.speed_ref is g.reference else None,
+              g.report.arm("reference").path)
+    return replace(result, speed=g.speed.result())
+
+
+def _drift_phase(g: _Gate, engines: Lifetimes, ref_run: Run, result: GateResult, drift: DriftReport | None,
+                 notes: list[str]) -> GateResult:
+    """With a live reference: stop it and restart the candidate to score the reference's tokens
+    (one engine at a time). The drift, measured here or in the candidate phase, joins the result."""
+    if g.cfg.drift and not g.reference.replays_run:
+        engines.close(g.reference)
+        engines.reopen(g.candidate)
+        drift = _drift_pass(g, ref_run.records, notes)
+        engines.close(g.candidate)
+    if drift is not None:
+        drift = drift.with_divergences(
+            {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
+        )
+    return replace(result, drift=drift, notes=result.notes + tuple(notes))
+
+
+def _drift_pass(g: _Gate, ref_records: Mapping, notes: list[str]) -> DriftReport | None:
     """Teacher-force every reference token sequence through the candidate (gate option `drift`).
     A candidate that cannot score, or fails to start, gives no drift, stated in a note (drift
     informs; it never changes the verdict)."""
+    candidate = g.candidate
     if not candidate.can_score:
         notes.append(f"drift not measured: the candidate engine ({candidate.kind}) cannot score")
         return None
-    on_record = progress("drift (candidate scores the reference)", len(ps.ids)) if progress else None
-    k = cfg.top_logprobs
+    on_record = g.progress("drift (candidate scores the reference)", len(g.ps.ids)) if g.progress else None
+    k = g.spec.sampling.top_logprobs
 
     def score(ref):
         t0 = time.perf_counter()
@@ -305,100 +353,18 @@ def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: Promp
             notes.append(f"drift not measured: the candidate engine did not start: {type(e).__name__}: {e}")
             return None
         t1 = time.perf_counter()
-        drift = measure_drift(ref_records, ps.ids, score, k=k, band=band,
+        drift = measure_drift(ref_records, g.ps.ids, score, k=k, band=g.spec.band,
                               scored_by=f"{candidate.kind} {candidate.info().model}")
     return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
 
 
-def _close(engine: Engine, run_dir: Path) -> None:
-    """Stop an engine; what it logs on the way out (vLLM's shutdown) goes to its engine.log."""
-    with engine_log(run_dir / "engine.log", engine.log_libraries):
-        engine.close()
-
-
-def play_gate(
-    cfg: GateConfig,
-    ps: PromptSet,
-    inputs,
-    report_dir: Path,
-    *,
-    reference: Engine,
-    candidate: Engine,
-    owned: set[str],
-    policy: Policy,
-    band: float,
-    progress: ProgressHook | None,
-    config: dict,
-    prior: dict[str, Run] | None = None,
-) -> GateResult:
-    """Run both arms into report_dir (candidate first), judge, diagnose and write the reports.
-
-    `prior` holds the runs an interrupted gate left: a complete one is kept as it is (its
-    engine is not started), an unfinished one is continued. Engines in `owned` are closed."""
-    prior = prior or {}
-    sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
-    problems: list[str] = []
-    done = {role: run for role, run in prior.items() if run.complete}
-    drift, drift_notes = None, []
-    speed, speed_ref = gate_speed(cfg, inputs, reference, candidate, lambda: build_rescorer(cfg, report_dir))
-    try:
-        try:
-            cand_run = done.get("candidate") or _arm(
-                candidate, "candidate", inputs, sampling, report_dir / "candidate", ps, 1, progress, problems,
-                prior.get("candidate"),
-            )
-            if speed is not None:  # timed on the engine the arm just ran, before it is stopped
-                timed_run(speed, "candidate", candidate, cand_run, report_dir / "candidate")
-            if cfg.drift and reference.replays_run:  # the baseline's tokens are known: no extra load
-                drift = _drift_pass(candidate, reference.run.records, cfg, ps, band, progress, drift_notes)
-        finally:
-            if "candidate" in owned:
-                _close(candidate, report_dir / "candidate")
-        ref_run = done.get("reference") or _arm(
-            reference, "reference", inputs, sampling, report_dir / "reference", ps, cfg.reference.runs,
-            progress, problems, prior.get("reference"),
-        )
-        ps_info = {"name": ps.name, "sha256": ps.sha256, "count": len(ps), "path": str(cfg.prompts)}
-        rescorer = (
-            _rescorer(cfg, reference, ref_run, cand_run, band, report_dir, reference_live="reference" not in done,
-                      built=speed_ref if speed_ref is not reference else None)
-            if cfg.diagnose else None
-        )
-        try:
-            result = judge(
-                cfg.name, ps_info, sampling, ref_run, cand_run,
-                prompt_ids=ps.ids, policy=policy, band=band, problems=problems, rescorer=rescorer,
-                diagnose_wanted=cfg.diagnose, greedy_tolerance=cfg.greedy_tolerance, config=config,
-            )
-            if rescorer is not None and rescorer is not reference and result.diagnoses:
-                result = replace(result, rescorer=rescorer.info())
-            if speed is not None:
-                timed_run(speed, "reference", speed_ref, ref_run if speed_ref is reference else None,
-                          report_dir / "reference")
-                result = replace(result, speed=speed.result())
-        finally:
-            for extra in {id(e): e for e in (rescorer, speed_ref) if e is not None and e is not reference}.values():
-                _close(extra, report_dir / "reference")
-        if cfg.drift and not reference.replays_run:
-            if "reference" in owned:
-                _close(reference, report_dir / "reference")  # one engine at a time: the candidate restarts
-            try:
-                drift = _drift_pass(candidate, ref_run.records, cfg, ps, band, progress, drift_notes)
-            finally:
-                if "candidate" in owned:
-                    _close(candidate, report_dir / "candidate")
-        if drift is not None:
-            drift = drift.with_divergences(
-                {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
-            )
-        result = replace(result, drift=drift, notes=result.notes + tuple(drift_notes))
-    finally:
-        if "reference" in owned:
-            _close(reference, report_dir / "reference")
-        scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
+def _write_phase(result: GateResult, report: ReportDir) -> GateResult:
+    """The baseline's staleness and the trend join the result; the reports are written, and
+    tonight is appended to the output directory's history."""
     from strict_gate.report import write_reports
 
-    result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)), report_dir)
-    write_reports(result, report_dir)
-    append_history(report_dir.parent, night)
+    result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)),
+                                 report.path)
+    write_reports(result, report.path)
+    append_history(report.path.parent, night)
     return result

@@ -1,9 +1,10 @@
 """gate-state.json: what `strict-gate gate --resume` needs, written when a gate starts.
 
 An interrupted gate has no report.json, so the facts a resume depends on are recorded up
-front, atomically: where the config came from (its relative paths resolve against that
-folder, not the report directory), the policy and band in force (the command line may
-have overridden the config's), and a fingerprint of every setting in the config. A resume
+front, atomically, from the gate's GateSpec: where the config came from (its relative paths
+resolve against that folder, not the report directory), the policy and band in force (the
+command line may have overridden the config's), and a fingerprint of every setting in the
+config. A resume
 refuses a gate.toml or prompt set that no longer matches, naming the setting. The
 fingerprint holds digests, not values: an arm's env or options may carry secrets.
 """
@@ -13,24 +14,23 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from strict_gate.core.redact import is_secret_name
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.policy import Policy, check_policy
+from strict_gate.judge.spec import ConfigRef, GateSpec
+from strict_gate.runs.layout import ReportDir, ReportFile
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import now_iso, write_json_atomic
 
-STATE = "gate-state.json"
 STATE_SCHEMA = "strict-gate/gate-state@1"
 PROMPT_SHA = "prompt set sha256"
 
 
 @dataclass(frozen=True)
 class GateState:
-    config_path: str  # the config the gate was started with (REPORT_DIR/gate.toml is its copy)
-    base_dir: str  # where its relative paths resolve
+    config: ConfigRef  # the config the gate was started with (REPORT_DIR/gate.toml is its copy)
     policy: Policy
     band: float
     prompt_sha256: str
@@ -41,7 +41,7 @@ class GateState:
         return {
             "schema": STATE_SCHEMA,
             "started": self.started,
-            "config": {"path": self.config_path, "base_dir": self.base_dir},
+            "config": self.config.to_json(),
             "policy": self.policy,
             "band": self.band,
             "prompt_set": {"sha256": self.prompt_sha256},
@@ -73,36 +73,37 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
     return {name: _digest(v) for name, v in values.items()}
 
 
-def write_gate_state(report_dir: Path, cfg: GateConfig, ps: PromptSet, *, policy: Policy, band: float) -> None:
+def write_gate_state(report: ReportDir, cfg: GateConfig, ps: PromptSet, spec: GateSpec) -> None:
+    """The spec the gate runs under, and the fingerprint of the config it was built from."""
+    if spec.config is None:
+        raise TypeError("a gate's spec names the config it came from")
     state = GateState(
-        config_path=str(Path(cfg.path).resolve()),
-        base_dir=str(cfg.reference.base_dir),
-        policy=policy,
-        band=band,
+        config=spec.config,
+        policy=spec.policy,
+        band=spec.band,
         prompt_sha256=ps.sha256,
         fingerprint=fingerprint(cfg, ps),
         started=now_iso(),
     )
-    write_json_atomic(report_dir / STATE, state.to_json())
+    write_json_atomic(report.state, state.to_json())
 
 
-def read_gate_state(report_dir: Path) -> GateState:
-    path = report_dir / STATE
-    if not (report_dir / "gate.toml").exists():
-        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
+def read_gate_state(report: ReportDir) -> GateState:
+    path = report.state
+    if not report.gate_toml.exists():
+        raise InputError(f"not a gate report directory ({ReportFile.GATE_TOML} is missing)", path=str(report.path))
     if not path.exists():
         raise InputError(
-            f"{STATE} is missing: the gate was stopped before it started its arms, or was run by a "
+            f"{ReportFile.STATE} is missing: the gate was stopped before it started its arms, or was run by a "
             "strict-gate without resume; start the gate again",
-            path=str(report_dir),
+            path=str(report.path),
         )
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
         if d.get("schema") != STATE_SCHEMA:
             raise InputError(f'"schema" is {d.get("schema")!r}; this version reads {STATE_SCHEMA!r}', path=str(path))
         return GateState(
-            config_path=str(d["config"]["path"]),
-            base_dir=str(d["config"]["base_dir"]),
+            config=ConfigRef(str(d["config"]["path"]), str(d["config"]["base_dir"])),
             policy=check_policy(str(d["policy"])),
             band=float(d["band"]),
             prompt_sha256=str(d["prompt_set"]["sha256"]),

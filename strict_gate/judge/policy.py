@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from strict_gate.errors import ConfigError, ExitCode
-from strict_gate.judge.compare import UNCOMPARED, Comparison, Status
+from strict_gate.judge.compare import UNCOMPARED, Comparison, PromptComparison, Status
 from strict_gate.runs.records import Record
 
 
@@ -33,6 +33,7 @@ class VerdictKind(StrEnum):
 
 
 POLICIES = tuple(p.value for p in Policy)
+NAMED = 20  # failing (or uncompared) prompts named in a verdict's reasons
 
 
 @dataclass(frozen=True)
@@ -83,95 +84,105 @@ def apply_policy(
     a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge."""
     policy = check_policy(policy)
     if policy == Policy.DISTRIBUTIONAL:
-        lacking = [p.id for p in comparison.prompts if reference.get(p.id) is not None and reference[p.id].samples is None]
-        if lacking:
-            raise ConfigError(
-                f"policy 'distributional' needs the reference's samples, and {len(lacking)} prompt(s) have none "
-                f"(first: {lacking[0]!r}); capture a baseline with `strict-gate capture --runs K` or pick "
-                "another policy"
-            )
-    verdicts: list[PromptVerdict] = []
-    notes: list[str] = []
-    unsampled = 0
-    for pc in comparison.prompts:
-        rule = policy
-        if policy == Policy.AUTO:
-            agree = _samples_agree(reference.get(pc.id))
-            if agree is None:
-                unsampled += 1
-            rule = Policy.DISTRIBUTIONAL if agree is False else Policy.STRICT
-        if pc.status in UNCOMPARED:
-            verdicts.append(PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}"))
-            continue
-        if pc.status == Status.TOKENIZATION_MISMATCH:
-            verdicts.append(PromptVerdict(pc.id, False, rule, f"tokenization mismatch: {pc.detail}"))
-            continue
-        if pc.status == Status.NOT_GREEDY:  # fails every policy: the arm did not decode greedily
-            verdicts.append(PromptVerdict(pc.id, False, rule, f"not greedy: {pc.detail}"))
-            continue
-        if rule == Policy.DISTRIBUTIONAL:
-            rec, cand = reference[pc.id], candidate[pc.id]
-            hit = next((k for k, s in enumerate(rec.samples or ()) if s == cand.token_ids), None)
-            if hit is None:
-                verdicts.append(
-                    PromptVerdict(pc.id, False, rule, f"equals none of the reference's {len(rec.samples or ())} samples")
-                )
-            else:
-                verdicts.append(PromptVerdict(pc.id, True, rule, f"equals reference sample {hit}"))
-            continue
-        if pc.status == Status.MATCH:
-            verdicts.append(PromptVerdict(pc.id, True, rule, "exact match"))
-        elif pc.status == Status.NEAR_TIE and rule == Policy.NEAR_TIE:
-            d = pc.first_divergence
-            verdicts.append(
-                PromptVerdict(pc.id, True, rule, f"near-tie at position {d.position}: {d.reason}")
-            )
-        else:
-            d = pc.first_divergence
-            where = f" at position {d.position}" if d else ""
-            why = f": {d.reason}" if d else ""
-            extra = " (a near-tie fails under strict)" if pc.status == Status.NEAR_TIE else ""
-            verdicts.append(PromptVerdict(pc.id, False, rule, f"{pc.status}{where}{why}{extra}"))
-    if policy == Policy.AUTO:
-        if unsampled == len(comparison.prompts) and comparison.prompts:
-            notes.append(
-                "auto: the reference has no repeated samples, so its determinism is unmeasured; strict applied"
-            )
-        elif unsampled:
-            notes.append(f"auto: {unsampled} prompt(s) without reference samples were judged strictly")
-        nd = sum(1 for v in verdicts if v.rule == Policy.DISTRIBUTIONAL)
-        if nd:
-            notes.append(f"auto: {nd} prompt(s) where the reference disagrees with itself were judged distributionally")
+        _require_samples(comparison, reference)
+    verdicts = tuple(
+        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate) for pc in comparison.prompts
+    )
+    notes = _auto_notes(comparison, verdicts, reference) if policy == Policy.AUTO else ()
+    verdict, reasons = _outcome(comparison, verdicts, policy, run_problems)
+    return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
 
+
+def _require_samples(comparison: Comparison, reference: dict[str, Record]) -> None:
+    """Policy distributional compares with the reference's K samples: without them it is bad input."""
+    lacking = [p.id for p in comparison.prompts if reference.get(p.id) is not None and reference[p.id].samples is None]
+    if lacking:
+        raise ConfigError(
+            f"policy 'distributional' needs the reference's samples, and {len(lacking)} prompt(s) have none "
+            f"(first: {lacking[0]!r}); capture a baseline with `strict-gate capture --runs K` or pick "
+            "another policy"
+        )
+
+
+def _rule(policy: Policy, rec: Record | None) -> Policy:
+    """The rule one prompt is judged by: auto is distributional where the reference disagrees
+    with itself across its samples, strict elsewhere."""
+    if policy != Policy.AUTO:
+        return policy
+    return Policy.DISTRIBUTIONAL if _samples_agree(rec) is False else Policy.STRICT
+
+
+def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: dict[str, Record],
+                    candidate: dict[str, Record]) -> PromptVerdict:
+    if pc.status in UNCOMPARED:
+        return PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}")
+    if pc.status == Status.TOKENIZATION_MISMATCH:
+        return PromptVerdict(pc.id, False, rule, f"tokenization mismatch: {pc.detail}")
+    if pc.status == Status.NOT_GREEDY:  # fails every policy: the arm did not decode greedily
+        return PromptVerdict(pc.id, False, rule, f"not greedy: {pc.detail}")
+    if rule == Policy.DISTRIBUTIONAL:
+        return _distributional(pc, rule, reference[pc.id], candidate[pc.id])
+    if pc.status == Status.MATCH:
+        return PromptVerdict(pc.id, True, rule, "exact match")
+    return _diverged(pc, rule)
+
+
+def _distributional(pc: PromptComparison, rule: Policy, ref: Record, cand: Record) -> PromptVerdict:
+    """The candidate's tokens equal one of the reference's K captured samples, or they fail."""
+    hit = next((k for k, s in enumerate(ref.samples or ()) if s == cand.token_ids), None)
+    if hit is None:
+        return PromptVerdict(pc.id, False, rule, f"equals none of the reference's {len(ref.samples or ())} samples")
+    return PromptVerdict(pc.id, True, rule, f"equals reference sample {hit}")
+
+
+def _diverged(pc: PromptComparison, rule: Policy) -> PromptVerdict:
+    """A prompt whose tokens differ: it passes only as a near-tie under policy near-tie."""
+    d = pc.first_divergence
+    if pc.status == Status.NEAR_TIE and rule == Policy.NEAR_TIE:
+        return PromptVerdict(pc.id, True, rule, f"near-tie at position {d.position}: {d.reason}")
+    where = f" at position {d.position}" if d else ""
+    why = f": {d.reason}" if d else ""
+    extra = " (a near-tie fails under strict)" if pc.status == Status.NEAR_TIE else ""
+    return PromptVerdict(pc.id, False, rule, f"{pc.status}{where}{why}{extra}")
+
+
+def _auto_notes(comparison: Comparison, verdicts: tuple[PromptVerdict, ...],
+                reference: dict[str, Record]) -> tuple[str, ...]:
+    """What policy auto could not measure (prompts without samples) and where it went distributional."""
+    notes: list[str] = []
+    unsampled = sum(1 for pc in comparison.prompts if _samples_agree(reference.get(pc.id)) is None)
+    if unsampled == len(comparison.prompts) and comparison.prompts:
+        notes.append("auto: the reference has no repeated samples, so its determinism is unmeasured; strict applied")
+    elif unsampled:
+        notes.append(f"auto: {unsampled} prompt(s) without reference samples were judged strictly")
+    nd = sum(1 for v in verdicts if v.rule == Policy.DISTRIBUTIONAL)
+    if nd:
+        notes.append(f"auto: {nd} prompt(s) where the reference disagrees with itself were judged distributionally")
+    return tuple(notes)
+
+
+def _outcome(comparison: Comparison, verdicts: tuple[PromptVerdict, ...], policy: Policy,
+             run_problems: tuple[str, ...]) -> tuple[VerdictKind, tuple[str, ...]]:
+    """The gate's verdict and why, most important first. Never a pass with an arm's problem,
+    a prompt not compared, zero prompts or zero positions."""
     s = comparison.summary
-    failed = [v for v in verdicts if not v.passed]
     uncompared = [pc for pc in comparison.prompts if pc.status in UNCOMPARED]
-    failing = [v for v in failed if v.id not in {pc.id for pc in uncompared}]
-    reasons: list[str] = []
+    skipped = {pc.id for pc in uncompared}
+    failing = [v for v in verdicts if not v.passed and v.id not in skipped]
+    named = [f"{v.id}: {v.reason}" for v in failing[:NAMED]]
+    not_compared = f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared"
     if run_problems:
-        verdict = VerdictKind.INCOMPLETE
-        reasons += list(run_problems)
-        reasons.append(f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared")
-        reasons += [f"{v.id}: {v.reason}" for v in failing[:20]]
-    elif failing:
-        verdict = VerdictKind.FAIL
-        reasons.append(f"{len(failing)} of {s.prompts_total} prompt(s) fail policy {policy.value!r}")
-        reasons += [f"{v.id}: {v.reason}" for v in failing[:20]]
-        if len(failing) > 20:
-            reasons.append(f"... and {len(failing) - 20} more")
-    elif s.prompts_total == 0:
-        verdict = VerdictKind.INCOMPLETE
-        reasons.append("zero prompts were compared: an empty gate proves nothing")
-    elif uncompared:
-        verdict = VerdictKind.INCOMPLETE
-        reasons.append(f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared")
-        reasons += [f"{pc.id}: {pc.status}: {pc.detail}" for pc in uncompared[:20]]
-    elif s.positions_total == 0:
-        verdict = VerdictKind.INCOMPLETE
-        reasons.append("zero token positions were compared (every record is empty): an empty gate proves nothing")
-    else:
-        verdict = VerdictKind.PASS
-        reasons.append(f"all {s.prompts_total} prompts pass policy {policy.value!r}")
-    if uncompared and verdict == VerdictKind.FAIL:
-        reasons.append(f"also {len(uncompared)} prompt(s) not compared (missing or errored)")
-    return Verdict(verdict, policy, comparison.band, tuple(verdicts), tuple(reasons), tuple(notes))
+        return VerdictKind.INCOMPLETE, (*run_problems, not_compared, *named)
+    if failing:
+        more = [f"... and {len(failing) - NAMED} more"] if len(failing) > NAMED else []
+        also = [f"also {len(uncompared)} prompt(s) not compared (missing or errored)"] if uncompared else []
+        head = f"{len(failing)} of {s.prompts_total} prompt(s) fail policy {policy.value!r}"
+        return VerdictKind.FAIL, (head, *named, *more, *also)
+    if s.prompts_total == 0:
+        return VerdictKind.INCOMPLETE, ("zero prompts were compared: an empty gate proves nothing",)
+    if uncompared:
+        return VerdictKind.INCOMPLETE, (not_compared, *(f"{pc.id}: {pc.status}: {pc.detail}" for pc in uncompared[:NAMED]))
+    if s.positions_total == 0:
+        return VerdictKind.INCOMPLETE, (
+            "zero token positions were compared (every record is empty): an empty gate proves nothing",)
+    return VerdictKind.PASS, (f"all {s.prompts_total} prompts pass policy {policy.value!r}",)

@@ -25,8 +25,8 @@ from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import Policy, VerdictKind
 from strict_gate.judge.result import REPORT_SCHEMA
+from strict_gate.runs.layout import ReportDir
 
-REPORT_FILE = "report.json"
 REPORT_V1 = "strict-gate/report@1"
 REPORT_SCHEMAS = (REPORT_V1, REPORT_SCHEMA)  # every version this reader accepts; any other is refused
 HISTORY_SCHEMA = "strict-gate/history@1"
@@ -247,7 +247,7 @@ def read_regular(path: Path) -> bytes:
 def report_path(path: str | Path) -> Path:
     """A report directory or its report.json -> the report.json."""
     p = Path(path)
-    return p / REPORT_FILE if p.is_dir() else p
+    return ReportDir(p).report_json if p.is_dir() else p
 
 
 def load_report(path: str | Path) -> StoredReport:

@@ -23,7 +23,6 @@ from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
 from strict_gate.judge.stored import StoredReport, StoredSummary, load_report, report_of, report_path
 
-DIFF_FILE = "diff.json"
 DIFF_SCHEMA = "strict-gate/diff@1"
 ROWS_LISTED = 50  # rows per markdown table: a 10,000-prompt diff stays a summary (diff.json has all)
 IDS_LISTED = 30  # prompt ids per markdown list

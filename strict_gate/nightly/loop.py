@@ -19,16 +19,15 @@ from strict_gate.judge.history import DEFAULT_NIGHTS, HISTORY_MAX_LINES, load_hi
 from strict_gate.judge.stored import load_report, report_path
 from strict_gate.nightly.diff import (
     DEFAULT_FAIL_ON,
-    DIFF_FILE,
     ReportDiff,
     diff_reports,
     render_markdown,
     write_diff_json,
 )
 from strict_gate.report import GateResult
+from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
-SUMMARY_FILE = "summary.md"
 SUMMARY_MAX_BYTES = 512 << 10  # GitHub drops a step summary over 1 MiB, and with it the verdict
 NO_PREVIOUS = (
     "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, "
@@ -94,8 +93,8 @@ def previous_report(output_dir: Path, gate: str) -> Path | None:
     """The newest report of this gate in output_dir's history whose report.json still exists."""
     for entry in reversed(read_history(output_dir, DEFAULT_NIGHTS, gate=gate)):
         name = entry.get("report_dir")
-        if isinstance(name, str) and (output_dir / name / "report.json").is_file():
-            return output_dir / name / "report.json"
+        if isinstance(name, str) and ReportDir(output_dir / name).report_json.is_file():
+            return ReportDir(output_dir / name).report_json
     return None
 
 
@@ -114,7 +113,7 @@ def prune_reports(output_dir: Path, gate: str, keep: int) -> list[Path]:
     removed = []
     for name in dirs[:-keep]:
         d = output_dir / name
-        if d.is_dir() and (d / "gate.toml").is_file():
+        if d.is_dir() and ReportDir(d).gate_toml.is_file():
             shutil.rmtree(d)
             removed.append(d)
     return removed
@@ -139,10 +138,10 @@ def run_nightly(
     outcome = run_gate(cfg, output_dir=out, progress=progress)
     diff = None
     if old is not None:
-        new_path = outcome.report_dir / "report.json"
+        new_path = ReportDir(outcome.report_dir).report_json
         diff = diff_reports(old, load_report(new_path), fail_on=fail_on, old_path=str(prev), new_path=str(new_path))
-        write_diff_json(diff, outcome.report_dir / DIFF_FILE)
+        write_diff_json(diff, ReportDir(outcome.report_dir).diff)
     summary = capped(summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS))
-    write_text_atomic(outcome.report_dir / SUMMARY_FILE, summary)
+    write_text_atomic(ReportDir(outcome.report_dir).summary, summary)
     prune_reports(out, cfg.name, keep)
     return NightlyOutcome(outcome, prev, diff, summary)

@@ -17,16 +17,16 @@ from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report import html, junit, markdown
 from strict_gate.report.text import visible
+from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 FORMATS = ("json", "md", "html", "junit")
-FILES = {"json": "report.json", "md": "report.md", "html": "report.html", "junit": "junit.xml"}
 
 
 def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> dict[str, Path]:
     """Write the chosen formats; report.json goes last, so its presence means the set is whole."""
-    out = Path(out_dir)
+    out = ReportDir(Path(out_dir))
     result = scrub_obj(result)
     written = {}
     renderers = {
@@ -36,11 +36,11 @@ def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> d
     }
     for fmt in formats:
         if fmt != "json":
-            path = out / FILES[fmt]
+            path = out.report(fmt)
             write_text_atomic(path, visible(renderers[fmt](), keep_newlines=True))
             written[fmt] = path
     if "json" in formats:
-        path = out / FILES["json"]
+        path = out.report_json
         text = json.dumps(strict_json(to_json(result)), indent=2, ensure_ascii=False, allow_nan=False)
         write_text_atomic(path, text + "\n")
         written["json"] = path

@@ -14,6 +14,7 @@ from strict_gate.report import speed_view
 from strict_gate.report.drift_view import console_line
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, visible
+from strict_gate.runs.layout import ReportFile
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
           "not_comparable": "bold red"}
@@ -144,4 +145,4 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     if view is not None:
         print_speed(view, console)
     if report_dir:
-        console.print(Text(visible(f"  report: {report_dir}/report.md")))
+        console.print(Text(visible(f"  report: {report_dir}/{ReportFile.MARKDOWN}")))

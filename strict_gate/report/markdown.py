@@ -147,73 +147,101 @@ def speed_section(view: speed_view.SpeedView | None) -> list[str]:
 
 
 def _rest(r: GateResult, dec: Decoder) -> list[str]:
-    out: list[str] = []
+    """Everything below the head, one section after another."""
+    return [
+        *_mismatches(r, dec),
+        *_diagnosis(r),
+        *speed_section(speed_view.of(r)),
+        *markdown_section(r),
+        *_determinism(r),
+        *_engines(r),
+        *_wall_clock(r),
+        *_problems(r),
+        "",
+    ]
+
+
+def _mismatches(r: GateResult, dec: Decoder) -> list[str]:
+    """## Prompts that do not match: the missing ones in a line, then one row per other prompt."""
     bad = listed(r.comparison.prompts)
     gone = missing_lines(r.comparison.prompts)
+    out: list[str] = []
     if bad or gone:
-        out.append("## Prompts that do not match")
-        out.append("")
+        out += ["## Prompts that do not match", ""]
         out += [f"- {md(line)}" for line in gone] + ([""] if gone else [])
-    if bad:
-        out.append(
-            "| prompt | status | pos | context before | reference | candidate | ref gap | cand gap "
-            "| reference top | candidate top |"
-        )
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
-        for p in bad[:MD_ROWS]:
-            d = p.first_divergence
-            if d is None:
-                out.append(f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |")
-                continue
-            ref = r.reference_records[p.id]
-            out.append(
-                f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
-                f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
-                f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
-                f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
-            )
-        out.append("")
-        out.append("Gaps are in nats: reference gap = lp_ref(ref token) − lp_ref(cand token) from the reference's")
-        out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
-        out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
-        out.append("")
-        out += near_tie_scales(r)
-        out += _more(len(bad) - MD_ROWS, "non-matching prompts")
-    if r.diagnoses:
-        out.append("## Teacher-forced diagnosis")
-        out.append("")
-        out.append(
-            f"{md(r.rescored_by or 'The reference engine')} re-scored each divergent prompt on the candidate's "
-            "own tokens (teacher forcing): gap = lp(argmax) − lp(candidate token) given the candidate's prefix."
-        )
-        out.append("")
-        out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
-        out.append("|---|---|---|---|---|---|")
-        for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
-            rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
-            later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
-            text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
-            out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
-        out.append("")
-        out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
-    out += speed_section(speed_view.of(r))
-    out += markdown_section(r)
-    if r.determinism:
-        det = r.determinism
-        out.append("## Reference determinism")
-        out.append("")
-        out.append(
-            f"{det.get('prompts_deterministic')}/{det.get('prompts_total')} prompts identical over "
-            f"{det.get('runs')} runs."
-        )
-        for nd in det.get("non_deterministic", [])[:20]:
-            pos = ", ".join(str(x["position"]) for x in nd["positions"][:10])
-            out.append(f"- {md(nd['id'])}: {nd['distinct_sequences']} distinct sequences; differs at {pos}")
-        out.append("")
-    out.append("## Engines")
+    if not bad:
+        return out
+    out.append(
+        "| prompt | status | pos | context before | reference | candidate | ref gap | cand gap "
+        "| reference top | candidate top |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    out += [_mismatch_row(r, dec, p) for p in bad[:MD_ROWS]]
     out.append("")
-    out.append("| arm | kind | model | options | env | versions |")
+    out.append("Gaps are in nats: reference gap = lp_ref(ref token) − lp_ref(cand token) from the reference's")
+    out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
+    out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
+    out.append("")
+    out += near_tie_scales(r)
+    out += _more(len(bad) - MD_ROWS, "non-matching prompts")
+    return out
+
+
+def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
+    d = p.first_divergence
+    if d is None:
+        return f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |"
+    ref = r.reference_records[p.id]
+    return (
+        f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
+        f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
+        f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
+        f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
+    )
+
+
+def _diagnosis(r: GateResult) -> list[str]:
+    """## Teacher-forced diagnosis: each divergent prompt re-scored on the candidate's own tokens."""
+    if not r.diagnoses:
+        return []
+    out = ["## Teacher-forced diagnosis", ""]
+    out.append(
+        f"{md(r.rescored_by or 'The reference engine')} re-scored each divergent prompt on the candidate's "
+        "own tokens (teacher forcing): gap = lp(argmax) − lp(candidate token) given the candidate's prefix."
+    )
+    out.append("")
+    out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
     out.append("|---|---|---|---|---|---|")
+    for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
+        rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
+        later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
+        text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
+        out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
+    out.append("")
+    out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
+    return out
+
+
+def _determinism(r: GateResult) -> list[str]:
+    """## Reference determinism: over the K runs a baseline captured, where the reference split."""
+    det = r.determinism
+    if not det:
+        return []
+    out = ["## Reference determinism", ""]
+    out.append(
+        f"{det.get('prompts_deterministic')}/{det.get('prompts_total')} prompts identical over "
+        f"{det.get('runs')} runs."
+    )
+    for nd in det.get("non_deterministic", [])[:20]:
+        pos = ", ".join(str(x["position"]) for x in nd["positions"][:10])
+        out.append(f"- {md(nd['id'])}: {nd['distinct_sequences']} distinct sequences; differs at {pos}")
+    out.append("")
+    return out
+
+
+def _engines(r: GateResult) -> list[str]:
+    """## Engines: one row per engine, then the prompt set and sampling both arms ran."""
+    out = ["## Engines", "", "| arm | kind | model | options | env | versions |", "|---|---|---|---|---|---|"]
     out += _engine_rows("reference", r.reference)
     out += _engine_rows("candidate", r.candidate)
     if r.rescorer is not None:
@@ -224,29 +252,33 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         f"Prompt set `{md(str(ps.get('name')))}` ({ps.get('count')} prompts), sha256 `{ps.get('sha256')}`; "
         f"greedy, max_tokens {r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}."
     )
-    speeds = [(a, arm_wall_clock(x)) for a, x in (("reference", r.reference_records), ("candidate", r.candidate_records))]
-    if any(sp for _, sp in speeds):
-        out.append("")
-        out.append("Wall clock in this gate (not a matched speed benchmark):")
-        out.append("")
-        out.append("| arm | prompts | tokens | seconds | tok/s | median TTFT s |")
-        out.append("|---|---|---|---|---|---|")
-        for arm, sp in speeds:
-            info = r.reference if arm == "reference" else r.candidate
-            if "replayed_from" in info.options:
-                arm += " (recorded at capture)"
-            if sp is None:
-                out.append(f"| {arm} | – | – | – | – | – |")
-                continue
-            tps = "–" if sp.tokens_per_s is None else f"{sp.tokens_per_s:.1f}"
-            ttft = "–" if sp.median_ttft_s is None else f"{sp.median_ttft_s:.4f}"
-            out.append(f"| {arm} | {sp.prompts} | {sp.tokens} | {sp.seconds:.2f} | {tps} | {ttft} |")
-    unsaid = [pr for pr in r.problems if pr not in r.verdict.reasons]  # the verdict's reasons list most
-    if unsaid:
-        out.append("")
-        out.append("## Problems")
-        out.append("")
-        for pr in unsaid:
-            out.append(f"- {md(pr)}")
-    out.append("")
     return out
+
+
+def _wall_clock(r: GateResult) -> list[str]:
+    """Each arm's wall clock in this gate, when its records have timings (not a matched benchmark)."""
+    speeds = [(a, arm_wall_clock(x)) for a, x in (("reference", r.reference_records), ("candidate", r.candidate_records))]
+    if not any(sp for _, sp in speeds):
+        return []
+    out = ["", "Wall clock in this gate (not a matched speed benchmark):", ""]
+    out.append("| arm | prompts | tokens | seconds | tok/s | median TTFT s |")
+    out.append("|---|---|---|---|---|---|")
+    for arm, sp in speeds:
+        info = r.reference if arm == "reference" else r.candidate
+        if "replayed_from" in info.options:
+            arm += " (recorded at capture)"
+        if sp is None:
+            out.append(f"| {arm} | – | – | – | – | – |")
+            continue
+        tps = "–" if sp.tokens_per_s is None else f"{sp.tokens_per_s:.1f}"
+        ttft = "–" if sp.median_ttft_s is None else f"{sp.median_ttft_s:.4f}"
+        out.append(f"| {arm} | {sp.prompts} | {sp.tokens} | {sp.seconds:.2f} | {tps} | {ttft} |")
+    return out
+
+
+def _problems(r: GateResult) -> list[str]:
+    """## Problems the verdict's reasons do not already list."""
+    unsaid = [pr for pr in r.problems if pr not in r.verdict.reasons]
+    if not unsaid:
+        return []
+    return ["", "## Problems", "", *(f"- {md(pr)}" for pr in unsaid)]

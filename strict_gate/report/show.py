@@ -21,6 +21,7 @@ from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.text import Decoder, visible
+from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Record
 
@@ -43,7 +44,7 @@ def _records(report_dir: Path, report: StoredReport, role: str) -> dict[str, Rec
     here = report_dir / role
     named = getattr(report.runs, role)
     for d in (here, Path(named) if named is not None else None):
-        if d is not None and (d / "manifest.json").exists():
+        if d is not None and RunDir(d).manifest.exists():
             return load_run(d, allow_incomplete=True).records
     raise InputError(f"no {role} run directory: neither {here} nor the path report.json names ({named})",
                      path=str(report_dir))
@@ -51,9 +52,10 @@ def _records(report_dir: Path, report: StoredReport, role: str) -> dict[str, Rec
 
 def load_gate(report_dir: str | Path) -> StoredGate:
     d = Path(report_dir)
-    if not (d / "report.json").exists():
+    path = ReportDir(d).report_json
+    if not path.is_file():
         raise InputError("not a report directory: no report.json", path=str(d))
-    report = load_report(d / "report.json")
+    report = load_report(path)
     dec = Decoder(report.engines.reference.tokenizer, report.engines.candidate.tokenizer)
     return StoredGate(report, _records(d, report, "reference"), _records(d, report, "candidate"), dec)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from strict_gate.core.files import new_temp_dir
 from strict_gate.core.redact import scrub_tree
 from strict_gate.errors import ConfigError, InputError, StrictGateError
-from strict_gate.runs.records import MANIFEST, RunStatus, write_text_atomic
+from strict_gate.runs.layout import RunDir
+from strict_gate.runs.records import RunStatus, write_text_atomic
 
 MAX_NAME_CHARS = 100
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -58,7 +59,7 @@ def _run_status(target: Path) -> str | None:
     if not any(target.iterdir()):
         return None
     try:
-        status = json.loads((target / MANIFEST).read_text(encoding="utf-8")).get("status")
+        status = json.loads(RunDir(target).manifest.read_text(encoding="utf-8")).get("status")
     except FileNotFoundError:
         raise InputError(
             "the output directory is not empty and is not a run directory; refusing to replace it",
@@ -71,7 +72,7 @@ def _run_status(target: Path) -> str | None:
 
 def _retarget(staged: Path, dest: Path) -> None:
     """The manifest names files by path (an engine's log): name them where they will be."""
-    manifest = staged / MANIFEST
+    manifest = RunDir(staged).manifest
     if manifest.is_file():
         text = manifest.read_text(encoding="utf-8")
         if str(staged) in text:

@@ -20,10 +20,8 @@ import numpy as np
 
 from strict_gate.errors import IncompleteRunError, InputError
 from strict_gate.runs.audit import StepTable, audit_manifest, audit_records, vocab_size
+from strict_gate.runs.layout import RunDir, RunFile
 from strict_gate.runs.records import (
-    MANIFEST,
-    PARTIAL,
-    RECORDS,
     RUN_SCHEMA,
     EngineInfo,
     Manifest,
@@ -268,12 +266,12 @@ def parse_record(obj: object, where: str, line: int | None, *, max_tokens: int |
 
 
 def read_manifest(directory: Path) -> Manifest:
-    mpath = directory / MANIFEST
+    mpath = RunDir(directory).manifest
     spath = str(mpath)
     if not directory.is_dir():
         raise InputError("run directory not found", path=str(directory))
     if not mpath.exists():
-        raise InputError("not a run directory: manifest.json is missing", path=str(directory))
+        raise InputError(f"not a run directory: {RunFile.MANIFEST} is missing", path=str(directory))
     try:
         d = json.loads(mpath.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -322,6 +320,7 @@ def read_manifest(directory: Path) -> Manifest:
 def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
     """Read and audit a run directory. An unfinished run is refused unless allow_incomplete."""
     d = Path(directory)
+    files = RunDir(d)
     manifest = read_manifest(d)
     limits = {"max_tokens": manifest.sampling.max_tokens, "vocab_size": vocab_size(manifest.engine)}
     if manifest.status == RunStatus.RUNNING:
@@ -331,15 +330,15 @@ def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
                 "re-run the arm, it cannot be compared as complete",
                 path=str(d),
             )
-        path = d / PARTIAL if (d / PARTIAL).exists() else d / RECORDS
+        path = files.partial if files.partial.exists() else files.records
         records = read_records(path, tolerate_torn_tail=True, **limits) if path.exists() else {}
         return Run(str(d), manifest, records)
     if manifest.status == RunStatus.FAILED and not allow_incomplete:
         raise IncompleteRunError(f"run failed: {manifest.error} (on prompt {manifest.failed_prompt})", path=str(d))
-    rpath = d / RECORDS
+    rpath = files.records
     if not rpath.exists():
-        raise InputError("records.jsonl is missing", path=str(d))
+        raise InputError(f"{RunFile.RECORDS} is missing", path=str(d))
     records = read_records(rpath, **limits)
     if manifest.status == RunStatus.COMPLETE and len(records) != manifest.records:
-        raise InputError(f"manifest says {manifest.records} records, records.jsonl holds {len(records)}", path=str(d))
+        raise InputError(f"manifest says {manifest.records} records, {RunFile.RECORDS} holds {len(records)}", path=str(d))
     return Run(str(d), manifest, records)

@@ -25,11 +25,9 @@ import numpy as np
 from strict_gate.core.files import new_temp_file
 from strict_gate.core.redact import redact_env, scrub, scrub_json
 from strict_gate.errors import InputError
+from strict_gate.runs.layout import RunDir
 
 RUN_SCHEMA = "strict-gate/run@1"
-MANIFEST = "manifest.json"
-RECORDS = "records.jsonl"
-PARTIAL = "records.jsonl.partial"
 FINISH_REASONS = ("stop", "length")
 
 TopK = tuple[tuple[int, float], ...]
@@ -313,6 +311,7 @@ class RunWriter:
 
     def __init__(self, directory: str | Path, manifest: Manifest, *, keep: Collection[str] = ()):
         self.dir = Path(directory)
+        self.files = RunDir(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         kept = self._kept_lines(manifest, set(keep)) if keep else []
         self.manifest = replace(
@@ -320,10 +319,10 @@ class RunWriter:
         )
         # Order matters for a crash in between: the manifest says "running" before the records
         # file changes, and a reader of a running run prefers the .partial file.
-        write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
-        write_text_atomic(self.dir / PARTIAL, "".join(kept))
-        (self.dir / RECORDS).unlink(missing_ok=True)
-        self._f = open(self.dir / PARTIAL, "a", encoding="utf-8")  # noqa: SIM115 (held for the run; close() closes it)
+        write_json_atomic(self.files.manifest, self.manifest.to_json())
+        write_text_atomic(self.files.partial, "".join(kept))
+        self.files.records.unlink(missing_ok=True)
+        self._f = open(self.files.partial, "a", encoding="utf-8")  # noqa: SIM115 (held for the run; close() closes it)
         # flush=True: each finished prompt is on disk before the next one starts.
         self._lines = jsonlines.Writer(self._f, flush=True, dumps=_dumps)
         self._count = len(kept)
@@ -331,8 +330,8 @@ class RunWriter:
 
     def _kept_lines(self, stored: Manifest, keep: set[str]) -> list[str]:
         """The stored lines of the prompts to keep, read from the file load_run reads."""
-        partial = self.dir / PARTIAL
-        source = partial if stored.status == RunStatus.RUNNING and partial.exists() else self.dir / RECORDS
+        partial = self.files.partial
+        source = partial if stored.status == RunStatus.RUNNING and partial.exists() else self.files.records
         lines = []
         for line in source.read_text(encoding="utf-8").split("\n") if source.exists() else ():
             try:
@@ -355,9 +354,9 @@ class RunWriter:
             return self.manifest
         self._lines.close()
         self._f.close()
-        os.replace(self.dir / PARTIAL, self.dir / RECORDS)
+        os.replace(self.files.partial, self.files.records)
         self.manifest = replace(self.manifest, records=self._count, finished=now_iso(), **changes)
-        write_json_atomic(self.dir / MANIFEST, self.manifest.to_json())
+        write_json_atomic(self.files.manifest, self.manifest.to_json())
         self._closed = True
         return self.manifest
 

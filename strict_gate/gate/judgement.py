@@ -1,0 +1,86 @@
+"""judge(): two runs and the GateSpec they are judged by, to one GateResult.
+
+The gate, a resumed gate, `compare` and `strict-gate diagnose` all judge through here; the
+gate builds its spec once (gate_spec) from the config and the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from strict_gate.core.engine_log import engine_log
+from strict_gate.engines.base import Engine
+from strict_gate.gate.arm import determinism_summary
+from strict_gate.gate.config import GateConfig
+from strict_gate.judge.compare import Comparison, compare_runs
+from strict_gate.judge.diagnose import diagnose
+from strict_gate.judge.policy import Policy, apply_policy, check_policy
+from strict_gate.judge.result import GateResult
+from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
+from strict_gate.runs.layout import RunDir
+from strict_gate.runs.prompts import PromptSet
+from strict_gate.runs.records import Run, Sampling, now_iso
+
+
+def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = None, band: float | None = None,
+              config: ConfigRef | None = None) -> GateSpec:
+    """A gate's spec: the config's settings, with the command line's policy and band over them.
+    `config` is where the config came from (a resumed gate's, from its state); by default cfg's file."""
+    return GateSpec(
+        name=cfg.name,
+        prompt_set=PromptSetRef.of(ps, str(cfg.prompts)),
+        sampling=Sampling(cfg.max_tokens, cfg.top_logprobs),
+        policy=check_policy(policy or cfg.policy),
+        band=cfg.band if band is None else band,
+        greedy_tolerance=cfg.greedy_tolerance,
+        config=config or ConfigRef(str(Path(cfg.path).resolve()), str(cfg.reference.base_dir)),
+    )
+
+
+def compare(spec: GateSpec, ref: Run, cand: Run) -> Comparison:
+    ids = spec.prompt_set.ids
+    return compare_runs(ref.records, cand.records, band=spec.band, prompt_ids=None if ids is None else list(ids),
+                        greedy_tolerance=spec.greedy_tolerance)
+
+
+def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
+    """A run that did not complete, unless a problem about its arm already says why."""
+    return [f"{label} run is {run.manifest.status}: {run.manifest.error or 'not finished'}"
+            for label, run in (("reference", ref), ("candidate", cand))
+            if not run.complete and not any(p.startswith(label) for p in problems)]
+
+
+def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
+          comparison: Comparison | None = None) -> GateResult:
+    """Judge two runs by the spec: compare them (unless the caller already has), apply the
+    policy, and (given a scoring engine) diagnose the divergences."""
+    problems = [*problems, *_unfinished(ref, cand, problems)]
+    if comparison is None:
+        comparison = compare(spec, ref, cand)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems))
+    diagnoses = {}
+    if rescorer is not None and rescorer.can_score:
+        with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
+            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
+    sampled = [r for r in ref.records.values() if r.samples]
+    resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
+    return GateResult(
+        name=spec.name,
+        created=now_iso(),
+        verdict=verdict,
+        comparison=comparison,
+        reference=ref.manifest.engine,
+        candidate=cand.manifest.engine,
+        prompt_set=dict(spec.prompt_set.described),
+        sampling=spec.sampling,
+        reference_records=ref.records,
+        candidate_records=cand.records,
+        diagnoses=diagnoses,
+        runs={"reference": ref.path, "candidate": cand.path},
+        determinism=determinism_summary(list(ref.records.values())) if sampled else None,
+        problems=tuple(problems),
+        config=spec.config.to_json() if spec.config is not None else None,
+        rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,
+        resumed={label: entries for label, entries in resumed.items() if entries},
+    )
