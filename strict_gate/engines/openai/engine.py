@@ -34,7 +34,7 @@ from strict_gate.engines.openai.client import (
     parse_prompt_logprobs,
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
-from strict_gate.engines.openai.server import Server, arm_servers
+from strict_gate.engines.openai.server import Server, arm_servers, url_problems
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -89,6 +89,13 @@ class OpenAIEngine(Engine):
         register(self._api_key)  # scrubbed from whatever is written, from now on
 
     # ---------------------------------------------------------------- configuration
+    @classmethod
+    def check_options(cls, options: OpenAIOptions, *, where: str, line_of) -> None:
+        """A base_url or health_url holding credentials is refused when the config is read, before anything is
+        written (the refusal does not repeat them)."""
+        for name, problem in url_problems(options):
+            raise ConfigError(f"[{where}] {problem}", path=getattr(line_of, "path", None), line=line_of(name))
+
     def _resolve_tokenizer(self, spec: str) -> str:
         path = find_tokenizer_json(spec, self.base_dir)
         if path is None:

@@ -1,0 +1,201 @@
+"""Hostile engines, servers and inputs (issue 16, items 11, 12, 17, 18, 19).
+
+Every server here is a real `http.server` on 127.0.0.1, started and stopped by the test; every
+command engine a real process (tests/engines/hostile_engine.py, tests/engines/fake_engine.py);
+the SIGKILL tests kill a real `strict-gate gate` subprocess with SIGKILL. No mocks.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+from strict_gate.engines.base import PromptInput
+from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
+from strict_gate.errors import EngineError
+from strict_gate.runs.records import Sampling
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = ROOT / "tests" / "engines" / "hostile_engine.py"
+FAKE = ROOT / "tests" / "engines" / "fake_engine.py"
+FAKE_SERVER = ROOT / "tests" / "test_openai_engine.py"
+SAMPLING = Sampling(max_tokens=2, top_logprobs=2)
+P0 = PromptInput("p0", (1, 5, 9))
+
+
+# ---------------------------------------------------------------------------- hostile HTTP servers
+def _completion(body: dict) -> dict:
+    """A vLLM-like answer: token i is prompt[-1] + i + 1, as ids."""
+    gen = [body["prompt"][-1] + i + 1 for i in range(body["max_tokens"])]
+    k = body.get("logprobs") or 1
+    return {"choices": [{
+        "index": 0, "text": "", "finish_reason": "length", "token_ids": gen, "prompt_token_ids": body["prompt"],
+        "logprobs": {"tokens": [f"token_id:{t}" for t in gen], "token_logprobs": [-0.1] * len(gen),
+                     "top_logprobs": [{f"token_id:{t + j}": -0.1 - j for j in range(k)} for t in gen]},
+    }]}
+
+
+def _models(max_model_len: int | None = None):
+    entry = {"id": "m"} | ({"max_model_len": max_model_len} if max_model_len else {})
+    return lambda h: h.send_json(200, {"object": "list", "data": [entry]})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send_json(self, code: int, obj: object) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+    def _route(self, method: str) -> None:
+        self.server.seen.append((method, self.path, dict(self.headers)))
+        route = self.server.routes.get((method, self.path))
+        if route is None:
+            self.send_json(404, {"error": {"message": "not found"}})
+        else:
+            try:
+                route(self)
+            except (BrokenPipeError, ConnectionResetError):  # the client hung up: what a deadline does
+                pass
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+
+@pytest.fixture
+def http():
+    """http(routes) -> (base url, requests seen): a server on 127.0.0.1, stopped after the test."""
+    servers = []
+
+    def make(routes: dict):
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        srv.daemon_threads = True
+        srv.routes, srv.seen = routes, []
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}", srv.seen
+
+    yield make
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _openai(url: str, **kw) -> OpenAIEngine:
+    return OpenAIEngine(OpenAIOptions(base_url=url, model="m", retries=0, request_timeout_s=10.0, **kw))
+
+
+# ---------------------------------------------------------------------------- 11: redirects, keys in URLs
+def _redirect(code: int, location: str):
+    def answer(h: _Handler) -> None:
+        if h.command == "POST":
+            h.body()
+        h.send_response(code)
+        h.send_header("Location", location)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    return answer
+
+
+@pytest.mark.parametrize("method, path, code", [
+    ("POST", "/v1/completions", 302),  # urllib would follow it as a GET, Authorization and all
+    ("POST", "/v1/completions", 307),
+    ("GET", "/v1/models", 301),  # the connect check
+])
+def test_a_redirect_to_another_origin_is_refused_and_the_key_stays_home(http, monkeypatch, method, path, code):
+    key = "sk-test-" + secrets.token_hex(8)
+    monkeypatch.setenv("SG_ADV_KEY", key)
+    other, other_seen = http({})
+    routes = {("GET", "/v1/models"): _models(), ("POST", "/v1/completions"): lambda h: h.send_json(200, _completion(h.body()))}
+    routes[(method, path)] = _redirect(code, other + path)
+    url, seen = http(routes)
+    eng = OpenAIEngine(OpenAIOptions(base_url=url, api_key_env="SG_ADV_KEY", retries=0, request_timeout_s=10.0))
+    try:
+        with pytest.raises(EngineError, match=f"HTTP {code}, a redirect to '{other}{path}'"):
+            list(eng.generate([P0], SAMPLING))
+    finally:
+        eng.close()
+    assert other_seen == []  # nothing reached the other origin: no key, no POST turned GET
+    assert seen and seen[-1][2].get("Authorization") == f"Bearer {key}"  # the key went to base_url only
+
+
+@pytest.mark.parametrize("base_url", ["http://user:{key}@127.0.0.1:9", "http://127.0.0.1:9/v1?api_key={key}"])
+def test_a_key_in_base_url_is_refused_at_load_and_never_shown(tmp_path, base_url):
+    key = "sk-test-" + secrets.token_hex(8)
+    (tmp_path / "p.jsonl").write_text('{"id": "p0", "token_ids": [1, 2]}\n')
+    (tmp_path / "gate.toml").write_text(
+        f'name = "k"\nprompts = "p.jsonl"\noutput_dir = "{tmp_path / "r"}"\n'
+        f'[reference]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'[candidate]\nkind = "openai"\nmodel = "m"\nbase_url = "{base_url.format(key=key)}"\n'
+    )
+    result = CliRunner().invoke(app, ["gate", str(tmp_path / "gate.toml")])
+    assert result.exit_code == 2, result.output
+    assert "gate.toml:10: [candidate] openai: base_url" in result.output and "api_key_env" in result.output
+    assert key not in result.output
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+# ---------------------------------------------------------------------------- 17: the request deadline
+def _trickle(h: _Handler, data: bytes) -> None:
+    for i in range(len(data)):
+        h.wfile.write(data[i : i + 1])
+        h.wfile.flush()
+        time.sleep(0.1)
+
+
+def _trickling(where: str):
+    """A completion whose headers, body or stream arrive one byte every 0.1 s, for about 15 s:
+    a per-read timeout never fires."""
+    def answer(h: _Handler) -> None:
+        body = h.body()
+        data = json.dumps(_completion(body)).encode()
+        if where == "headers":
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(data)}\r\nX-Pad: {'a' * 120}\r\n\r\n".encode()
+            _trickle(h, head)
+            h.wfile.write(data)
+        elif where == "body":
+            data += b" " * 150  # JSON allows trailing whitespace
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            _trickle(h, data)
+        else:
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Connection", "close")
+            h.end_headers()
+            h.close_connection = True
+            _trickle(h, b": keep-alive\n" * 12)  # SSE comments
+            h.wfile.write(b"data: " + data + b"\n\ndata: [DONE]\n\n")
+    return answer
+
+
+@pytest.mark.parametrize("where", ["headers", "body", "stream"])
+def test_a_trickling_server_is_cut_at_the_request_deadline(http, where):
+    url, _ = http({("GET", "/v1/models"): _models(), ("POST", "/v1/completions"): _trickling(where)})
+    eng = OpenAIEngine(OpenAIOptions(base_url=url, model="m", retries=0, request_timeout_s=1.5,
+                                     stream_timing=where == "stream"))
+    with pytest.raises(EngineError, match=r"prompt 'p0': no complete answer within 1.5 s \(a deadline on the whole"):
+        list(eng.generate([P0], SAMPLING))
