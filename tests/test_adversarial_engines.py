@@ -8,7 +8,10 @@ the SIGKILL tests kill a real `strict-gate gate` subprocess with SIGKILL. No moc
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +22,9 @@ import pytest
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
+from strict_gate.core.engine_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES, engine_log
 from strict_gate.engines.base import PromptInput
+from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
 from strict_gate.errors import EngineError
 from strict_gate.runs.records import Sampling
@@ -199,3 +204,111 @@ def test_a_trickling_server_is_cut_at_the_request_deadline(http, where):
                                      stream_timing=where == "stream"))
     with pytest.raises(EngineError, match=r"prompt 'p0': no complete answer within 1.5 s \(a deadline on the whole"):
         list(eng.generate([P0], SAMPLING))
+
+
+# ---------------------------------------------------------------------------- 12: a SIGKILLed gate
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _wait_for(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def reap(tmp_path):
+    """Whatever a failing test left running (its gates, the pids its engines wrote) is killed afterwards."""
+    gates: list[subprocess.Popen] = []
+    yield gates
+    for gate in gates:
+        if gate.poll() is None:
+            gate.kill()
+            gate.communicate()
+    for pidfile in tmp_path.glob("*.pid"):
+        for pid in map(int, pidfile.read_text().split()):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gate(tmp_path: Path, candidate: str, prompts: str = "", reference: str = "") -> subprocess.Popen:
+    (tmp_path / "p.jsonl").write_text(prompts or "".join(
+        json.dumps({"id": f"p{i}", "token_ids": [1, 5 + i, 9]}) + "\n" for i in range(3)))
+    reference = reference or f'kind = "command"\ncommand = {json.dumps([sys.executable, str(FAKE)])}'
+    (tmp_path / "gate.toml").write_text(
+        f'name = "adv"\nprompts = "p.jsonl"\nmax_tokens = 2\ntop_logprobs = 2\noutput_dir = "{tmp_path / "r"}"\n'
+        f"[reference]\n{reference}\n[candidate]\n{candidate}\n"
+    )
+    return subprocess.Popen([sys.executable, "-m", "strict_gate.cli", "gate", str(tmp_path / "gate.toml")],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _events(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _kill_and_check(gate: subprocess.Popen, pidfile: Path) -> None:
+    pids = list(map(int, pidfile.read_text().split()))
+    gate.send_signal(signal.SIGKILL)  # no cleanup of its own can run
+    gate.communicate(timeout=30)
+    try:
+        _wait_for(lambda: not any(map(_alive, pids)), 20, "the engine processes to go")
+    except AssertionError:
+        raise AssertionError(f"engine processes {[p for p in pids if _alive(p)]} outlived the SIGKILLed gate") from None
+
+
+def test_a_launched_server_does_not_outlive_a_sigkilled_gate(tmp_path, reap):
+    serve = [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--spawn-child", "--delay", "120",
+             "--pidfile", str(tmp_path / "server.pid"), "--events", str(tmp_path / "server.events")]
+    gate = _gate(tmp_path, f'kind = "openai"\nserve = {json.dumps(serve)}\nstartup_timeout_s = 60\n'
+                           f"request_timeout_s = 300\nretries = 0\nstop_timeout_s = 5")
+    reap.append(gate)
+    _wait_for(lambda: "request" in _events(tmp_path / "server.events"), 90, "the server's first completion request")
+    assert len((tmp_path / "server.pid").read_text().split()) == 2  # the server and its child
+    _kill_and_check(gate, tmp_path / "server.pid")
+
+
+def test_a_command_engine_ignoring_eof_and_sigterm_does_not_outlive_a_sigkilled_gate(tmp_path, reap):
+    argv = [sys.executable, str(FAKE), "--mode", "hang", "--ignore-term",
+            "--pidfile", str(tmp_path / "cand.pid"), "--events", str(tmp_path / "cand.events")]
+    gate = _gate(tmp_path, f'kind = "command"\ncommand = {json.dumps(argv)}\ntimeout_s = 300')
+    reap.append(gate)
+    _wait_for(lambda: "request p0" in _events(tmp_path / "cand.events"), 60, "the candidate's first request")
+    _kill_and_check(gate, tmp_path / "cand.pid")
+    assert "sigterm" in _events(tmp_path / "cand.events")  # asked first, then killed
+
+
+# ---------------------------------------------------------------------------- 19: engine logs
+def test_an_engine_writing_100_mb_to_stderr_leaves_a_capped_log(tmp_path):
+    log = tmp_path / "engine.log"
+    eng = CommandEngine(CommandOptions(command=[sys.executable, str(HOSTILE), "--flood-stderr", "100"]))
+    eng.set_log_path(log)
+    try:
+        recs = list(eng.generate([P0], SAMPLING))
+    finally:
+        eng.close()
+    assert recs[0].error is None
+    size = log.stat().st_size
+    assert size <= LOG_HEAD_BYTES + LOG_TAIL_BYTES + 4096, size
+    text = log.read_bytes()
+    assert b"FIRST-LINE of the flood" in text[:1024] and b"LAST-LINE of the flood" in text[-1024:]
+    assert b"bytes of engine output dropped here" in text
+
+
+def test_an_in_process_arm_log_is_trimmed_when_the_arm_ends(tmp_path):
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"an earlier arm's line\n")
+    with engine_log(log, ("transformers",)):
+        os.write(2, b"first\n" + b"y" * (20 * 1024 * 1024) + b"\nlast\n")  # what a C library might print
+    text = log.read_bytes()
+    assert len(text) <= LOG_HEAD_BYTES + LOG_TAIL_BYTES + 4096
+    assert text.startswith(b"an earlier arm's line\nfirst\n") and text.endswith(b"\nlast\n")
+    assert b"bytes of engine output dropped here" in text

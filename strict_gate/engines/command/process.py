@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 
 from strict_gate.core.redact import scrub
-from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
+from strict_gate.engines.process import (
+    close_log,
+    log_caught_up,
+    open_log,
+    signals_deferred,
+    spawn,
+    stop_group,
+    wait_exit,
+)
 from strict_gate.errors import ConfigError, EngineError
 
 PROTOCOL = "strict-gate/engine@1"
@@ -64,9 +72,8 @@ class EngineProcess:
         )
         try:
             # its own group: close() kills the binary and all it started
-            self._proc = spawn(
-                self.argv, self.env, self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file
-            )
+            self._proc = spawn(self.argv, self.env, self.cwd, orphan_grace_s=TERM_GRACE_S,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file)
         except OSError as e:
             close_log(self._log_file)
             self._log_file = None
@@ -226,6 +233,7 @@ class EngineProcess:
 
     # -- failure reporting
     def _stderr_tail(self, n: int = STDERR_TAIL_LINES) -> str:
+        log_caught_up(self._pgid)
         if self._log_file is not None:
             try:
                 self._log_file.flush()

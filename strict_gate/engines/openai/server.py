@@ -20,7 +20,7 @@ from pathlib import Path
 from strict_gate.core.model_files import BUNDLED_PREFIX, resolve_model
 from strict_gate.core.redact import is_secret_name
 from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
-from strict_gate.engines.process import close_log, open_log, spawn, stop_group
+from strict_gate.engines.process import close_log, log_caught_up, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError
 
 LOG_TAIL_LINES = 40
@@ -73,7 +73,7 @@ class ServerProcess:
         if is_temp:
             self.log_path = path
         try:
-            self._proc = spawn(self.argv, self.env, self.cwd,
+            self._proc = spawn(self.argv, self.env, self.cwd, orphan_grace_s=self.stop_timeout_s,
                                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT)
         except OSError as e:
             close_log(self._log_file)
@@ -121,6 +121,7 @@ class ServerProcess:
 
     def log_tail(self) -> str:
         """The last lines of the log, as a suffix for an error message ('' when there are none)."""
+        log_caught_up(self.pgid)
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
