@@ -26,7 +26,8 @@ from strict_gate.core.engine_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES, engine_l
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
-from strict_gate.errors import EngineError
+from strict_gate.errors import ConfigError, EngineError
+from strict_gate.gate.config import parse_gate_config
 from strict_gate.runs.records import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,3 +313,82 @@ def test_an_in_process_arm_log_is_trimmed_when_the_arm_ends(tmp_path):
     assert len(text) <= LOG_HEAD_BYTES + LOG_TAIL_BYTES + 4096
     assert text.startswith(b"an earlier arm's line\nfirst\n") and text.endswith(b"\nlast\n")
     assert b"bytes of engine output dropped here" in text
+
+
+# ---------------------------------------------------------------------------- 18: the context
+def test_an_hf_prompt_over_the_model_context_is_refused_before_generation():
+    from conftest import need
+
+    need("transformers")
+    from strict_gate.engines.hf import HFEngine, HFOptions
+
+    eng = HFEngine(HFOptions(model="bundled:tiny-llama"), base_dir=ROOT)  # max_position_embeddings 512
+    long = PromptInput("long", tuple(5 + i % 300 for i in range(500)))
+    recs = {r.id: r for r in eng.generate([long, P0], Sampling(max_tokens=16, top_logprobs=2))}
+    assert recs["long"].error == ("not run: 500 prompt tokens + max_tokens 16 exceed the model's context of "
+                                  "512 tokens")
+    assert recs["p0"].error is None and len(recs["p0"].token_ids) > 0
+
+
+def test_a_command_engine_stating_max_context_is_not_sent_longer_prompts(tmp_path):
+    eng = CommandEngine(CommandOptions(command=[sys.executable, str(HOSTILE), "--max-context", "8",
+                                                "--requests", str(tmp_path / "requests")]))
+    try:
+        recs = list(eng.generate([PromptInput("long", (1, 2, 3, 4, 5, 6, 7)), P0], Sampling(max_tokens=2, top_logprobs=2)))
+    finally:
+        eng.close()
+    assert recs[0].error == "not run: 7 prompt tokens + max_tokens 2 exceed the model's context of 8 tokens"
+    assert recs[1].error is None and recs[1].token_ids == (10, 11)
+    assert (tmp_path / "requests").read_text().split() == ["3"]  # the long prompt never reached it
+
+
+@pytest.mark.parametrize("value", ['"8"', "-1", "true"])
+def test_a_hello_with_a_bad_max_context_is_refused(value):
+    eng = CommandEngine(CommandOptions(command=[sys.executable, str(HOSTILE), "--max-context", value]))
+    with pytest.raises(EngineError, match='hello "max_context" must be a positive integer'):
+        eng.start()
+    eng.close()
+
+
+def test_an_openai_prompt_over_the_served_context_is_refused(http):
+    url, seen = http({("GET", "/v1/models"): _models(max_model_len=8),
+                      ("POST", "/v1/completions"): lambda h: h.send_json(200, _completion(h.body()))})
+    eng = _openai(url)
+    recs = list(eng.generate([PromptInput("long", (1, 2, 3, 4, 5, 6, 7)), P0], SAMPLING))
+    assert recs[0].error == "not run: 7 prompt tokens + max_tokens 2 exceed the model's context of 8 tokens"
+    assert recs[1].error is None and eng.speed_settings()["max_context"] == 8
+    assert [m for m, *_ in seen].count("POST") == 1  # only the prompt that fits was sent
+
+
+def test_a_speed_rung_beyond_any_context_is_refused_at_load():
+    text = ('prompts = "p.jsonl"\n[reference]\nkind = "command"\ncommand = ["x"]\n'
+            '[candidate]\nkind = "command"\ncommand = ["y"]\n[speed]\nrungs = ["128/16", "99999999/1"]\n')
+    with pytest.raises(ConfigError, match=r"g.toml:9: \[speed\] rung '99999999/1': 100000000 prompt \+ generated "
+                                          r"tokens; a rung has at most 1048576") as e:
+        parse_gate_config(text, "g.toml")
+    assert e.value.exit_code == 2
+
+
+def test_an_hf_gate_honours_sigterm_during_generation(tmp_path, reap):
+    """SIGTERM while an in-process hf arm generates (after it refused a prompt over its
+    context, which would otherwise hold it in one long forward pass): exit 3, interrupted."""
+    from conftest import need
+
+    need("transformers")
+    hf = 'kind = "hf"\nmodel = "bundled:tiny-llama"'
+    prompts = json.dumps({"id": "long", "token_ids": [5 + i % 300 for i in range(600)]}) + "\n" + "".join(
+        json.dumps({"id": f"p{i}", "token_ids": [1, 5 + i, 9]}) + "\n" for i in range(400))
+    gate = _gate(tmp_path, hf, prompts, reference=hf)
+    reap.append(gate)
+    records = lambda: list((tmp_path / "r").glob("*/candidate/records.jsonl*"))  # noqa: E731 (the first arm run)
+    _wait_for(lambda: any(len(p.read_text().splitlines()) >= 3 for p in records()), 120, "the candidate generating")
+    gate.send_signal(signal.SIGTERM)
+    try:
+        out, _ = gate.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        gate.kill()
+        raise AssertionError(f"the gate ignored SIGTERM: {gate.communicate()[0]}") from None
+    assert gate.returncode == 3, out
+    assert "interrupted" in out
+    lines = records()[0].read_text().splitlines()
+    assert "exceed the model's context of 512" in lines[0] and len(lines) < 401

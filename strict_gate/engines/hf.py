@@ -13,7 +13,7 @@ from typing import Literal
 
 from strict_gate.core.model_files import model_digest, model_max_context, portable_model_ref, resolve_model
 from strict_gate.core.options import Device, PositiveInt
-from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
+from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason, over_context
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -131,6 +131,17 @@ class HFEngine(Engine):
         from transformers import GenerationConfig
         from transformers.generation.streamers import BaseStreamer
 
+        context = model_max_context(self.model_path)
+        fitting = []
+        for p in prompts:  # one forward past the context could hold the gate for hours, deaf to signals
+            refused = over_context(p, sampling, context)
+            if refused is None:
+                fitting.append(p)
+            else:
+                yield refused
+        if not fitting:
+            return
+        prompts = fitting
         torch, model = self._torch, self._model
         eos = self._eos_ids()
         pad = self._tokenizer().pad_token_id

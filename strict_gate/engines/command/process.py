@@ -134,6 +134,9 @@ class EngineProcess:
         for key in ("name", "version", "model"):
             if key in obj and obj[key] is not None and not isinstance(obj[key], str):
                 raise self._fail(f'hello "{key}" must be a string, got {obj[key]!r}')
+        ctx = obj.get("max_context")
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1):
+            raise self._fail(f'hello "max_context" must be a positive integer (tokens), got {ctx!r}')
         if "versions" in obj and not isinstance(obj["versions"], dict):
             raise self._fail(f'hello "versions" must be an object, got {obj["versions"]!r}')
         self.hello = obj

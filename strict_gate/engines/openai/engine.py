@@ -24,7 +24,7 @@ from pathlib import Path
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import NonNegativeInt, PositiveInt, Seconds
 from strict_gate.core.redact import register, scrub_json
-from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.base import Engine, PromptInput, over_context
 from strict_gate.engines.openai.client import (
     HTTPStatus,
     PromptError,
@@ -82,6 +82,7 @@ class OpenAIEngine(Engine):
         self.base_url = self.servers[0].base_url
         self._model: str | None = options.model
         self._versions: dict | None = None
+        self._context: int | None = None  # the model's context as the server states it, once started
         self._started = False
         self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
         self._tok = None
@@ -159,6 +160,20 @@ class OpenAIEngine(Engine):
             )
         self._model = models.pop()
         self._versions = versions[0]
+        self._context = self._served_context(self.servers[0])
+
+    def _served_context(self, s: Server) -> int | None:
+        """The context the server states for the model (vLLM's /v1/models max_model_len), or None."""
+        try:
+            models = s.client.call("GET", "/v1/models", timeout=10.0, retries=0)
+        except (HTTPStatus, Unreachable):
+            return None
+        data = models.get("data") if isinstance(models, dict) else None
+        for entry in data if isinstance(data, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == self._model:
+                ctx = entry.get("max_model_len")
+                return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+        return None
 
     def _auth_hint(self, e: HTTPStatus) -> str:
         env = self.options.api_key_env
@@ -296,10 +311,14 @@ class OpenAIEngine(Engine):
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 
     def speed_settings(self) -> dict:
-        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown."""
+        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown,
+        but for the context that its /v1/models states."""
         from strict_gate.engines.vllm.args import vllm_serve_settings
 
-        return vllm_serve_settings(list(self.options.serve or []))
+        settings = vllm_serve_settings(list(self.options.serve or []))
+        if settings.get("max_context") is None and self._context is not None:
+            settings["max_context"] = self._context
+        return settings
 
     def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
         self.start()
@@ -316,6 +335,9 @@ class OpenAIEngine(Engine):
             return [f.result() for f in futures]
 
     def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
+        refused = over_context(p, sampling, self.speed_settings().get("max_context"))
+        if refused is not None:
+            return refused
         body = {
             **self._extra(),
             "model": self._resolve_model(),
