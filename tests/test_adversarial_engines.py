@@ -28,6 +28,7 @@ from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.gate.config import parse_gate_config
+from strict_gate.runs.prompts import load_prompts
 from strict_gate.runs.records import Sampling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,3 +393,39 @@ def test_an_hf_gate_honours_sigterm_during_generation(tmp_path, reap):
     assert "interrupted" in out
     lines = records()[0].read_text().splitlines()
     assert "exceed the model's context of 512" in lines[0] and len(lines) < 401
+
+
+# ---------------------------------------------------------------------------- 19: prompts, env names
+def _prompts_cli(tmp_path: Path, content: bytes):
+    path = tmp_path / "set.jsonl"
+    path.write_bytes(content)
+    return CliRunner().invoke(app, ["prompts", str(path)]), str(path)
+
+
+def test_a_raw_u2028_inside_a_json_string_loads(tmp_path):
+    text = "one\u2028two\u2029three\x85four"  # raw separators: valid inside a JSON string
+    result, path = _prompts_cli(tmp_path, ('{"id": "a", "text": "' + text + '"}\n').encode())
+    assert result.exit_code == 0, result.output
+    assert "set: 1 prompts (1 text, 0 token ids)" in result.output
+    assert load_prompts(path).prompts[0].text == text
+
+
+@pytest.mark.parametrize("line, msg", [
+    ('{"id": ' + "1" * 5001 + ', "text": "x"}', "Exceeds the limit (4300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_a_huge_number_or_deep_nesting_is_exit_2_with_file_and_line(tmp_path, line, msg):
+    result, path = _prompts_cli(tmp_path, b'{"id": "a", "text": "x"}\n' + line.encode() + b"\n")
+    assert result.exit_code == 2, result.output
+    assert f"{path}:2: invalid JSON: {msg}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["A=B", "A\\u0000B", ""])
+def test_an_env_name_exec_would_refuse_is_exit_2_at_load(name):
+    text = (f'prompts = "p.jsonl"\n[reference]\nkind = "command"\ncommand = ["x"]\n'
+            f'[candidate]\nkind = "command"\ncommand = ["y"]\n[candidate.env]\nOK = "1"\n"{name}" = "1"\n')
+    with pytest.raises(ConfigError, match=r"g.toml:\d+: \[candidate.env\] .*non-empty without '=' or NUL") as e:
+        parse_gate_config(text, "g.toml")
+    assert e.value.exit_code == 2
+    assert e.value.line == (8 if "u0000" in name else 10)  # a NUL name is not found in the text: its table's line

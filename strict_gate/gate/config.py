@@ -119,6 +119,11 @@ def _arm(role: str, table: Any, lines: _Lines, base_dir: Path) -> ArmConfig:
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
         raise ConfigError(f"[{role}.env] must map names to strings", path=lines.path, line=lines.find("env", role))
+    for name, value in env.items():  # what exec would refuse, refused here: exit 2, not 3 at start
+        if not name or "=" in name or "\0" in name or "\0" in str(value):
+            raise ConfigError(f"[{role}.env] {name!r}: a variable name must be non-empty without '=' or NUL, "
+                              "and a value without NUL", path=lines.path,
+                              line=lines.find(name, f"{role}.env") or lines.find("env", role))
     runs = table.get("runs", 1)
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise ConfigError(f"[{role}] runs must be an integer >= 1", path=lines.path, line=lines.find("runs", role))
