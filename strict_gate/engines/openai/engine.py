@@ -34,7 +34,7 @@ from strict_gate.engines.openai.client import (
     parse_prompt_logprobs,
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
-from strict_gate.engines.openai.server import Server, arm_servers, url_problems
+from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -160,20 +160,7 @@ class OpenAIEngine(Engine):
             )
         self._model = models.pop()
         self._versions = versions[0]
-        self._context = self._served_context(self.servers[0])
-
-    def _served_context(self, s: Server) -> int | None:
-        """The context the server states for the model (vLLM's /v1/models max_model_len), or None."""
-        try:
-            models = s.client.call("GET", "/v1/models", timeout=10.0, retries=0)
-        except (HTTPStatus, Unreachable):
-            return None
-        data = models.get("data") if isinstance(models, dict) else None
-        for entry in data if isinstance(data, list) else []:
-            if isinstance(entry, dict) and entry.get("id") == self._model:
-                ctx = entry.get("max_model_len")
-                return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
-        return None
+        self._context = served_context(self.servers[0].client, self._model)
 
     def _auth_hint(self, e: HTTPStatus) -> str:
         env = self.options.api_key_env

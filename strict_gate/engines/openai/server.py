@@ -162,6 +162,20 @@ class Server:
         return f"server {self.index} ({self.base_url})"
 
 
+def served_context(client: OpenAIClient, model: str | None) -> int | None:
+    """The context a server states for `model` (vLLM's /v1/models max_model_len), or None."""
+    try:
+        models = client.call("GET", "/v1/models", timeout=10.0, retries=0)
+    except (HTTPStatus, Unreachable):
+        return None
+    data = models.get("data") if isinstance(models, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            ctx = entry.get("max_model_len")
+            return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+    return None
+
+
 def url_problem(url: str, name: str = "base_url") -> str | None:
     """Why a URL option is refused, None when it is fine. Credentials in it (user:key@host,
     ?api_key=...) would be written to the manifest, every report, the gate.toml copy and the
