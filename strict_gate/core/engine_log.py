@@ -5,6 +5,12 @@ engine-core child process) and print warnings, all of which used to bury the gat
 While an arm of an engine that declares `log_libraries` runs, file descriptors 1 and 2 point
 at `<run dir>/engine.log` (so child processes and C code follow), and those libraries' loggers
 write there too; everything is restored after. `strict-gate gate -v` keeps them on the console.
+
+An engine log is capped (`CappedLog`): what one engine start writes beyond LOG_HEAD_BYTES +
+LOG_TAIL_BYTES is dropped from the middle, where a marker line says how many bytes went, so an
+engine printing 100 MB cannot fill the report directory, and the start-up and the last words
+before a failure both stay. Child processes' output is capped as it arrives
+(engines/process.py pumps it through a pipe); an in-process arm's log is trimmed when it ends.
 """
 
 from __future__ import annotations
@@ -12,12 +18,82 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
 
 _ON_CONSOLE: ContextVar[bool] = ContextVar("engine_logs_on_console", default=False)
+LOG_HEAD_BYTES = 4 * 1024 * 1024  # kept from the start of what one engine start writes
+LOG_TAIL_BYTES = 4 * 1024 * 1024  # kept from its end
+LINE_SEARCH_BYTES = 64 * 1024  # the kept tail starts at a line when one begins this close to its start
+
+
+class CappedLog:
+    """A binary log file opened for appending ("a+b"), of which the bytes written through this
+    object keep only their first `head` and last `tail` (what the file held before is kept as
+    it is). Thread-safe: a pump thread and the engine's own notes write to it together."""
+
+    def __init__(self, f, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES, start: int | None = None):
+        self.file = f
+        self.head, self.tail = head, tail
+        self._start = os.fstat(f.fileno()).st_size if start is None else start
+        self._lock = threading.Lock()
+        self._dropped = 0  # engine bytes dropped so far
+        self._marker = 0  # length of the marker line in the file
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self.file.write(data)
+            self.file.flush()
+            if self._size() > self.head + 2 * self.tail + self._marker:  # trim in steps of `tail`
+                self._trim()
+
+    def flush(self) -> None:
+        with self._lock:
+            self.file.flush()
+
+    def close(self) -> None:
+        """Trim to head + marker + tail, then close."""
+        with self._lock:
+            try:
+                self.file.flush()
+                if self._size() > self.head + self.tail + self._marker:
+                    self._trim()
+            finally:
+                self.file.close()
+
+    def _size(self) -> int:
+        return os.fstat(self.file.fileno()).st_size - self._start
+
+    def _trim(self) -> None:
+        fd = self.file.fileno()
+        end = os.fstat(fd).st_size
+        cut = self._start + self.head
+        tail = os.pread(fd, self.tail, end - self.tail)
+        newline = tail.find(b"\n", 0, LINE_SEARCH_BYTES)
+        if newline >= 0:
+            tail = tail[newline + 1 :]
+        self._dropped += end - cut - self._marker - len(tail)
+        marker = (f"\n--- strict-gate: {self._dropped} bytes of engine output dropped here (an engine log keeps "
+                  f"the first {self.head} and the last {self.tail} bytes of each start) ---\n").encode()
+        self.file.truncate(cut)
+        self.file.write(marker + tail)
+        self.file.flush()
+        self._marker = len(marker)
+
+
+def trim_log(path: str | Path, start: int) -> None:
+    """Cap what was appended to `path` after byte `start` (an in-process arm's log, once it ended)."""
+    try:
+        f = open(path, "a+b")  # noqa: SIM115 (CappedLog.close closes it)
+    except OSError:
+        return
+    try:
+        CappedLog(f, start=start).close()
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -54,6 +130,7 @@ def _flush() -> None:
 def _to_file(path: Path, libraries: tuple[str, ...]) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     log = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in the finally below)
+    start = os.fstat(log.fileno()).st_size
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     saved_loggers = []
@@ -83,6 +160,7 @@ def _to_file(path: Path, libraries: tuple[str, ...]) -> Iterator[None]:
             elif handler in logger.handlers:  # the library configured itself meanwhile: keep its setup
                 logger.removeHandler(handler)
         log.close()
+        trim_log(path, start)
 
 
 def engine_log(path: str | Path, libraries: tuple[str, ...]):

@@ -162,3 +162,14 @@ def greedy_finish_reason(token_ids: Sequence[int], eos_ids: set[int]) -> str:
     if token_ids and token_ids[-1] in eos_ids:
         return "stop"
     return "length"
+
+
+def over_context(p: PromptInput, sampling: Sampling, max_context: int | None) -> Record | None:
+    """An error record for a prompt whose tokens plus max_tokens exceed the model's known context
+    (None: it fits, or the context is unknown). Refused before it reaches the engine: fed one, an
+    engine may compute for hours past its positions, or answer from a truncated prompt."""
+    if max_context is None or len(p.token_ids) + sampling.max_tokens <= max_context:
+        return None
+    return Record(id=p.id, prompt_token_ids=p.token_ids, error=(
+        f"not run: {len(p.token_ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed the model's "
+        f"context of {max_context} tokens"))

@@ -19,7 +19,7 @@ from strict_gate.core.model_files import (
     resolve_model,
 )
 from strict_gate.core.options import Checked, Device, DType, PositiveInt
-from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
+from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason, over_context
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -134,6 +134,17 @@ class HFEngine(Engine):
         from transformers import GenerationConfig
         from transformers.generation.streamers import BaseStreamer
 
+        context = model_max_context(self.model_path)
+        fitting = []
+        for p in prompts:  # one forward past the context could hold the gate for hours, deaf to signals
+            refused = over_context(p, sampling, context)
+            if refused is None:
+                fitting.append(p)
+            else:
+                yield refused
+        if not fitting:
+            return
+        prompts = fitting
         torch, model = self._torch, self._model
         eos = self._eos_ids()
         pad = self._tokenizer().pad_token_id

@@ -2,8 +2,9 @@
 
 An engine process runs in a process group of its own so that stopping it also stops
 everything it started (vLLM's engine-core and workers, a binary's helpers): the group is
-what we signal and what we wait for. Its output goes to a log file whose tail the engines
-quote when it dies.
+what we signal and what we wait for. Its output goes through a pipe into a capped log file
+(core/engine_log.py: the first and last few MiB of each start), whose tail the engines quote
+when it dies.
 
 No engine process may outlive the gate, whatever signal arrives when. Hence:
 - a cleanup (stop_group, an engine's close()) runs inside `signals_deferred()`: a Ctrl-C or
@@ -13,29 +14,70 @@ No engine process may outlive the gate, whatever signal arrives when. Hence:
 - under the CLI (`interrupt_once`) only the first signal interrupts; later ones hurry the
   cleanup under way instead of aborting it;
 - every group spawned here is registered until it is stopped, and an atexit handler stops
-  whatever is left (an engine never closed, a spawn interrupted before its engine saw it).
+  whatever is left (an engine never closed, a spawn interrupted before its engine saw it);
+- a gate that dies without unwinding (SIGKILL, the OOM killer) runs no cleanup at all: each
+  group has a watchdog, a tiny process that notices the gate is gone (its parent changes) and
+  stops the group, SIGTERM then SIGKILL. A parent-death signal (prctl) would reach only the
+  group's leader, and fires when the thread that forked exits, not the gate.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import select
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+
+from strict_gate.core.engine_log import CappedLog
 
 POLL_S = 0.05  # how often stop_group looks at the group
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_TERM_GRACE_S = 2.0  # the atexit net: SIGTERM grace before SIGKILL
 EXIT_KILL_WAIT_S = 5.0
+PUMP_POLL_S = 0.1  # how often a log pump looks for an end
+PUMP_DRAIN_S = 2.0  # after its group is gone: time to copy what is left in the pipe
+
+# The watchdog: argv gate-pid pgid grace. While the gate is its parent it waits (and ends when
+# the group is gone); once the gate is gone it stops the group: SIGTERM, `grace` s, SIGKILL.
+WATCHDOG = """
+import os, signal, sys, time
+gate, pgid, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+while os.getppid() == gate:
+    if not alive():
+        sys.exit(0)
+    time.sleep(0.2)
+try:
+    os.killpg(pgid, signal.SIGTERM)
+except OSError:
+    sys.exit(0)
+end = time.monotonic() + grace
+while alive() and time.monotonic() < end:
+    time.sleep(0.1)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except OSError:
+    pass
+"""
 
 _live: dict[int, subprocess.Popen] = {}  # pgid -> leader of every group spawned and not yet stopped
+_watchdogs: dict[int, subprocess.Popen] = {}  # pgid -> its watchdog
+_pumps: dict[int, list[LogPump]] = {}  # pgid -> the pumps copying its output into logs
 _held: list[int] = []  # signals received inside signals_deferred(), in order
 _deferring = False
 
@@ -122,8 +164,8 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def open_log(path: str | Path | None, prefix: str, header: str) -> tuple[BinaryIO, str, bool]:
-    """Open the engine's log for appending and write a header line; returns (file, abs path, is_temp).
+def open_log(path: str | Path | None, prefix: str, header: str) -> tuple[CappedLog, str, bool]:
+    """Open the engine's log for appending and write a header line; returns (log, abs path, is_temp).
 
     path None (no run directory): a temp file named prefix...log, which is_temp tells the
     caller about. Appending keeps the log of an earlier start of the same engine.
@@ -134,33 +176,114 @@ def open_log(path: str | Path | None, prefix: str, header: str) -> tuple[BinaryI
         os.close(fd)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "ab")  # noqa: SIM115 (the log outlives this call: close_log closes it)
-    f.write(f"{header}\n".encode("utf-8", "replace"))
-    f.flush()
-    return f, os.path.abspath(path), is_temp
+    log = CappedLog(open(path, "a+b"))  # noqa: SIM115 (the log outlives this call: close_log closes it)
+    log.write(f"{header}\n".encode("utf-8", "replace"))
+    return log, os.path.abspath(path), is_temp
 
 
-def close_log(f) -> None:
-    """Close a log file (None: nothing); a failing close must not hide the error being reported."""
-    if f is not None:
+def close_log(log: CappedLog | None) -> None:
+    """Close a log (None: nothing); a failing close must not hide the error being reported."""
+    if log is not None:
         try:
-            f.close()
+            log.close()
         except OSError:
             pass
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, object], cwd: str, **stdio) -> subprocess.Popen:
-    """Start argv in a new session (so a new process group, pgid = its pid) with os.environ + env.
+class LogPump(threading.Thread):
+    """Copies a child's output from a pipe into its CappedLog, until the pipe ends or stop()."""
+
+    def __init__(self, fd: int, log: CappedLog):
+        super().__init__(daemon=True, name="strict-gate-log")
+        self.fd = fd
+        self.log = log
+        self._stopping = threading.Event()
+        self._idle = threading.Event()  # set whenever the pipe was found empty (or at its end)
+
+    def run(self) -> None:
+        drain_until = None
+        try:
+            while True:
+                if self._stopping.is_set() and drain_until is None:
+                    drain_until = time.monotonic() + PUMP_DRAIN_S
+                if drain_until is not None and time.monotonic() > drain_until:
+                    break  # a grandchild outside the group still writes: stop copying
+                ready, _, _ = select.select([self.fd], [], [], 0 if drain_until else PUMP_POLL_S)
+                if not ready:
+                    self._idle.set()
+                    if drain_until is not None:
+                        break
+                    continue
+                data = os.read(self.fd, 65536)
+                if not data:
+                    break
+                try:
+                    self.log.write(data)
+                except (OSError, ValueError):  # disk full, log closed: keep the pipe flowing
+                    pass
+        finally:
+            self._idle.set()
+            os.close(self.fd)
+
+    def caught_up(self, timeout: float = 1.0) -> None:
+        """Wait (up to timeout) until what the child wrote so far is in the log."""
+        if self.is_alive():
+            self._idle.clear()
+            self._idle.wait(timeout)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(PUMP_DRAIN_S + 1.0)
+
+
+def log_caught_up(pgid: int | None) -> None:
+    """Before quoting a log's tail: let the group's pumps copy what is still in the pipes."""
+    for pump in _pumps.get(pgid, []) if pgid is not None else []:
+        pump.caught_up()
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, object], cwd: str, *, orphan_grace_s: float = EXIT_TERM_GRACE_S,
+          **stdio) -> subprocess.Popen:
+    """Start argv in a new session (so a new process group, pgid = its pid) with os.environ + env,
+    and its watchdog (orphan_grace_s: its SIGTERM grace if the gate dies).
 
     A session of its own also keeps the child off the terminal: Ctrl-C reaches only the gate,
     which then stops the group itself, and a child touching the tty cannot be stopped by job
-    control. stdio: Popen's stdin/stdout/stderr. OSError (not found, not executable) propagates.
+    control. stdio: Popen's stdin/stdout/stderr, where a CappedLog means "through a pipe into
+    that log". OSError (not found, not executable) propagates.
     """
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in env.items()})
+    pipes: list[tuple[int, CappedLog]] = []  # (read end, its log)
+    ends: list[int] = []  # the write ends, the child's
+    for name in ("stdout", "stderr"):
+        log = stdio.get(name)
+        if isinstance(log, CappedLog):
+            if name == "stderr" and stdio.get("stdout") is log:
+                stdio["stderr"] = subprocess.STDOUT
+                continue
+            r, w = os.pipe()
+            pipes.append((r, log))
+            ends.append(w)
+            stdio[name] = w
     with signals_deferred():  # no signal between the fork and the registration
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=full_env, start_new_session=True, **stdio)
+        try:
+            proc = subprocess.Popen(list(argv), cwd=cwd, env=full_env, start_new_session=True, **stdio)
+        except BaseException:
+            for r, _ in pipes:
+                os.close(r)
+            raise
+        finally:
+            for w in ends:
+                os.close(w)
         _live[proc.pid] = proc
+        _pumps[proc.pid] = [LogPump(r, log) for r, log in pipes]
+        for pump in _pumps[proc.pid]:
+            pump.start()
+        _watchdogs[proc.pid] = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WATCHDOG, str(os.getpid()), str(proc.pid), str(orphan_grace_s)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
     return proc
 
 
@@ -203,6 +326,12 @@ def stop_group(proc: subprocess.Popen, pgid: int, term_grace_s: float, kill_wait
         except subprocess.TimeoutExpired:  # pragma: no cover - only a leader stuck in the kernel
             pass
         _live.pop(pgid, None)
+        for pump in _pumps.pop(pgid, []):
+            pump.stop()
+        watchdog = _watchdogs.pop(pgid, None)
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
 
 
 @atexit.register

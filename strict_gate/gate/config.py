@@ -148,6 +148,11 @@ def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
         cls = engine_class(keys.kind)
     except ConfigError as e:
         raise ConfigError(str(e), path=lines.path, line=lines.find("kind", role)) from None
+    for name, value in keys.env.items():  # what exec would refuse, refused here: exit 2, not 3 at start
+        if not name or "=" in name or "\0" in name or "\0" in str(value):
+            raise ConfigError(f"[{role}.env] {name!r}: a variable name must be non-empty without '=' or NUL, "
+                              "and a value without NUL", path=lines.path,
+                              line=lines.find(name, f"{role}.env") or lines.find("env", role))
     if keys.runs > 1 and role != "reference":
         raise ConfigError("only the [reference] arm captures repeated runs", path=lines.path, line=lines.find("runs", role))
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}

@@ -114,27 +114,41 @@ def _parse_line(obj: object, path: str, lineno: int) -> Prompt:
     return Prompt(id=pid, token_ids=tuple(ids), tags=tuple(tags))
 
 
+def _json_line(raw: bytes, path: str, lineno: int) -> object:
+    """One line as JSON. Split on b"\\n" only: str.splitlines would also split on U+2028 and
+    other separators that valid JSON strings may hold raw. Whatever json refuses, including
+    an integer of more than 4300 digits and nesting too deep to parse, is InputError."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 (byte {e.start + 1})", path=path, line=lineno) from None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=lineno) from None
+    except RecursionError:
+        raise InputError("invalid JSON: nested too deeply", path=path, line=lineno) from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion: ..."
+        raise InputError(f"invalid JSON: {str(e).partition(':')[0]}", path=path, line=lineno) from None
+
+
 def load_prompts(path: str | Path) -> PromptSet:
     """Read and validate a prompt set; every error names the file and line."""
     p = Path(path)
     spath = str(path)
     try:
         check_regular_file(p, "a prompt set (a .jsonl file)", MAX_PROMPT_BYTES)
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise InputError("prompt set not found", path=spath) from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise InputError(f"cannot read prompt set: {e}", path=spath) from None
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"invalid JSON: {e.msg} (column {e.colno})", path=spath, line=lineno) from None
-        prompt = _parse_line(obj, spath, lineno)
+        prompt = _parse_line(_json_line(raw, spath, lineno), spath, lineno)
         if prompt.id in seen:
             raise InputError(
                 f"duplicate id {prompt.id!r} (first at line {seen[prompt.id]})", path=spath, line=lineno

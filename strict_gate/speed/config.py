@@ -11,6 +11,9 @@ seed = 0                         # of the synthesised ladder prompts
 ```
 
 Like the rest of the config, an unknown key or a bad value is exit 2 naming the file and line.
+A rung's prompt plus generated tokens may not exceed MAX_RUNG_TOKENS (2^20): the ladder drops a
+rung over an engine's stated context, but where no engine states one, a rung such as
+"99999999/1" would have the gate synthesise a prompt of 10^8 tokens before anything is timed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ BAR_KEYS = ("decode", "ttft", "e2e")
 DEFAULT_RUNGS = ("128/128", "1024/128", "4096/128", "gate")
 GATE_RUNG = "gate"
 _RUNG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+MAX_RUNG_TOKENS = 2**20  # prompt + generated tokens of one rung (1,048,576): a million-token context
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,14 @@ def parse_rung(text: object) -> RungSpec:
     m = _RUNG.match(text) if isinstance(text, str) else None
     if m is None:
         raise ValueError(f'rung {text!r} is not "PROMPT_TOKENS/MAX_TOKENS" (e.g. "128/128") or "gate"')
+    if len(m.group(1)) + len(m.group(2)) > 16:  # no 4300-digit int() either
+        raise ValueError(f"rung {str(text)[:24]!r}...: a rung has at most {MAX_RUNG_TOKENS} prompt + generated tokens")
     p, t = int(m.group(1)), int(m.group(2))
     if p < 1 or t < 1:
         raise ValueError(f"rung {text!r}: prompt and generated tokens must both be >= 1")
+    if p + t > MAX_RUNG_TOKENS:
+        raise ValueError(f"rung {text!r}: {p + t} prompt + generated tokens; a rung has at most "
+                         f"{MAX_RUNG_TOKENS} (the ladder drops a rung over an engine's stated context)")
     return RungSpec(f"{p}/{t}", p, t)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Argv, Checked, Seconds
-from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.base import Engine, PromptInput, over_context
 from strict_gate.engines.command.process import PROTOCOL, EngineProcess
 from strict_gate.engines.command.replies import ReplyError, generate_record, scored_steps
 from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
@@ -142,8 +142,9 @@ class CommandEngine(EngineProcess, Engine):
 
     def generate(self, prompts: Sequence[PromptInput], sampling: Sampling) -> Iterator[Record]:
         self.start()
+        context = hello_settings(self.hello).get("max_context")
         for p in prompts:
-            yield self._generate_one(p, sampling)
+            yield over_context(p, sampling, context) or self._generate_one(p, sampling)
 
     def speed_settings(self) -> dict:
         return hello_settings(self.hello)

@@ -21,7 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from strict_gate.core.redact import scrub
-from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
+from strict_gate.engines.process import (
+    close_log,
+    log_caught_up,
+    open_log,
+    signals_deferred,
+    spawn,
+    stop_group,
+    wait_exit,
+)
 from strict_gate.errors import ConfigError, EngineError
 
 PROTOCOL = "strict-gate/engine@1"
@@ -65,9 +73,8 @@ class EngineProcess:
         )
         try:
             # its own group: close() kills the binary and all it started
-            self._proc = spawn(
-                self.argv, self.env, self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file
-            )
+            self._proc = spawn(self.argv, self.env, self.cwd, orphan_grace_s=TERM_GRACE_S,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file)
         except OSError as e:
             close_log(self._log_file)
             self._log_file = None
@@ -128,6 +135,9 @@ class EngineProcess:
         for key in ("name", "version", "model"):
             if key in obj and obj[key] is not None and not isinstance(obj[key], str):
                 raise self._fail(f'hello "{key}" must be a string, got {obj[key]!r}')
+        ctx = obj.get("max_context")
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1):
+            raise self._fail(f'hello "max_context" must be a positive integer (tokens), got {ctx!r}')
         if "versions" in obj and not isinstance(obj["versions"], dict):
             raise self._fail(f'hello "versions" must be an object, got {obj["versions"]!r}')
         self.hello = obj
@@ -227,6 +237,7 @@ class EngineProcess:
 
     # -- failure reporting
     def _stderr_tail(self, n: int = STDERR_TAIL_LINES) -> str:
+        log_caught_up(self._pgid)
         if self._log_file is not None:
             try:
                 self._log_file.flush()

@@ -23,6 +23,7 @@ from http.client import HTTPException
 
 from strict_gate.core.redact import register
 from strict_gate.engines.base import PromptInput
+from strict_gate.engines.openai.transport import Deadline, OpenStream, open_request
 from strict_gate.errors import EngineError
 from strict_gate.runs.records import Record, ScoredStep, Timing, sort_topk
 
@@ -109,22 +110,22 @@ class OpenAIClient:
         register(key)
         return key
 
-    def _open(self, method: str, path: str, body: dict | None, timeout: float):
+    def _request(self, method: str, path: str, body: dict | None) -> urllib.request.Request:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         url = path if path.startswith(("http://", "https://")) else self.base_url + path
         data = None if body is None else json.dumps(body).encode("utf-8")
-        return urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers),
-                                      timeout=timeout)
+        return urllib.request.Request(url, data=data, method=method, headers=headers)
 
     def call(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None,
              retries: int | None = None, stream: bool = False, parse: bool = True):
         """One request with bounded retries (connection errors and 5xx only, with backoff).
 
-        Returns the parsed JSON (the raw body when parse=False, the open response when
-        stream=True). Raises HTTPStatus for a 4xx (or a 5xx after the retries) and
-        Unreachable when no answer came.
+        `timeout` (default request_timeout_s) is a deadline on each attempt as a whole
+        (transport.py). Returns the parsed JSON (the raw body when parse=False, an OpenStream
+        when stream=True). Raises HTTPStatus for a 4xx (or a 5xx after the retries),
+        Unreachable when no complete answer came, Redirected for a redirect.
         """
         timeout = self.request_timeout_s if timeout is None else timeout
         retries = self.retries if retries is None else retries
@@ -133,12 +134,17 @@ class OpenAIClient:
             if attempt:
                 self.alive()
                 time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            deadline = Deadline(timeout)
+            handed_over = False  # an OpenStream's deadline runs until the stream is closed
             try:
-                resp = self._open(method, path, body, timeout)
+                resp = open_request(self._request(method, path, body), deadline)
                 if stream:
-                    return resp
+                    handed_over = True
+                    return OpenStream(resp, deadline)
                 with resp:
                     raw = resp.read()
+                if deadline.expired:
+                    raise Unreachable(deadline.message)
                 if not parse:
                     return raw
                 try:
@@ -148,18 +154,22 @@ class OpenAIClient:
             except urllib.error.HTTPError as e:
                 msg = server_message(e.read() if e.fp else b"")
                 e.close()
+                if deadline.expired:
+                    raise Unreachable(deadline.message) from None
                 if 500 <= e.code < 600:
                     last = HTTPStatus(e.code, msg)
                     continue
                 raise HTTPStatus(e.code, msg) from None
-            except TimeoutError as e:  # socket.timeout: the server hangs; retrying doubles the wait
-                raise Unreachable(f"no answer within {timeout:g} s ({e})") from None
-            except (urllib.error.URLError, ConnectionError, HTTPException, OSError) as e:
+            except (urllib.error.URLError, ConnectionError, HTTPException, OSError, ValueError) as e:
+                if deadline.expired or isinstance(getattr(e, "reason", e), TimeoutError):
+                    # the server hangs or trickles: retrying would double the wait
+                    raise Unreachable(deadline.message) from None
                 reason = getattr(e, "reason", e)
-                if isinstance(reason, TimeoutError):
-                    raise Unreachable(f"no answer within {timeout:g} s") from None
                 last = Unreachable(f"{type(reason).__name__}: {reason}")
                 continue
+            finally:
+                if not handed_over:
+                    deadline.cancel()
         if isinstance(last, HTTPStatus):
             raise last
         raise Unreachable(f"{last} (after {retries + 1} attempts)")
@@ -175,13 +185,15 @@ class OpenAIClient:
     def _stream(self, body: dict, t0: float, on_token: Callable[[int], None] | None = None
                 ) -> tuple[dict, float | None]:
         """Stream one completion (SSE) and fold its chunks into one choice; TTFT = first token."""
-        resp = self.call("POST", "/v1/completions", body, stream=True)
+        stream = self.call("POST", "/v1/completions", body, stream=True)
         merged: dict = {"logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": []}, "token_ids": None}
         ttft = None
         saw_logprobs = False
         try:
-            with resp:
-                for raw in resp:
+            with stream:
+                for raw in stream:
+                    if stream.deadline.expired:  # the line was cut short by it
+                        break
                     line = raw.decode("utf-8", errors="replace").strip()
                     if not line.startswith("data:"):
                         continue
@@ -213,9 +225,13 @@ class OpenAIClient:
                             ttft = time.perf_counter() - t0
                         if n_new and on_token is not None:
                             on_token(n_new)
-        except (TimeoutError, ConnectionError, HTTPException, OSError) as e:
+        except (TimeoutError, ConnectionError, HTTPException, OSError, ValueError) as e:
             self.alive()
+            if stream.deadline.expired:
+                raise Unreachable(stream.deadline.message) from None
             raise Unreachable(f"the stream broke: {type(e).__name__}: {e}") from None
+        if stream.deadline.expired:
+            raise Unreachable(stream.deadline.message)
         if "finish_reason" not in merged:
             self.alive()
             raise Unreachable("the stream ended without a finish_reason")

@@ -25,7 +25,7 @@ from typing import Annotated
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Bound, Checked, NonEmptyList, PositiveInt, Seconds
 from strict_gate.core.redact import register, scrub_json
-from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.base import Engine, PromptInput, over_context
 from strict_gate.engines.openai.client import (
     HTTPStatus,
     PromptError,
@@ -35,7 +35,7 @@ from strict_gate.engines.openai.client import (
     parse_prompt_logprobs,
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
-from strict_gate.engines.openai.server import Server, arm_servers
+from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -86,6 +86,7 @@ class OpenAIEngine(Engine):
         self.base_url = self.servers[0].base_url
         self._model: str | None = options.model
         self._versions: dict | None = None
+        self._context: int | None = None  # the model's context as the server states it, once started
         self._started = False
         self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
         self._tok = None
@@ -93,6 +94,13 @@ class OpenAIEngine(Engine):
         register(self._api_key)  # scrubbed from whatever is written, from now on
 
     # ---------------------------------------------------------------- configuration
+    @classmethod
+    def check_options(cls, options: OpenAIOptions, *, where: str, line_of) -> None:
+        """A base_url or health_url holding credentials is refused when the config is read, before anything is
+        written (the refusal does not repeat them)."""
+        for name, problem in url_problems(options):
+            raise ConfigError(f"[{where}] {problem}", path=getattr(line_of, "path", None), line=line_of(name))
+
     def _resolve_tokenizer(self, spec: str) -> str:
         path = find_tokenizer_json(spec, self.base_dir)
         if path is None:
@@ -156,6 +164,7 @@ class OpenAIEngine(Engine):
             )
         self._model = models.pop()
         self._versions = versions[0]
+        self._context = served_context(self.servers[0].client, self._model)
 
     def _auth_hint(self, e: HTTPStatus) -> str:
         env = self.options.api_key_env
@@ -299,10 +308,14 @@ class OpenAIEngine(Engine):
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 
     def speed_settings(self) -> dict:
-        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown."""
+        """Known only for a launched vLLM server (its flags); a server given by base_url is unknown,
+        but for the context that its /v1/models states."""
         from strict_gate.engines.vllm.args import vllm_serve_settings
 
-        return vllm_serve_settings(list(self.options.serve or []))
+        settings = vllm_serve_settings(list(self.options.serve or []))
+        if settings.get("max_context") is None and self._context is not None:
+            settings["max_context"] = self._context
+        return settings
 
     def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
         self.start()
@@ -319,6 +332,9 @@ class OpenAIEngine(Engine):
             return [f.result() for f in futures]
 
     def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
+        refused = over_context(p, sampling, self.speed_settings().get("max_context"))
+        if refused is not None:
+            return refused
         body = {
             **self._extra(),
             "model": self._resolve_model(),

@@ -13,12 +13,14 @@ import os
 import socket
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from strict_gate.core.model_files import BUNDLED_PREFIX, resolve_model
+from strict_gate.core.redact import is_secret_name
 from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
-from strict_gate.engines.process import close_log, open_log, spawn, stop_group
+from strict_gate.engines.process import close_log, log_caught_up, open_log, spawn, stop_group
 from strict_gate.errors import ConfigError, EngineError
 
 LOG_TAIL_LINES = 40
@@ -71,7 +73,7 @@ class ServerProcess:
         if is_temp:
             self.log_path = path
         try:
-            self._proc = spawn(self.argv, self.env, self.cwd,
+            self._proc = spawn(self.argv, self.env, self.cwd, orphan_grace_s=self.stop_timeout_s,
                                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT)
         except OSError as e:
             close_log(self._log_file)
@@ -119,6 +121,7 @@ class ServerProcess:
 
     def log_tail(self) -> str:
         """The last lines of the log, as a suffix for an error message ('' when there are none)."""
+        log_caught_up(self.pgid)
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -159,8 +162,52 @@ class Server:
         return f"server {self.index} ({self.base_url})"
 
 
+def served_context(client: OpenAIClient, model: str | None) -> int | None:
+    """The context a server states for `model` (vLLM's /v1/models max_model_len), or None."""
+    try:
+        models = client.call("GET", "/v1/models", timeout=10.0, retries=0)
+    except (HTTPStatus, Unreachable):
+        return None
+    data = models.get("data") if isinstance(models, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            ctx = entry.get("max_model_len")
+            return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+    return None
+
+
+def url_problem(url: str, name: str = "base_url") -> str | None:
+    """Why a URL option is refused, None when it is fine. Credentials in it (user:key@host,
+    ?api_key=...) would be written to the manifest, every report, the gate.toml copy and the
+    console. base_url takes no query at all (paths are appended to it); health_url keeps a
+    query whose names do not look secret (core/redact.py's rule)."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if "@" in parts.netloc:
+        what = "user:password@ credentials"
+    elif name == "base_url" and ("?" in url or "#" in url):
+        what = "a query or fragment (?... / #...), where keys such as ?api_key= go"
+    elif any(is_secret_name(k) for k, _ in query):
+        what = "a secret-looking query parameter"
+    else:
+        return None
+    shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    return (f"openai: {name} {shown!r} carries {what}; it would be written to the manifest, the reports "
+            f"and the console. Give {name} without it, put the key in an environment variable and name "
+            "that variable with api_key_env = \"NAME\" (sent as Authorization: Bearer)")
+
+
+def url_problems(o) -> list[tuple[str, str]]:
+    """(option name, why refused) for each URL option of `o` that carries credentials."""
+    urls = [("base_url", u) for u in (o.base_url if isinstance(o.base_url, list) else [o.base_url])]
+    urls.append(("health_url", o.health_url))
+    return [(name, why) for name, u in urls if isinstance(u, str) and (why := url_problem(u, name))]
+
+
 def _check_shape(o) -> None:
     """How the options combine; each option's own type and range OpenAIOptions checks itself."""
+    for _, problem in url_problems(o):
+        raise ConfigError(problem)
     urls = o.base_url if isinstance(o.base_url, list) else None
     if not o.base_url and not o.serve:
         raise ConfigError("openai: set base_url (a running server) or serve (a command that launches one)")
