@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +22,7 @@ from strict_gate.gate.arm import OnRecord, determinism_summary, prompt_inputs, r
 from strict_gate.gate.bench import gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.state import write_gate_state
-from strict_gate.judge.compare import DEFAULT_BAND, check_band, compare_runs
+from strict_gate.judge.compare import DEFAULT_BAND, Comparison, check_band, compare_on_disk, compare_runs
 from strict_gate.judge.diagnose import DIAGNOSED, diagnose
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
@@ -33,7 +33,8 @@ from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, check_comparable
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Run, Sampling, now_iso, write_text_atomic
+from strict_gate.runs.records import Record, Run, Sampling, now_iso, write_text_atomic
+from strict_gate.runs.stream import RunRecords, open_run
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
 RESCORER_LOG = "rescorer.log"
@@ -98,16 +99,19 @@ def judge(
     config: dict | None = None,
     diagnose_wanted: bool = False,
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+    comparison: Comparison | None = None,
 ) -> GateResult:
-    """Compare two runs, apply the policy, and (given a scoring engine) diagnose divergences."""
+    """Compare two runs (unless `comparison` is already made of them), apply the policy, and
+    (given a scoring engine) diagnose divergences."""
     policy = check_policy(policy)
     band = valid_band(band)
     for label, run in (("reference", ref), ("candidate", cand)):
         if not run.complete and not any(p.startswith(label) for p in problems):
             problems.append(f"{label} run is {run.manifest.status}: {run.manifest.error or 'not finished'}")
-    comparison = compare_runs(
-        ref.records, cand.records, band=band, prompt_ids=prompt_ids, greedy_tolerance=greedy_tolerance
-    )
+    if comparison is None:
+        comparison = compare_runs(
+            ref.records, cand.records, band=band, prompt_ids=prompt_ids, greedy_tolerance=greedy_tolerance
+        )
     verdict = apply_policy(comparison, policy, ref.records, cand.records, run_problems=tuple(problems))
     diagnoses = {}
     notes: list[str] = []
@@ -158,11 +162,16 @@ def compare_run_dirs(
 
     Runs that are not comparable (prompt set, max_tokens, top_logprobs) are bad input (exit 2);
     `prompts` names the prompt set whose ids are expected, so a prompt missing from both runs
-    is reported as missing rather than silently absent."""
+    is reported as missing rather than silently absent.
+
+    Both runs are streamed from disk (runs/stream.py): memory stays flat in the number of
+    prompts, and the result's records are read back on demand."""
+    from strict_gate.report.html import DETAIL_CAP
+
     ref_dir, cand_dir = Path(reference), Path(candidate)
     band = valid_band(band)
-    ref = load_run(ref_dir, allow_incomplete=True)
-    cand = load_run(cand_dir, allow_incomplete=True)
+    ref = open_run(ref_dir, allow_incomplete=True)
+    cand = open_run(cand_dir, allow_incomplete=True)
     check_comparable(ref, cand)
     ps_info = dict(ref.manifest.prompt_set)
     prompt_ids = ref.manifest.prompt_ids or cand.manifest.prompt_ids
@@ -174,9 +183,12 @@ def compare_run_dirs(
                 path=str(prompts),
             )
         prompt_ids = ps.ids
+    assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
+    comparison = compare_on_disk(ref.records, cand.records, band=band, prompt_ids=prompt_ids,
+                                 keep_whole=DETAIL_CAP)
     result = judge(
         f"{ref_dir.name}-vs-{cand_dir.name}", ps_info, ref.manifest.sampling, ref, cand,
-        prompt_ids=prompt_ids, policy=policy, band=band, problems=[],
+        prompt_ids=prompt_ids, policy=policy, band=band, problems=[], comparison=comparison,
     )
     if out is not None:
         from strict_gate.report import write_reports
@@ -278,7 +290,7 @@ def run_gate(
     return GateOutcome(result, report_dir)
 
 
-def _drift_pass(candidate: Engine, ref_records: dict, cfg: GateConfig, ps: PromptSet, band: float,
+def _drift_pass(candidate: Engine, ref_records: Mapping[str, Record], cfg: GateConfig, ps: PromptSet, band: float,
                 progress: ProgressHook | None, notes: list[str]) -> DriftReport | None:
     """Teacher-force every reference token sequence through the candidate (gate option `drift`).
     A candidate that cannot score, or fails to start, gives no drift, stated in a note (drift
