@@ -145,4 +145,5 @@ def test_compare_memory_is_bounded(tmp_path):
                        capture_output=True, text=True, check=True)
     peak = int(p.stdout.strip().splitlines()[-1])
     assert (tmp_path / "out" / "report.html").exists()
+    print(f"peak RSS {peak} MB")
     assert peak < PEAK_RSS_MB, f"peak RSS {peak} MB"
