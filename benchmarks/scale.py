@@ -2,12 +2,15 @@
 and how much memory it peaks at, on synthetic runs of N prompts x T tokens x top-K.
 
     python benchmarks/scale.py --prompts 1000 --tokens 512 --top 20      # one point
+    python benchmarks/scale.py --table                                   # 1,000 and 2,000 x 512 x 20
     python benchmarks/scale.py --grid                                    # the growth table
 
 It writes two honest runs (greedy, sorted, finite, 10% of prompts diverging from some
 position on, the candidate then picking the reference's runner-up) into a scratch
 directory, runs `strict-gate compare` in a child process, and prints a markdown row:
-wall seconds (median of --repeat), peak RSS of the child, and the JSONL size.
+wall seconds (median of --repeat), peak RSS of the child, the JSONL size, and the floor:
+a child process that merely decodes both files with orjson, line by line (median of the
+same --repeat, measured between the compare runs), with compare's time over it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,15 @@ def write_runs(out: Path, n: int, tokens: int, top: int, diverge: float = 0.1, s
     ref, cand = out / "reference", out / "candidate"
     for d in (ref, cand):
         d.mkdir(parents=True, exist_ok=True)
+    def line(i: int, prompt: list, run_ids: np.ndarray, lps: np.ndarray) -> bytes:
+        il, ll = run_ids.tolist(), lps.tolist()
+        top_json = [[[a, b] for a, b in zip(ir, lr)] for ir, lr in zip(il, ll)]
+        rec = {
+            "id": f"p{i:06d}", "prompt_token_ids": prompt, "token_ids": run_ids[:, 0].tolist(),
+            "finish_reason": "length", "top_logprobs": top_json, "timing": {"ttft_s": 0.01, "total_s": 1.0},
+        }
+        return msgspec.json.encode(rec) + b"\n"
+
     with open(ref / "records.jsonl", "wb") as fr, open(cand / "records.jsonl", "wb") as fc:
         for i in range(n):
             base = rng.integers(0, VOCAB - 7 * top, size=tokens)
@@ -56,26 +68,40 @@ def write_runs(out: Path, n: int, tokens: int, top: int, diverge: float = 0.1, s
             lps = -np.cumsum(rng.exponential(1.0, size=(tokens, top)), axis=1) + 1e-9
             lps[:, 0] = np.minimum(lps[:, 0], 0.0)
             prompt = rng.integers(0, VOCAB, size=64).tolist()
-            cids = ids.copy()
+            ref_line = line(i, prompt, ids, lps)
+            fr.write(ref_line)
             if rng.random() < diverge:  # from position d on, the candidate prefers the runner-up
                 d = int(rng.integers(0, tokens))
+                cids = ids.copy()
                 cids[d:, [0, 1]] = cids[d:, [1, 0]]
-            for f, run_ids in ((fr, ids), (fc, cids)):
-                il, ll = run_ids.tolist(), lps.tolist()
-                top_json = [[[a, b] for a, b in zip(ir, lr)] for ir, lr in zip(il, ll)]
-                rec = {
-                    "id": f"p{i:06d}", "prompt_token_ids": prompt, "token_ids": run_ids[:, 0].tolist(),
-                    "finish_reason": "length", "top_logprobs": top_json, "timing": {"ttft_s": 0.01, "total_s": 1.0},
-                }
-                f.write(msgspec.json.encode(rec) + b"\n")
+                fc.write(line(i, prompt, cids, lps))
+            else:
+                fc.write(ref_line)
     for d, kind in ((ref, "synthetic-reference"), (cand, "synthetic-candidate")):
         (d / "manifest.json").write_text(json.dumps(_manifest(n, tokens, top, kind)))
     return ref, cand
 
 
-def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, float, int]:
-    """Median wall seconds and peak RSS (MB) of `strict-gate compare` in a child process."""
-    times, peak = [], 0.0
+FLOOR = (
+    "import sys, orjson\n"
+    "for p in sys.argv[1:]:\n"
+    "    with open(p, 'rb') as f:\n"
+    "        for line in f:\n"
+    "            orjson.loads(line)\n"
+)
+
+
+def floor(ref: Path, cand: Path) -> float:
+    """Wall seconds of a child process that only decodes both records files with orjson."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FLOOR, str(ref / "records.jsonl"), str(cand / "records.jsonl")], check=True)
+    return time.perf_counter() - t0
+
+
+def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, float, int, float]:
+    """Median wall seconds and peak RSS (MB) of `strict-gate compare` in a child process, and
+    the median orjson floor, each floor run right after a compare run (same machine load)."""
+    times, floors, peak = [], [], 0.0
     for _ in range(repeat):
         shutil.rmtree(reports, ignore_errors=True)
         code = (
@@ -94,8 +120,9 @@ def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, f
             raise SystemExit(f"compare wrote no report.json (exit {p.returncode}): {p.stderr[-2000:]}")
         times.append(wall)
         peak = max(peak, rss)
+        floors.append(floor(ref, cand))
     size = (ref / "records.jsonl").stat().st_size + (cand / "records.jsonl").stat().st_size
-    return statistics.median(times), peak, size
+    return statistics.median(times), peak, size, statistics.median(floors)
 
 
 def main() -> None:
@@ -104,21 +131,27 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--table", action="store_true", help="issue 21's table: 1,000 and 2,000 x 512 x 20")
     ap.add_argument("--grid", action="store_true", help="the growth table: prompts and tokens varied")
     ap.add_argument("--keep", type=Path, help="write the runs here and keep them")
     args = ap.parse_args()
     points = [(args.prompts, args.tokens, args.top)]
     if args.grid:
         points = [(n, 512, 20) for n in (250, 500, 1000, 2000)] + [(1000, t, 20) for t in (128, 256)]
-    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}")
-    print("| prompts | tokens | top-k | JSONL MB (both runs) | compare + reports s (median) | peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    if args.table:
+        points = [(n, 512, 20) for n in (1000, 2000)]
+    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, load average {os.getloadavg()}")
+    print("| prompts | tokens | top-k | JSONL MB (both runs) | compare + reports s (median) | peak RSS MB "
+          "| orjson decode s (median) | compare / orjson |")
+    print("|---|---|---|---|---|---|---|---|")
     for n, t, k in points:
         scratch = args.keep or Path(tempfile.mkdtemp(prefix="sg-scale-"))
         try:
             ref, cand = write_runs(scratch / f"{n}x{t}x{k}", n, t, k)
-            wall, rss, size = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
-            print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} |", flush=True)
+            wall, rss, size, base = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
+            print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} | {base:.2f} | {wall / base:.2f}x |",
+                  flush=True)
+            print(f"load average after: {os.getloadavg()}", flush=True)
         finally:
             if args.keep is None:
                 shutil.rmtree(scratch, ignore_errors=True)

@@ -24,7 +24,7 @@ from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.state import write_gate_state
-from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status
+from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
 from strict_gate.judge.policy import Policy, check_policy
@@ -36,7 +36,8 @@ from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Run, Sampling, write_text_atomic
+from strict_gate.runs.records import Record, Run, Sampling, write_text_atomic
+from strict_gate.runs.stream import RunRecords, open_run
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
 ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
@@ -74,11 +75,16 @@ def compare_run_dirs(
 
     Runs that are not comparable (prompt set, max_tokens, top_logprobs) are bad input (exit 2);
     `prompts` names the prompt set whose ids are expected, so a prompt missing from both runs
-    is reported as missing rather than silently absent."""
+    is reported as missing rather than silently absent.
+
+    Both runs are streamed from disk (runs/stream.py): memory stays flat in the number of
+    prompts, and the result's records are read back on demand."""
+    from strict_gate.report.html import DETAIL_CAP
+
     ref_dir, cand_dir = Path(reference), Path(candidate)
     band = valid_band(band)
-    ref = load_run(ref_dir, allow_incomplete=True)
-    cand = load_run(cand_dir, allow_incomplete=True)
+    ref = open_run(ref_dir, allow_incomplete=True)
+    cand = open_run(cand_dir, allow_incomplete=True)
     check_comparable(ref, cand)
     ps_info = dict(ref.manifest.prompt_set)
     prompt_ids = ref.manifest.prompt_ids or cand.manifest.prompt_ids
@@ -92,7 +98,10 @@ def compare_run_dirs(
         prompt_ids = ps.ids
     spec = GateSpec(name=f"{ref_dir.name}-vs-{cand_dir.name}", prompt_set=PromptSetRef.stored(ps_info, prompt_ids),
                     sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
-    result = judge(spec, ref, cand)
+    assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
+    comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
+                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP)
+    result = judge(spec, ref, cand, comparison=comparison)
     if out is not None:
         from strict_gate.report import write_reports
 
@@ -326,7 +335,7 @@ def _drift_phase(g: _Gate, engines: Lifetimes, ref_run: Run, result: GateResult,
     return replace(result, drift=drift, notes=result.notes + tuple(notes))
 
 
-def _drift_pass(g: _Gate, ref_records: Mapping, notes: list[str]) -> DriftReport | None:
+def _drift_pass(g: _Gate, ref_records: Mapping[str, Record], notes: list[str]) -> DriftReport | None:
     """Teacher-force every reference token sequence through the candidate (gate option `drift`).
     A candidate that cannot score, or fails to start, gives no drift, stated in a note (drift
     informs; it never changes the verdict)."""

@@ -10,7 +10,7 @@ divergence is a real forward bug, not a near-tie.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,8 +140,8 @@ class Scorer(Protocol):
 
 def diagnose(
     comparison: Comparison,
-    reference: dict[str, Record],
-    candidate: dict[str, Record],
+    reference: Mapping[str, Record],
+    candidate: Mapping[str, Record],
     engine: Scorer,
     k: int,
 ) -> dict[str, Diagnosis]:

@@ -9,6 +9,7 @@ auto            strict where the reference's samples agree (or none were capture
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -75,8 +76,8 @@ def _samples_agree(rec: Record | None) -> bool | None:
 def apply_policy(
     comparison: Comparison,
     policy: Policy | str,
-    reference: dict[str, Record],
-    candidate: dict[str, Record],
+    reference: Mapping[str, Record],
+    candidate: Mapping[str, Record],
     *,
     run_problems: tuple[str, ...] = (),
 ) -> Verdict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from strict_gate.errors import ExitCode
@@ -40,7 +41,7 @@ class ArmWallClock:
         }
 
 
-def arm_wall_clock(records: dict[str, Record]) -> ArmWallClock | None:
+def arm_wall_clock(records: Mapping[str, Record]) -> ArmWallClock | None:
     timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
     if not timed:
         return None
@@ -63,8 +64,8 @@ class GateResult:
     candidate: EngineInfo
     prompt_set: dict
     sampling: Sampling
-    reference_records: dict[str, Record]
-    candidate_records: dict[str, Record]
+    reference_records: Mapping[str, Record]  # a RunRecords (read on demand) from compare_run_dirs
+    candidate_records: Mapping[str, Record]
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     runs: dict = field(default_factory=dict)  # {"reference": path, "candidate": path}
     determinism: dict | None = None  # the reference's, when it captured K runs

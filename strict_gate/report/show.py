@@ -7,6 +7,7 @@ report.json names) for the full token sequences. No engine, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,12 @@ class StoredGate:
     """A finished gate as `show` reads it: report.json and both runs' records."""
 
     report: StoredReport
-    reference: dict[str, Record]
-    candidate: dict[str, Record]
+    reference: Mapping[str, Record]
+    candidate: Mapping[str, Record]
     decoder: Decoder
 
 
-def _records(report_dir: Path, report: StoredReport, role: str) -> dict[str, Record]:
+def _records(report_dir: Path, report: StoredReport, role: str) -> Mapping[str, Record]:
     """The run in the report directory, else the one report.json names (a `compare --out`)."""
     here = report_dir / role
     named = getattr(report.runs, role)

@@ -317,12 +317,10 @@ def read_manifest(directory: Path) -> Manifest:
     return manifest
 
 
-def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
-    """Read and audit a run directory. An unfinished run is refused unless allow_incomplete."""
-    d = Path(directory)
+def records_path(d: Path, manifest: Manifest, *, allow_incomplete: bool) -> tuple[Path | None, bool]:
+    """The records file to read for this manifest (None: a running run that wrote none yet)
+    and whether a torn last line is tolerated; an unfinished run is refused unless allow_incomplete."""
     files = RunDir(d)
-    manifest = read_manifest(d)
-    limits = {"max_tokens": manifest.sampling.max_tokens, "vocab_size": vocab_size(manifest.engine)}
     if manifest.status == RunStatus.RUNNING:
         if not allow_incomplete:
             raise IncompleteRunError(
@@ -331,14 +329,21 @@ def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
                 path=str(d),
             )
         path = files.partial if files.partial.exists() else files.records
-        records = read_records(path, tolerate_torn_tail=True, **limits) if path.exists() else {}
-        return Run(str(d), manifest, records)
+        return (path if path.exists() else None), True
     if manifest.status == RunStatus.FAILED and not allow_incomplete:
         raise IncompleteRunError(f"run failed: {manifest.error} (on prompt {manifest.failed_prompt})", path=str(d))
-    rpath = files.records
-    if not rpath.exists():
+    if not files.records.exists():
         raise InputError(f"{RunFile.RECORDS} is missing", path=str(d))
-    records = read_records(rpath, **limits)
+    return files.records, False
+
+
+def load_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
+    """Read and audit a run directory. An unfinished run is refused unless allow_incomplete."""
+    d = Path(directory)
+    manifest = read_manifest(d)
+    limits = {"max_tokens": manifest.sampling.max_tokens, "vocab_size": vocab_size(manifest.engine)}
+    path, torn = records_path(d, manifest, allow_incomplete=allow_incomplete)
+    records = read_records(path, tolerate_torn_tail=torn, **limits) if path is not None else {}
     if manifest.status == RunStatus.COMPLETE and len(records) != manifest.records:
         raise InputError(f"manifest says {manifest.records} records, {RunFile.RECORDS} holds {len(records)}", path=str(d))
     return Run(str(d), manifest, records)

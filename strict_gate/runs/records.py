@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -250,7 +250,7 @@ class Manifest:
 class Run:
     path: str
     manifest: Manifest
-    records: dict[str, Record]
+    records: Mapping[str, Record]  # a dict, or a RunRecords reading the run's file on demand
 
     @property
     def complete(self) -> bool:

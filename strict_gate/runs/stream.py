@@ -1,0 +1,324 @@
+"""A run on disk read in bounded memory: an index of byte offsets, records decoded by the chunk.
+
+Holding two 10,000 x 512 x top-20 runs whole takes about 10 GB. Here a run is an index (the
+offset, length and line of each record, by id, found in one pass that decodes almost nothing)
+and records are decoded and audited when asked for, a chunk at a time, by the same code and
+the same rules as read_records (runs/audit.py: every rule, every record). What stays in memory
+is the caller's choice: RunRecords keeps the whole records it is told to (the prompts a report
+draws) and a slim copy of the rest (token ids as int32, the small fields) whose top-k is read
+back from disk only when someone looks at it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from strict_gate.errors import InputError
+from strict_gate.runs.audit import vocab_size
+from strict_gate.runs.reader import (
+    _DECODER,
+    _build,
+    _Columns,
+    _columns,
+    _decode_error,
+    _Record,
+    read_manifest,
+    records_path,
+)
+from strict_gate.runs.records import Record, Run, RunStatus, Timing, TopK, TopSteps
+
+_ID_PREFIXES = (b'{"id": "', b'{"id":"')  # how RunWriter (and most writers) start a record
+
+
+class _IdOnly(msgspec.Struct):
+    id: str
+
+
+_ID_DECODER = msgspec.json.Decoder(_IdOnly)
+
+
+@dataclass(frozen=True)
+class RecordIndex:
+    """Where each record of a records file is: file order, by id. `stamp` is the file's
+    (size, mtime) when indexed; a file that changes afterwards is refused, never half-read."""
+
+    path: Path
+    ids: tuple[str, ...]
+    offsets: np.ndarray
+    lengths: np.ndarray
+    lines: np.ndarray
+    where: dict[str, int]
+    stamp: tuple[int, int]
+
+    @classmethod
+    def empty(cls, path: Path) -> RecordIndex:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(path, (), z, z, z, {}, (0, 0))
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic collector paused while a chunk is decoded: decoding makes millions of
+    containers and no cycle, and the collector's passes over them doubled the decode time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _line_id(line: bytes, spath: str, lineno: int) -> str:
+    """The record's id: read off the line's start when it is a plain string there (decoding
+    the line checks it later), else by a decoder that skips every other field."""
+    for p in _ID_PREFIXES:
+        if line.startswith(p):
+            end = line.find(b'"', len(p))
+            raw = line[len(p):end]
+            if end > 0 and b"\\" not in raw:
+                try:
+                    return raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    break
+    try:
+        return _ID_DECODER.decode(line).id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        try:  # the full decoder's message, as read_records gives it
+            _DECODER.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(_decode_error(e, line), path=spath, line=lineno) from None
+        raise InputError('invalid record: "id" is not a string', path=spath, line=lineno) from None
+
+
+def _torn(line: bytes) -> bool:
+    """The writer died mid-line: the line is not a record (only ever the last one)."""
+    if line.rstrip().endswith(b"}"):
+        return False
+    try:
+        _DECODER.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return True
+    return False
+
+
+def index_records(path: Path, *, tolerate_torn_tail: bool = False) -> RecordIndex:
+    """One pass over a records file, a line at a time: ids, offsets and lines."""
+    spath = str(path)
+    ids: list[str] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    lines: list[int] = []
+    where: dict[str, int] = {}
+    last: bytes = b""
+    try:
+        stamp = _stamp(path)
+        with open(path, "rb") as f:
+            offset = 0
+            for lineno, line in enumerate(f, start=1):
+                if line.strip():
+                    rid = _line_id(line, spath, lineno)
+                    if rid in where:
+                        raise InputError(f"duplicate record id {rid!r}", path=spath, line=lineno)
+                    where[rid] = len(ids)
+                    ids.append(rid)
+                    offsets.append(offset)
+                    lengths.append(len(line))
+                    lines.append(lineno)
+                    last = line
+                offset += len(line)
+    except OSError as e:
+        raise InputError(f"cannot read records: {e}", path=spath) from None
+    if tolerate_torn_tail and ids and _torn(last):
+        del where[ids.pop()]
+        offsets.pop(), lengths.pop(), lines.pop()
+    as_array = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return RecordIndex(path, tuple(ids), as_array(offsets), as_array(lengths), as_array(lines), where, stamp)
+
+
+class DiskSteps(Sequence[TopK]):
+    """A slim record's top-k, decoded from the run file (and audited again) on first look."""
+
+    __slots__ = ("_load", "_n", "_steps")
+
+    def __init__(self, n: int, load: Callable[[], Sequence[TopK]]):
+        self._n, self._load = n, load
+        self._steps: Sequence[TopK] | None = None
+
+    def _loaded(self) -> Sequence[TopK]:
+        if self._steps is None:
+            self._steps = self._load()
+        return self._steps
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._loaded()[i]
+
+    def __eq__(self, other) -> bool:
+        return self._loaded() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DiskSteps({self._n} steps)"
+
+
+@dataclass(frozen=True)
+class _Slim:
+    """A record without its top-k: about 4 bytes a token instead of 300."""
+
+    prompt: np.ndarray
+    tokens: np.ndarray
+    finish_reason: str | None
+    has_top: bool
+    samples: tuple[np.ndarray, ...] | None
+    error: str | None
+    timing: Timing | None
+
+    @classmethod
+    def of(cls, r: Record) -> _Slim:
+        i32 = lambda xs: np.array(xs, dtype=np.int32)  # noqa: E731 (the audit bounds ids to 0..2**31-1)
+        samples = None if r.samples is None else tuple(i32(s) for s in r.samples)
+        return cls(i32(r.prompt_token_ids), i32(r.token_ids), r.finish_reason, r.top_logprobs is not None,
+                   samples, r.error, r.timing)
+
+    def record(self, rid: str, load: Callable[[], Sequence[TopK]]) -> Record:
+        tokens = tuple(self.tokens.tolist())
+        return Record(
+            id=rid,
+            prompt_token_ids=tuple(self.prompt.tolist()),
+            token_ids=tokens,
+            finish_reason=self.finish_reason,
+            top_logprobs=DiskSteps(len(tokens), load) if self.has_top else None,
+            samples=None if self.samples is None else tuple(tuple(s.tolist()) for s in self.samples),
+            error=self.error,
+            timing=self.timing,
+        )
+
+
+def _own(r: Record) -> Record:
+    """The record with its top-k copied out of its chunk's arrays (which then can go)."""
+    top = r.top_logprobs
+    if not isinstance(top, TopSteps):
+        return r
+    steps = TopSteps(top.ids.copy(), top.lps.copy(), np.array(top.width))
+    return Record(r.id, r.prompt_token_ids, r.token_ids, r.finish_reason, steps, r.samples, r.error, r.timing)
+
+
+class RunRecords(Mapping[str, Record]):
+    """A run's records by id, read from its file on demand. `read` decodes and audits a chunk;
+    `keep` remembers a record whole or slim; any other id is decoded when looked up."""
+
+    def __init__(self, index: RecordIndex, *, max_tokens: int | None, vocab_size: int | None):
+        self.index = index
+        self._limits = {"max_tokens": max_tokens, "vocab_size": vocab_size}
+        self._whole: dict[str, Record] = {}
+        self._slim: dict[str, _Slim] = {}
+
+    def __len__(self) -> int:
+        return len(self.index.ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index.ids)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self.index.where
+
+    def __getitem__(self, rid: str) -> Record:
+        if rid in self._whole:
+            return self._whole[rid]
+        slim = self._slim.get(rid)
+        if slim is not None:
+            return slim.record(rid, lambda: self._reread(rid))
+        if rid not in self.index.where:
+            raise KeyError(rid)
+        return self.read([rid])[rid]
+
+    def _reread(self, rid: str) -> Sequence[TopK]:
+        top = self.read([rid])[rid].top_logprobs
+        assert top is not None  # the slim copy was made from this very line, which had a top-k
+        return top
+
+    def size(self, rid: str) -> int:
+        """Bytes of the record's line; 0 when the run has no such record."""
+        pos = self.index.where.get(rid)
+        return 0 if pos is None else int(self.index.lengths[pos])
+
+    def read(self, rids: Iterable[str]) -> dict[str, Record]:
+        """Decode and audit the records of these ids (those the run has) from the file."""
+        idx = self.index
+        spath = str(idx.path)
+        positions = sorted(idx.where[r] for r in rids if r in idx.where)  # file order: sequential reads
+        if not positions:
+            return {}
+        with _no_gc():
+            cols = self._decode(positions)
+        return _build(cols, spath, cols.lines.__getitem__, **self._limits)
+
+    def _decode(self, positions: list[int]) -> _Columns:
+        idx = self.index
+        spath = str(idx.path)
+        try:
+            if _stamp(idx.path) != idx.stamp:
+                raise InputError("the records file changed while it was being read; compare again", path=spath)
+            with open(idx.path, "rb") as f:
+                lines = []
+                for pos in positions:
+                    f.seek(int(idx.offsets[pos]))
+                    lines.append(f.read(int(idx.lengths[pos])))
+        except OSError as e:
+            raise InputError(f"cannot read records: {e}", path=spath) from None
+        linenos = [int(idx.lines[p]) for p in positions]
+        expected = [idx.ids[p] for p in positions]
+        return _exact_columns(lines, linenos, expected, spath)
+
+    def keep(self, record: Record, *, whole: bool) -> None:
+        if whole:
+            self._whole[record.id] = _own(record)
+        else:
+            self._slim[record.id] = _Slim.of(record)
+
+
+def _check_id(raw, expected: str, spath: str, lineno: int) -> None:
+    if raw.id != expected:
+        raise InputError(f'invalid record: the line has "id" twice ({expected!r}, {raw.id!r})', path=spath, line=lineno)
+
+
+def _exact_columns(lines: list[bytes], linenos: list[int], expected: list[str], spath: str) -> _Columns:
+    """Each line decoded whole, as read_records does: exact types, errors that name the line."""
+    decoded: list[tuple[_Record, int | None]] = []
+    for line, lineno, rid in zip(lines, linenos, expected):
+        try:
+            raw = _DECODER.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise InputError(_decode_error(e, line), path=spath, line=lineno) from None
+        _check_id(raw, rid, spath, lineno)
+        decoded.append((raw, lineno))
+    return _columns(decoded, spath)
+
+
+def open_run(directory: str | Path, *, allow_incomplete: bool = False) -> Run:
+    """load_run's checks (manifest, status, record count) with records read on demand:
+    the run's `records` is a RunRecords over an index of its file."""
+    d = Path(directory)
+    manifest = read_manifest(d)
+    path, torn = records_path(d, manifest, allow_incomplete=allow_incomplete)
+    index = index_records(path, tolerate_torn_tail=torn) if path is not None else RecordIndex.empty(d)
+    if manifest.status == RunStatus.COMPLETE and len(index.ids) != manifest.records:
+        raise InputError(f"manifest says {manifest.records} records, records.jsonl holds {len(index.ids)}", path=str(d))
+    records = RunRecords(index, max_tokens=manifest.sampling.max_tokens, vocab_size=vocab_size(manifest.engine))
+    return Run(str(d), manifest, records)
