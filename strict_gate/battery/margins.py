@@ -89,7 +89,7 @@ def _probabilities(gaps: np.ndarray, owner: np.ndarray, n: int, sigma: float) ->
         raise InputError(f"perturbation scale {sigma!r}: must be a finite number > 0 (nats)")
     swap = np.asarray(_ERFC(gaps / (2.0 * sigma)), dtype=float) * 0.5
     log_keep = np.bincount(owner, weights=np.log1p(-np.minimum(swap, 1 - 1e-16)), minlength=n)
-    return -np.expm1(log_keep)
+    return np.maximum(-np.expm1(log_keep), 0.0)  # never -0.0
 
 
 def prompt_flip_probabilities(profiles: Sequence[MarginProfile], sigma: float) -> np.ndarray:
@@ -99,7 +99,7 @@ def prompt_flip_probabilities(profiles: Sequence[MarginProfile], sigma: float) -
 
 def battery_detection(p: np.ndarray) -> float:
     """P(at least one prompt flips), prompts independent."""
-    return float(-math.expm1(np.log1p(-np.minimum(p, 1 - 1e-16)).sum())) if p.size else 0.0
+    return max(0.0, -math.expm1(float(np.log1p(-np.minimum(p, 1 - 1e-16)).sum()))) if p.size else 0.0
 
 
 def calibrate(profiles: Sequence[MarginProfile], target: float = 0.01) -> float:

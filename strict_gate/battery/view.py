@@ -82,6 +82,10 @@ def _main_scale(doc: dict) -> str:
     return scale_key(rule["sigma"]) if rule and "sigma" in rule else scale_key(0.01)
 
 
+def _by_p(doc: dict, key: str) -> list[dict]:
+    return sorted(doc["sensitivity"]["prompts"], key=lambda p: -(p["p_flip"].get(key) or 0.0))
+
+
 def print_battery(doc: dict, console: Console, *, top: int = 20) -> None:
     for k, v in _header(doc):
         console.print(f"{k:<11} {v}")
@@ -106,10 +110,10 @@ def print_battery(doc: dict, console: Console, *, top: int = 20) -> None:
         det.add_row(k, _pct(d), *([_pct(r)] if has_pool else []))
     console.print(det)
     key = _main_scale(doc)
-    per = Table(title=f"prompts (first {top}), P(flip) at sigma {key}")
+    per = Table(title=f"the {top} prompts most likely to flip, P(flip) at sigma {key}")
     for col in ("id", "group", "steps", "smallest", "within band", "first small", "P(flip)"):
         per.add_column(col, justify="left" if col in ("id", "group") else "right")
-    for p in doc["sensitivity"]["prompts"][:top]:
+    for p in _by_p(doc, key)[:top]:
         per.add_row(visible(p["id"]), visible(p.get("group", "")), str(p["steps"]), _fmt_margin(p["smallest_margin"]),
                     str(p["within_band"]), "-" if p["first_within_band"] is None else str(p["first_within_band"]),
                     _pct(p["p_flip"].get(key)))
@@ -132,7 +136,7 @@ def battery_html(doc: dict) -> str:
     det_rows = [[k, _pct(d), _pct(r)] for k, d, r in _detection(doc)]
     key = _main_scale(doc)
     per_rows = [[visible(p["id"]), visible(p.get("group", "")), str(p["steps"]), _fmt_margin(p["smallest_margin"]),
-                 str(p["within_band"]), _pct(p["p_flip"].get(key))] for p in doc["sensitivity"]["prompts"]]
+                 str(p["within_band"]), _pct(p["p_flip"].get(key))] for p in _by_p(doc, key)]
     title = html.escape(visible(doc["prompt_set"].get("name")))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>battery {title}</title>
