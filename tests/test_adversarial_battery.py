@@ -97,16 +97,10 @@ def test_hostile_ids_are_escaped_in_the_terminal_and_the_page(tmp_path):
 
 @pytest.mark.parametrize("opts", [["--scale", "nan"], ["--scale", "-1"], ["--max-share", "0"],
                                   ["--min-per-group", "-1"]])
-def test_nonsense_rule_parameters_are_exit_2(tmp_path, opts):
+def test_nonsense_rule_parameters_are_exit_2_before_the_reference_runs(tmp_path, opts):
     ps = tmp_path / "p.jsonl"
     ps.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n', encoding="utf-8")
-    sha = load_prompts(ps).sha256
-    run = write_run(tmp_path / "b.run", [rec(i, [5], tops=[step((5, -0.1), (6, -0.2))]) for i in "ab"],
-                    sha=sha, max_tokens=16, top=5, model="bundled:tiny-llama")
-    m = json.loads((run / "manifest.json").read_text())
-    m["engine"]["kind"] = "hf"  # a complete run of this pool: reused, so no model loads
-    (run / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
     r = runner.invoke(app, ["battery", "build", str(ps), "--reference", REF, "--size", "1", *opts,
                             "--out", str(tmp_path / "b.jsonl")])
     assert r.exit_code == 2, r.output
-    assert not (tmp_path / "b.jsonl").exists()
+    assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "b.run").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from strict_gate.battery.provenance import (
     sensitivity,
     write_provenance,
 )
-from strict_gate.battery.select import Candidate, Coverage, default_coverage, select
+from strict_gate.battery.select import Candidate, Coverage, check_feasible, default_coverage, select
 from strict_gate.errors import InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import ArmConfig
@@ -128,6 +129,10 @@ def build(pool: Pool, arm: ArmConfig, sampling: Sampling, rule: Rule, out: Path,
     if len(pool.prompts) < rule.size:
         raise InputError(f"the pool holds {len(pool.prompts)} prompts, fewer than --size {rule.size}",
                          path=pool.sources[0].path)
+    sizes = Counter(pool.groups.values())
+    check_feasible(sizes, rule.size, rule.coverage(len(sizes)))  # before minutes of generation
+    if rule.scale is not None:
+        prompt_flip_probabilities([], rule.scale)  # a bad --scale is refused now, not after the run
     run = reference_records(arm, pool.prompts, sampling, run_dir_for(out), progress)
     profiles, excluded = profiles_of(pool.prompts, run.records)
     sigma = rule.scale if rule.scale is not None else calibrate(profiles, CALIBRATION_TARGET)

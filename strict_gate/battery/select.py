@@ -58,7 +58,7 @@ def _rank_key(seed: int):
     return key
 
 
-def _check_feasible(sizes: Mapping[str, int], n: int, cov: Coverage) -> None:
+def check_feasible(sizes: Mapping[str, int], n: int, cov: Coverage) -> None:
     total = sum(sizes.values())
     if total < n:
         raise InputError(f"the pool holds {total} prompts, fewer than --size {n}")
@@ -84,7 +84,7 @@ def select(candidates: Sequence[Candidate], n: int, coverage: Coverage, seed: in
     if n < 1:
         raise InputError(f"--size {n}: must be >= 1")
     sizes = Counter(c.group for c in candidates)
-    _check_feasible(sizes, n, coverage)
+    check_feasible(sizes, n, coverage)
     ranked = sorted(candidates, key=_rank_key(seed))
     chosen: list[Candidate] = []
     taken: Counter[str] = Counter()
