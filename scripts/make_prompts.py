@@ -8,6 +8,13 @@ Writes ``smoke.jsonl`` (8 prompts, ids p0..p7) and ``battery-128.jsonl``
 ``{"id": str, "text": str, "tags": [str, ...]}``; the first tag is the
 category. All prompts are written by hand here; nothing is random.
 
+With ``--pool`` it also writes ``pool-2k.jsonl`` (the pool ``strict-gate battery build``
+chooses from, docs/battery.md) and ``pool-2k.sources.json`` (the sha256 of every input
+file): passages of the license texts under /usr/share/common-licenses (group ``legal``),
+of the running Python's standard library (source lines, group ``code``; docstrings, group
+``docstring``), and seeded templates (``arithmetic``, ``list``, ``json``, ``markdown``).
+Nothing is downloaded; the same inputs and the same seed give the same file.
+
 With a tokenizer directory that exists, it also checks every prompt's length
 (with ``<s>``) against MAX_TOKENS and that the ``long`` ones are 150-250 tokens,
 and prints the counts.
@@ -16,7 +23,9 @@ and prints the counts.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -282,6 +291,129 @@ LONG = [
 ]
 
 
+POOL_SEED = 20
+LICENSES = Path("/usr/share/common-licenses")
+STDLIB_FILES = ("argparse.py", "textwrap.py", "csv.py", "heapq.py", "bisect.py", "fractions.py", "statistics.py",
+                "calendar.py", "difflib.py", "shutil.py", "tarfile.py", "base64.py", "queue.py", "sched.py",
+                "shlex.py", "glob.py", "fnmatch.py", "gettext.py", "colorsys.py", "quopri.py", "ftplib.py",
+                "smtplib.py", "imaplib.py", "poplib.py", "pprint.py", "reprlib.py", "selectors.py", "socketserver.py")
+WORD_RANGE = (12, 40)  # words per prose passage
+LINE_RANGE = (3, 12)  # lines per code passage
+MAX_CODE_CHARS = 300
+QUOTAS = {"legal": 700, "code": 450, "docstring": 350}  # passages kept per group (a seeded sample, in order)  # the tiny tokenizer spends ~2 chars a token on code: stay under MAX_TOKENS
+
+
+def _passages(words: list[str], rng, lo: int, hi: int) -> list[str]:
+    out, i = [], 0
+    while i + lo <= len(words):
+        n = rng.randint(lo, hi)
+        out.append(" ".join(words[i:i + n]))
+        i += n
+    return out
+
+
+def _license_rows(rng, inputs: dict) -> list[dict]:
+    rows = []
+    for path in sorted(LICENSES.iterdir(), key=lambda q: q.name):
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        inputs[str(path)] = hashlib.sha256(data).hexdigest()
+        for k, text in enumerate(_passages(data.decode("utf-8", "replace").split(), rng, *WORD_RANGE)):
+            rows.append({"id": f"legal-{path.name}-{k + 1:04d}", "text": text, "tags": ["legal", path.name]})
+    return rows
+
+
+def _stdlib_rows(rng, inputs: dict) -> list[dict]:
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rows = []
+    for name in STDLIB_FILES:
+        path = root / name
+        data = path.read_bytes()
+        inputs[str(path)] = hashlib.sha256(data).hexdigest()
+        src = data.decode("utf-8")
+        lines = [ln for ln in src.splitlines() if ln.strip()]
+        i, k = 0, 0
+        while i + LINE_RANGE[0] <= len(lines):
+            n = rng.randint(*LINE_RANGE)
+            text = "\n".join(lines[i:i + n])[:MAX_CODE_CHARS] + "\n"
+            i += n
+            k += 1
+            rows.append({"id": f"code-{path.stem}-{k:04d}", "text": text, "tags": ["code", "python", path.stem]})
+        docs = [ast.get_docstring(node) for node in ast.walk(ast.parse(src))
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+        words = " ".join(d for d in docs if d).split()
+        for j, text in enumerate(_passages(words, rng, *WORD_RANGE)):
+            rows.append({"id": f"doc-{path.stem}-{j + 1:04d}", "text": text, "tags": ["docstring", path.stem]})
+    return rows
+
+
+OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+
+
+def _template_rows(rng) -> list[dict]:
+    rows = []
+    for k in range(300):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        op = rng.choice(["+", "-", "*"])
+        shown = rng.randint(0, 3)
+        lines = []
+        for _ in range(shown):
+            x, y = rng.randint(0, 99), rng.randint(0, 99)
+            lines.append(f"{x} {op} {y} = {OPS[op](x, y)}")
+        lines.append(f"{a} {op} {b} =")
+        rows.append({"id": f"arith-{k + 1:04d}", "text": "\n".join(lines), "tags": ["arithmetic"]})
+    words = ["apple", "licence", "section", "copy", "source", "work", "notice", "program", "library", "author"]
+    for k in range(200):
+        start, step = rng.randint(0, 50), rng.randint(1, 9)
+        if k % 2:
+            items = [str(start + step * i) for i in range(rng.randint(3, 9))]
+            text = ", ".join(items) + ","
+        else:
+            items = rng.sample(words, rng.randint(2, 6))
+            text = "\n".join(f"{i + 1}. {w}" for i, w in enumerate(items)) + f"\n{len(items) + 1}."
+        rows.append({"id": f"list-{k + 1:04d}", "text": text, "tags": ["list"]})
+    for k in range(150):
+        keys = rng.sample(["name", "version", "license", "id", "ok", "count", "path", "tags"], rng.randint(1, 4))
+        body = ", ".join(f'"{key}": {rng.randint(0, 99)}' for key in keys)
+        rows.append({"id": f"json-{k + 1:04d}", "text": "{" + body + ', "' + rng.choice(words) + '":',
+                     "tags": ["json"]})
+    for k in range(150):
+        cols = rng.sample(["Name", "Licence", "SPDX", "Copyleft", "Year", "Version"], rng.randint(2, 4))
+        head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+        cells = "| " + " | ".join(rng.choice(words) for _ in cols) + " |\n|"
+        rows.append({"id": f"md-{k + 1:04d}", "text": head + cells, "tags": ["markdown", "table"]})
+    return rows
+
+
+def build_pool() -> tuple[list[dict], dict]:
+    """The battery pool and the sha256 of each input file; seeded, no downloads."""
+    import random
+
+    rng = random.Random(POOL_SEED)
+    inputs: dict[str, str] = {}
+    rows = _license_rows(rng, inputs) + _stdlib_rows(rng, inputs) + _template_rows(rng)
+    seen, out = set(), []
+    for r in rows:  # dedup on the whitespace-collapsed, case-folded text
+        key = " ".join(r["text"].split()).casefold()
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return _thin(out, rng), inputs
+
+
+def _thin(rows: list[dict], rng) -> list[dict]:
+    """At most QUOTAS[group] rows of a group, a seeded sample kept in file order."""
+    keep: set[str] = set()
+    for group, quota in QUOTAS.items():
+        ids = [r["id"] for r in rows if r["tags"][0] == group]
+        keep.update(rng.sample(ids, min(quota, len(ids))))
+    return [r for r in rows if r["tags"][0] not in QUOTAS or r["id"] in keep]
+
+
 def build_battery() -> list[dict]:
     counters: dict[str, int] = {}
     rows = []
@@ -349,6 +481,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default="prompts", type=Path)
     ap.add_argument("--tokenizer", default="strict_gate/models/tiny-llama", type=Path,
                     help="check token counts with this tokenizer if it exists")
+    ap.add_argument("--pool", action="store_true", help="also write pool-2k.jsonl (docs/battery.md)")
     args = ap.parse_args(argv)
 
     smoke, battery = build_smoke(), build_battery()
@@ -358,8 +491,19 @@ def main(argv=None) -> int:
     write_jsonl(args.out_dir / "smoke.jsonl", smoke)
     write_jsonl(args.out_dir / "battery-128.jsonl", battery)
     print(f"wrote {args.out_dir / 'smoke.jsonl'} and {args.out_dir / 'battery-128.jsonl'}")
+    sets = {"smoke": smoke, "battery-128": battery}
+    if args.pool:
+        pool, inputs = build_pool()
+        assert len(pool) >= 2000, len(pool)
+        validate(pool, len(pool))
+        write_jsonl(args.out_dir / "pool-2k.jsonl", pool)
+        (args.out_dir / "pool-2k.sources.json").write_text(json.dumps(
+            {"seed": POOL_SEED, "python": platform.python_version(), "inputs": inputs,
+             "command": "python scripts/make_prompts.py --pool"}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {args.out_dir / 'pool-2k.jsonl'} ({len(pool)} prompts) and its sources")
+        sets["pool-2k"] = pool
     if (args.tokenizer / "tokenizer.json").exists():
-        return 1 if check_lengths(args.tokenizer, {"smoke": smoke, "battery-128": battery}) else 0
+        return 1 if check_lengths(args.tokenizer, sets) else 0
     print(f"(no tokenizer at {args.tokenizer}; lengths not checked)")
     return 0
 

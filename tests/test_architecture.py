@@ -28,7 +28,8 @@ WINGS: dict[str, frozenset[str]] = {
     "report": frozenset({"judge", "speed", "runs", "core", "errors"}),
     "gate": frozenset({"report", "judge", "speed", "engines", "runs", "core", "errors"}),
     "nightly": frozenset({"gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"nightly", "gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
+    "face": frozenset({"battery", "nightly", "gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
 }
 
 
