@@ -29,10 +29,11 @@ from strict_gate.battery.select import Candidate, Coverage, check_feasible, defa
 from strict_gate.errors import InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import ArmConfig
+from strict_gate.runs.layout import RunDir
 from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import MANIFEST, Record, Run, Sampling, now_iso, write_text_atomic
+from strict_gate.runs.records import Record, Run, Sampling, now_iso, write_text_atomic
 
 CALIBRATION_TARGET = 0.01  # the selection scale flips one pool prompt in a hundred, on average
 Progress = Callable[[str, int], OnRecord]
@@ -80,7 +81,7 @@ def reference_records(arm: ArmConfig, ps: PromptSet, sampling: Sampling, run_dir
                       progress: Progress | None = None) -> Run:
     """The reference's run over `ps` in run_dir: reused when complete, continued when it stopped."""
     stored = None
-    if (run_dir / MANIFEST).exists():
+    if RunDir(run_dir).manifest.exists():
         stored = load_run(run_dir, allow_incomplete=True)
         _fits(stored, ps, sampling, arm)
         if stored.manifest.status == "complete":
