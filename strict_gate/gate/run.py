@@ -392,6 +392,11 @@ def play_gate(
                 {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
             )
         result = replace(result, drift=drift, notes=result.notes + tuple(drift_notes))
+        if cfg.localize is not None:
+            from strict_gate.gate.localize import localize_result
+
+            result = localize_result(cfg, result, reference, candidate, report_dir, owned=owned,
+                                     scope=cfg.localize.scope, settings=cfg.localize.settings)
     finally:
         if "reference" in owned:
             _close(reference, report_dir / "reference")

@@ -11,6 +11,24 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class PointKind(StrEnum):
+    """The kinds of canonical point (docs/localize.md); one line per kind in the report's curve."""
+
+    EMBED = "embed"
+    ATTN = "attn"
+    MLP = "mlp"
+    LAYER = "layer"
+    NORM = "norm"
+    LOGITS = "logits"
+
+
+def kind_of(name: str) -> PointKind:
+    if name.startswith("layers."):
+        parts = name.split(".")
+        return PointKind.LAYER if len(parts) == 2 else PointKind(parts[2])
+    return PointKind(name)
+
+
 class Mode(StrEnum):
     ACCUMULATED = "accumulated"  # each arm's own forward pass: error carried from below
     GRAFTED = "grafted"  # the candidate's layers fed the reference's inputs: each layer's own error
@@ -55,6 +73,12 @@ class Localization:
         return Mode.GRAFTED if self.grafted else Mode.ACCUMULATED
 
     @property
+    def first_differs(self) -> str | None:
+        """The first point where the arms differ at all: between builds of one model in one
+        dtype, where the first kernel that computes differently sits (even within tolerance)."""
+        return next((p.name for p in self.points if p.max_abs), None)
+
+    @property
     def grafted_beyond(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.grafted if p.beyond)
 
@@ -64,7 +88,8 @@ class Localization:
         if self.error is not None:
             return "not localised"
         if self.first_beyond is None:
-            return "every point within tolerance"
+            return "every point within tolerance" + (f" (first difference at {self.first_differs})"
+                                                     if self.first_differs else ", every point equal")
         names = [p.name for p in self.points if p.rel_diff is not None]
         if names and names[0] == self.first_beyond:
             return f"beyond tolerance from the first point captured ({self.first_beyond})"
@@ -76,6 +101,7 @@ class Localization:
             "positions": list(self.positions),
             "points": [p.to_json() for p in self.points],
             "first_beyond": self.first_beyond,
+            "first_differs": self.first_differs,
             "mode": str(self.mode),
             "tolerance": self.tolerance,
             "reference_engine": self.reference_engine,

@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 
 from strict_gate.errors import InputError
+from strict_gate.judge.localization import PointKind, kind_of
 
 _POINT = re.compile(r"^(embed|norm|logits|layers\.(0|[1-9][0-9]{0,4})(\.(attn|mlp))?)$")
 DEFAULT_POSITIONS = 8  # the divergence position and the 7 before it
 
 
-class PointKind(StrEnum):
-    """One line per kind in the report's curve."""
-
-    EMBED = "embed"
-    ATTN = "attn"
-    MLP = "mlp"
-    LAYER = "layer"
-    NORM = "norm"
-    LOGITS = "logits"
-
-
 def is_point(name: str) -> bool:
     return bool(_POINT.match(name))
-
-
-def kind_of(name: str) -> PointKind:
-    if name.startswith("layers."):
-        parts = name.split(".")
-        return PointKind.LAYER if len(parts) == 2 else PointKind(parts[2])
-    return PointKind(name)
 
 
 def layer_of(name: str) -> int | None:

@@ -101,7 +101,6 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
     """Every target localised; `release(engine)` is called when an arm's dumps are done."""
     ref, cand = _Arm(reference, work, "reference"), _Arm(candidate, work, "candidate")
     grafting = settings.graft and candidate.can_graft
-    tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
     try:
         for t in ts:
             ref.dump(t, "points", settings.points, t.positions)
@@ -114,6 +113,8 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
             if (t.prompt_id, "graft-source") in ref.files:
                 cand.dump(t, "grafted", settings.points, t.positions, ref.files[(t.prompt_id, "graft-source")])
         release(candidate)
+        # after the dumps: a command engine says its dtype in its hello
+        tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
         return {t.prompt_id: _one(t, ref, cand, tol, work if settings.keep else None, reference_note) for t in ts}
     finally:
         if not settings.keep:

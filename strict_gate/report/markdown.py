@@ -6,6 +6,7 @@ from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
+from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, md, show_token
 from strict_gate.runs.records import TopK
@@ -196,6 +197,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
             out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
         out.append("")
         out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
+    out += localization_markdown(r)
     out += speed_section(speed_view.of(r))
     out += markdown_section(r)
     if r.determinism:
