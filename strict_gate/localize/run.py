@@ -100,7 +100,7 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
              *, release: Callable[[Engine], None], reference_note: str | None = None) -> dict[str, Localization]:
     """Every target localised; `release(engine)` is called when an arm's dumps are done."""
     ref, cand = _Arm(reference, work, "reference"), _Arm(candidate, work, "candidate")
-    grafting = settings.graft and candidate.can_graft
+    grafting = settings.graft and candidate.can_graft  # the class's claim; a command engine may narrow it
     try:
         for t in ts:
             ref.dump(t, "points", settings.points, t.positions)
@@ -110,7 +110,8 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
         release(reference)
         for t in ts:
             cand.dump(t, "points", settings.points, t.positions)
-            if (t.prompt_id, "graft-source") in ref.files:
+            # after its first dump: a command engine's hello has narrowed can_graft by then
+            if candidate.can_graft and (t.prompt_id, "graft-source") in ref.files:
                 cand.dump(t, "grafted", settings.points, t.positions, ref.files[(t.prompt_id, "graft-source")])
         release(candidate)
         # after the dumps: a command engine says its dtype in its hello
