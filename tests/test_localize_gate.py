@@ -104,3 +104,28 @@ def test_a_matching_prompt_or_a_report_without_divergence_exits_2(report_dir, tm
         assert out.returncode == 2 and "did not diverge" in out.stdout + out.stderr
     out = cli("localize", str(tmp_path))
     assert out.returncode == 2 and "report.json is missing" in out.stdout + out.stderr
+
+
+def test_kda_recurrent_gate_names_a_kda_block_for_its_divergent_prompt(tmp_path):
+    """gates/kda-recurrent.toml as shipped (localize = true, bf16), on its one divergent prompt of
+    the battery (multi-006; benchmarks/README.md): the first point that differs, and grafted the
+    first that differs on its own, is a KDA attention block in every report format."""
+    from dataclasses import replace
+
+    line = next(x for x in (ROOT / "prompts/battery-128.jsonl").read_text(encoding="utf-8").splitlines()
+                if json.loads(x)["id"] == "multi-006")
+    (tmp_path / "one.jsonl").write_text(line + "\n", encoding="utf-8")
+    cfg = load_gate_config(ROOT / "gates/kda-recurrent.toml")
+    assert cfg.localize is not None
+    cfg = replace(cfg, prompts=tmp_path / "one.jsonl", output_dir=tmp_path / "reports")
+    outcome = run_gate(cfg)
+    kda_blocks = {"layers.0.attn", "layers.1.attn", "layers.2.attn"}  # layer 3 is the MLA one
+    loc = outcome.result.localization["multi-006"]
+    assert loc.first_differs in kda_blocks and loc.grafted_differs in kda_blocks, loc.to_json()
+    md = (outcome.report_dir / "report.md").read_text(encoding="utf-8")
+    row = next(x for x in md.splitlines() if x.startswith("| `multi-006` |"))
+    assert f"| {loc.first_differs} |" in row and f"| {loc.grafted_differs} |" in row
+    html = (outcome.report_dir / "report.html").read_text(encoding="utf-8")
+    assert f"first to differ alone: {loc.grafted_differs}" in html
+    report = json.loads((outcome.report_dir / "report.json").read_text(encoding="utf-8"))
+    assert report["prompts"][0]["localization"]["grafted_differs"] == loc.grafted_differs

@@ -3,8 +3,6 @@ float32 tolerance (they gave identical tokens and logprobs), and logits is absen
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import VLLM_OPTIONS, need_vllm
 

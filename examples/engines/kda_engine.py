@@ -226,12 +226,9 @@ class KDAEngine:
             inputs = load_file(req["graft"])
             for i, layer in enumerate(base.layers):
                 source = inputs.get("embed" if i == 0 else f"layers.{i - 1}")
-                if source is None:
-                    continue
-
-                def feed(module, args, kwargs, x=source.to(getattr(torch, self.dtype)).unsqueeze(0)):
-                    return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
-                hooks.append(layer.register_forward_pre_hook(feed, with_kwargs=True))
+                if source is not None:
+                    x = source.to(getattr(torch, self.dtype)).unsqueeze(0)
+                    hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
         try:
             with torch.inference_mode():
                 logits = self.model(input_ids=torch.tensor([ids])).logits
@@ -243,6 +240,13 @@ class KDAEngine:
         path = Path(req["directory"]) / "activations.safetensors"
         save_file(kept, str(path))
         return {"id": req["id"], "path": str(path), "points": sorted(kept)}
+
+
+def feeder(x):
+    """A forward pre-hook that replaces a decoder layer's input (grafting)."""
+    def feed(module, args, kwargs):
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+    return feed
 
 
 def main(argv=None) -> int:

@@ -114,8 +114,8 @@ def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engin
         return result
     ref_engine, built, note = activation_reference(cfg, reference)
     if ref_engine is None or not candidate.can_dump:
-        why = note if ref_engine is None else f"not localised: the candidate ({candidate.kind}) cannot dump activations"
-        return replace(result, notes=result.notes + (why,))
+        why = f"not localised: the candidate ({candidate.kind}) cannot dump activations"
+        return replace(result, notes=(*result.notes, note if ref_engine is None and note else why))
     closable = {id(candidate)} if "candidate" in owned else set()
     if built or "reference" in owned:
         closable.add(id(ref_engine))
@@ -164,7 +164,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     config = old.get("config") or None
     base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
     cfg = load_gate_config(report_dir / "gate.toml", base_dir=base_dir)
-    rows = {p.get("id"): p for p in old["prompts"] if isinstance(p, dict)}
+    rows: dict[str, dict] = {str(p.get("id")): p for p in old["prompts"] if isinstance(p, dict)}
     if prompt is not None and prompt not in rows:
         raise InputError(f"prompt {prompt!r} is not in the report", path=str(report_dir / "report.json"))
     if prompt is not None and (rows[prompt].get("first_divergence") is None):
@@ -187,6 +187,8 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     scope = Scope.ALL if prompt is not None else (lc.scope if lc is not None else Scope.DIVERGENT)
     if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt):
         raise InputError("nothing divergent to localise in this report", path=str(report_dir / "report.json"))
+    if cfg.candidate is None:
+        raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))
     reference, candidate = cfg.reference.build(), cfg.candidate.build()
     if activation_reference(cfg, reference)[0] is None or not candidate.can_dump:
         why = activation_reference(cfg, reference)[2] or f"the candidate ({candidate.kind}) cannot dump activations"

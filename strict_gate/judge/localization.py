@@ -79,6 +79,12 @@ class Localization:
         return next((p.name for p in self.points if p.max_abs), None)
 
     @property
+    def grafted_differs(self) -> str | None:
+        """The first point whose own computation differs (the reference's input fed in): the
+        origin of the error, where the accumulated curve may first cross tolerance far later."""
+        return next((p.name for p in self.grafted if p.max_abs), None)
+
+    @property
     def grafted_beyond(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.grafted if p.beyond)
 
@@ -108,6 +114,7 @@ class Localization:
             "candidate_engine": self.candidate_engine,
             "grafted": [p.to_json() for p in self.grafted],
             "grafted_beyond": list(self.grafted_beyond),
+            "grafted_differs": self.grafted_differs,
             "pattern": self.pattern,
             "reference_note": self.reference_note,
             "error": self.error,

@@ -18,7 +18,7 @@ from pathlib import Path
 from strict_gate.engines.base import DumpRequest, Engine
 from strict_gate.errors import EngineError
 from strict_gate.judge.compare import Comparison, Status
-from strict_gate.judge.localization import Localization
+from strict_gate.judge.localization import Localization, PointDiff
 from strict_gate.localize.capture import capture
 from strict_gate.localize.compare import compare_points, default_tolerance, first_beyond
 from strict_gate.localize.points import DEFAULT_POSITIONS, layer_inputs
@@ -129,7 +129,7 @@ def _one(t: Target, ref: _Arm, cand: _Arm, tol: float, kept: Path | None, note: 
         return Localization(t.prompt_id, t.positions, (), None, tol, *names, reference_note=note, error=error)
     r = ref.load(t.prompt_id, "points")
     points = compare_points(r, cand.load(t.prompt_id, "points"), tol)
-    grafted = ()
+    grafted: tuple[PointDiff, ...] = ()
     if (t.prompt_id, "grafted") in cand.files:
         layers = {k: v for k, v in cand.load(t.prompt_id, "grafted").items() if k.startswith("layers.")}
         grafted = compare_points({k: v for k, v in r.items() if k in layers}, layers, tol)

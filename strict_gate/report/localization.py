@@ -23,7 +23,8 @@ def headline(loc: Localization) -> str:
     if loc.first_differs and loc.first_differs != loc.first_beyond:
         head += f"; first difference: {loc.first_differs}"
     if loc.grafted:
-        head += f"; grafted, beyond alone: {', '.join(loc.grafted_beyond) or 'none'}"
+        head += (f"; grafted, beyond alone: {', '.join(loc.grafted_beyond) or 'none'}, "
+                 f"first to differ alone: {loc.grafted_differs or 'none'}")
     return head + f" (rel_diff tolerance {loc.tolerance:g}, {loc.mode})"
 
 
@@ -47,16 +48,17 @@ def localization_markdown(r: GateResult) -> list[str]:
     if not r.localization:
         return []
     out = ["## Localisation", "",
-           "| prompt | first beyond | rel_diff there | first difference | grafted: beyond alone | mode | reference |",
-           "|---|---|---|---|---|---|---|"]
+           "| prompt | first beyond | rel_diff there | first difference | grafted: beyond alone | grafted: first to "
+           "differ alone | mode | reference |",
+           "|---|---|---|---|---|---|---|---|"]
     for pid, loc in r.localization.items():
         at = next((p for p in loc.points if p.name == loc.first_beyond), None)
         if loc.error is not None:
-            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | |")
+            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | |")
             continue
         out.append(f"| `{pid}` | {loc.first_beyond or 'none'} | {_g(at.rel_diff) if at else '–'} | "
                    f"{loc.first_differs or 'none'} | {', '.join(loc.grafted_beyond) or ('none' if loc.grafted else '–')}"
-                   f" | {loc.mode} | {loc.reference_engine} |")
+                   f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {loc.mode} | {loc.reference_engine} |")
     tols = sorted({loc.tolerance for loc in r.localization.values()})
     notes = sorted({loc.reference_note for loc in r.localization.values() if loc.reference_note})
     out += ["", f"rel_diff = 1 - 2Σxy/(Σx²+Σy²) per point, tolerance {', '.join(f'{t:g}' for t in tols)} "
