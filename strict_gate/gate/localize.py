@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from strict_gate.core.options import Bound, Checked, Parse, PositiveInt, parse_options
+from strict_gate.core.options import Checked, Parse, PositiveInt, parse_options
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
 from strict_gate.judge.compare import Status
@@ -38,21 +38,12 @@ class Scope(StrEnum):
         return (Status.DIVERGENT,) if self is Scope.DIVERGENT else (Status.DIVERGENT, Status.NEAR_TIE)
 
 
-def _points(value: Any) -> tuple[str, ...] | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError("points must be a list of point names")
-    try:
-        return parse_points(",".join(value), where="[localize] points")
-    except InputError as e:
-        raise ValueError(str(e)) from None
-
-
 @dataclass(frozen=True)
 class LocalizeKeys(Checked):
     include: Annotated[Scope, Parse(Scope, takes=str)] = Scope.DIVERGENT
     positions: PositiveInt = DEFAULT_POSITIONS
-    tolerance: Annotated[float | None, Bound(gt=0, le=1), Parse(float)] = None
-    points: Annotated[tuple[str, ...] | None, Parse(_points, takes=list)] = None
+    tolerance: float | None = None  # checked by check_tolerance
+    points: list[str] | None = None
     graft: bool = True
     keep: bool = False
     reference: dict | None = None
@@ -75,7 +66,15 @@ def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
     if not isinstance(value, dict):
         raise ConfigError(f'localize must be true, false, "all" or a [localize] table, got {value!r}', **where)
     keys = parse_options(LocalizeKeys, value, where="localize", line_of=line_of)
-    settings = Settings(points=keys.points, positions=keys.positions, tolerance=keys.tolerance, graft=keys.graft,
+    try:
+        points = parse_points(",".join(keys.points), where="[localize] points") if keys.points is not None else None
+    except InputError as e:
+        raise ConfigError(str(e), path=where["path"], line=line_of("points")) from None
+    try:
+        tolerance = check_tolerance(keys.tolerance) if keys.tolerance is not None else None
+    except ConfigError as e:
+        raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
+    settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
                         keep=keys.keep)
     return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
 
