@@ -26,10 +26,12 @@ WINGS: dict[str, frozenset[str]] = {
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
     "report": frozenset({"judge", "speed", "runs", "core", "errors"}),
-    "gate": frozenset({"report", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
+    "gate": frozenset({"localize", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "nightly": frozenset({"gate", "localize", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"battery", "nightly", "gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "judge", "speed", "engines", "runs",
+                       "core", "errors"}),
 }
 
 

@@ -191,6 +191,63 @@ class KDAEngine:
             steps.append({"token_id": tok, "logprob": float(lps[j, tok]), "top": top})
         return {"id": req["id"], "steps": steps}
 
+    def dump(self, req: dict) -> dict:
+        """The `dump` op (docs/engine-protocol.md, docs/localize.md): one forward pass over the ids
+        with torch hooks at the canonical points, the asked positions kept as float32, written
+        as one safetensors file inside req["directory"]. `graft` names a safetensors file of the
+        reference's layer inputs: layer i is fed `embed` (i = 0) or `layers.{i-1}` instead of
+        its own input."""
+        from safetensors.torch import load_file, save_file
+
+        torch = self.torch
+        ids, positions = req.get("prompt_token_ids"), req.get("positions")
+        self._check_ids(ids, "prompt_token_ids")
+        if not isinstance(positions, list) or not all(isinstance(p, int) and 0 <= p < len(ids) for p in positions):
+            raise ValueError("positions must be a list of indices into prompt_token_ids")
+        base = self.model.model
+        modules = {"embed": base.embed_tokens}
+        for i, layer in enumerate(base.layers):
+            modules |= {f"layers.{i}.attn": layer.self_attn, f"layers.{i}.mlp": layer.mlp, f"layers.{i}": layer}
+        modules["norm"] = base.norm
+        wanted = req.get("points") or [*modules, "logits"]
+        pos = torch.tensor(positions, dtype=torch.long)
+        kept, hooks = {}, []
+
+        def keep(name):
+            def hook(module, args, out):
+                x = out[0] if isinstance(out, tuple) else out
+                kept[name] = x[0].index_select(0, pos).float().contiguous()
+            return hook
+
+        for name in wanted:
+            if name in modules:
+                hooks.append(modules[name].register_forward_hook(keep(name)))
+        if req.get("graft"):
+            inputs = load_file(req["graft"])
+            for i, layer in enumerate(base.layers):
+                source = inputs.get("embed" if i == 0 else f"layers.{i - 1}")
+                if source is not None:
+                    x = source.to(getattr(torch, self.dtype)).unsqueeze(0)
+                    hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
+        try:
+            with torch.inference_mode():
+                logits = self.model(input_ids=torch.tensor([ids])).logits
+        finally:
+            for h in hooks:
+                h.remove()
+        if "logits" in wanted:
+            kept["logits"] = logits[0].index_select(0, pos).float().contiguous()
+        path = Path(req["directory"]) / "activations.safetensors"
+        save_file(kept, str(path))
+        return {"id": req["id"], "path": str(path), "points": sorted(kept)}
+
+
+def feeder(x):
+    """A forward pre-hook that replaces a decoder layer's input (grafting)."""
+    def feed(module, args, kwargs):
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+    return feed
+
 
 def main(argv=None) -> int:
     out = protocol_stdout()
@@ -227,7 +284,8 @@ def main(argv=None) -> int:
         "name": NAME,
         "version": VERSION,
         "model": str(args.model),
-        "capabilities": ["generate", "score"],
+        "capabilities": ["generate", "score", "dump", "graft"],
+        "dtype": args.dtype,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {"DEVICE_KDA": int(device_kda), "KDA_CHUNK_PREFILL": int(chunk_prefill),
                      "prefill": prefill, "decode": "recurrent", "dtype": args.dtype,
@@ -249,6 +307,8 @@ def main(argv=None) -> int:
                 send(engine.generate(req))
             elif op == "score":
                 send(engine.score(req))
+            elif op == "dump":
+                send(engine.dump(req))
             else:
                 send({"id": rid, "error": f"unknown op {op!r}"})
         except Exception as e:  # this request fails; the engine goes on

@@ -107,14 +107,9 @@ class LlamaCppEngine:
                              "make the GGUF files with: bash scripts/install-llamacpp.sh")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        cp = L.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
-        cp.n_seq_max = 1
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.type_k = cp.type_v = KV_TYPES[kv_type]
-        cp.flash_attn_type = FLASH_ATTN[flash_attn]
-        cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.ctx_args = (n_ctx, threads, kv_type, flash_attn)
+        self.dump_ctx = None  # made on the first dump request, with the graph callback
+        self.ctx = L.llama_init_from_model(self.model, self._context_params())
         if not self.ctx:
             raise SystemExit(f"llamacpp_engine: llama.cpp could not make a context (n_ctx {n_ctx}, KV {kv_type}); "
                              "see the log above")
@@ -132,6 +127,17 @@ class LlamaCppEngine:
             "kv_type": kv_type, "flash_attn": flash_attn, "n_ctx": self.n_ctx, "threads": threads,
             "extra_bufts": extra_bufts, "logits": "full vocabulary, float32 log_softmax",
         }
+
+    def _context_params(self):
+        n_ctx, threads, kv_type, flash_attn = self.ctx_args
+        cp = self.L.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.type_k = cp.type_v = KV_TYPES[kv_type]
+        cp.flash_attn_type = FLASH_ATTN[flash_attn]
+        cp.no_perf = True
+        return cp
 
     def _check_ids(self, ids, what: str) -> None:
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -174,6 +180,41 @@ class LlamaCppEngine:
 
     def _reset(self) -> None:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def dump(self, req: dict) -> dict:
+        """The `dump` op (docs/engine-protocol.md, docs/localize.md): one llama_decode of the ids in a
+        second context made with the graph callback (the serving context stays as it was), logits
+        kept at every position so the last layer keeps every row; the tensors of the positions
+        asked for go to one safetensors file inside req["directory"]."""
+        from safetensors.numpy import save_file
+
+        ids, positions = req.get("prompt_token_ids"), req.get("positions")
+        self._check_ids(ids, "prompt_token_ids")
+        self._fits(len(ids))
+        if not isinstance(positions, list) or not all(isinstance(p, int) and 0 <= p < len(ids) for p in positions):
+            raise ValueError("positions must be a list of indices into prompt_token_ids")
+        if req.get("graft"):
+            raise ValueError("this engine cannot graft (no \"graft\" capability)")
+        if self.dump_ctx is None:
+            self.tap = GraphTap(self.L)
+            cp = self._context_params()
+            cp.cb_eval = self.tap.callback
+            self.dump_ctx = self.L.llama_init_from_model(self.model, cp)
+            if not self.dump_ctx:
+                raise RuntimeError("llama.cpp could not make the dump context")
+        self.tap.wanted = set(req["points"]) if req.get("points") else None
+        self.tap.rows = {}
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.dump_ctx), True)
+        main, self.ctx = self.ctx, self.dump_ctx
+        try:
+            self._decode(ids, 0, range(len(ids)))
+        finally:
+            self.ctx = main
+        kept = {name: np.ascontiguousarray(rows[positions]) for name, rows in self.tap.rows.items()
+                if rows.shape[0] == len(ids)}
+        path = os.path.join(req["directory"], "activations.safetensors")
+        save_file(kept, path)
+        return {"id": req["id"], "path": path, "points": sorted(kept)}
 
     def generate(self, req: dict) -> dict:
         ids = req.get("prompt_token_ids")
@@ -228,6 +269,61 @@ class LlamaCppEngine:
         return {"id": req["id"], "steps": steps}
 
 
+# llama.cpp's graph names (cb(cur, "name", il) -> "name-il") -> strict-gate's canonical points.
+# kqv_out-N is attention BEFORE its output projection (wo), so it is not `layers.N.attn`
+# (transformers' self_attn output includes o_proj): attn_out-N is, and only it is mapped.
+GRAPH_POINTS = {"inp_embd": "embed", "result_norm": "norm", "result_output": "logits"}
+LAYER_POINTS = {"attn_out": "attn", "ffn_out": "mlp", "l_out": None}
+
+
+def canonical_point(name: str) -> str | None:
+    if name in GRAPH_POINTS:
+        return GRAPH_POINTS[name]
+    base, _, il = name.rpartition("-")
+    if base in LAYER_POINTS and il.isdigit():
+        sub = LAYER_POINTS[base]
+        return f"layers.{il}" + (f".{sub}" if sub else "")
+    return None
+
+
+class GraphTap:
+    """llama.cpp's graph evaluation callback (cb_eval): asks for the tensors that map to the
+    points wanted and copies each, once computed, as float32 rows (one per token). The tensor's
+    type and ne[] are read from struct ggml_tensor (type at offset 0, ne[4] int64 at offset 16,
+    ggml.h's layout), the name and data through libggml-base's own functions."""
+
+    def __init__(self, L):
+        import llama_cpp._ggml as G
+
+        self.lib = G.libggml
+        self.lib.ggml_get_name.restype = ctypes.c_char_p
+        self.lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+        self.lib.ggml_nelements.restype = ctypes.c_int64
+        self.lib.ggml_nelements.argtypes = [ctypes.c_void_p]
+        self.lib.ggml_is_contiguous.restype = ctypes.c_bool
+        self.lib.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
+        self.lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        self.wanted: set[str] | None = None
+        self.rows: dict[str, np.ndarray] = {}
+        self.callback = L.ggml_backend_sched_eval_callback(self._eval)  # kept alive with the context
+
+    def _eval(self, t, ask, _user) -> bool:
+        point = canonical_point(self.lib.ggml_get_name(t).decode("utf-8", "replace"))
+        if point is None or (self.wanted is not None and point not in self.wanted):
+            return not ask  # not asked for; and never stop a computation
+        if ask:
+            return True
+        gtype = ctypes.cast(t, ctypes.POINTER(ctypes.c_int32))[0]
+        ne0 = ctypes.cast(t, ctypes.POINTER(ctypes.c_int64))[2]
+        n = self.lib.ggml_nelements(t)
+        if gtype != 0 or not self.lib.ggml_is_contiguous(t):  # GGML_TYPE_F32, contiguous only
+            return True
+        buf = np.empty(n, dtype=np.float32)
+        self.lib.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n * 4)
+        self.rows[point] = buf.reshape(-1, ne0)
+        return True
+
+
 def n_ctx_arg(v: str) -> int:
     n = int(v)
     if n <= 0 or n % 256:
@@ -249,7 +345,7 @@ def serve(engine: LlamaCppEngine, out) -> int:
 
     send({
         "hello": PROTOCOL, "name": NAME, "version": llama_cpp.__version__, "model": engine.desc,
-        "capabilities": ["generate", "score"],
+        "capabilities": ["generate", "score", "dump"],
         "versions": {"llama-cpp-python": llama_cpp.__version__, "numpy": np.__version__,
                      "system_info": llama_cpp.llama_print_system_info().decode().strip()},
         "settings": engine.settings,
@@ -275,6 +371,8 @@ def serve(engine: LlamaCppEngine, out) -> int:
                 send(engine.generate(req))
             elif op == "score":
                 send(engine.score(req))
+            elif op == "dump":
+                send(engine.dump(req))
             else:
                 send({"id": rid, "error": f"unknown op {op!r}"})
         except (ValueError, RuntimeError) as e:  # this request fails; the engine goes on

@@ -41,6 +41,29 @@ class PromptInput:
     text: str | None = None
 
 
+@dataclass(frozen=True)
+class DumpRequest:
+    """What the gate asks of an engine that can dump activations (docs/localize.md): run
+    `token_ids` once, keep `positions` (indices into the ids) of each point, float32, and write
+    them as one safetensors file into `directory`. `points` None: every point the engine gives.
+    `graft`: a safetensors file of the reference's layer inputs (`embed`, `layers.{i}` at every
+    position) fed into the engine's layers in place of its own."""
+
+    token_ids: tuple[int, ...]
+    points: tuple[str, ...] | None
+    positions: tuple[int, ...]
+    directory: Path
+    graft: Path | None = None
+
+
+@dataclass(frozen=True)
+class DumpReply:
+    """What an engine says it wrote; strict_gate.localize.capture audits it before use."""
+
+    path: Path
+    points: tuple[str, ...]
+
+
 class Engine(ABC):
     """Base class for engines; subclasses set `kind`, `Options` and the capability flags."""
 
@@ -55,6 +78,9 @@ class Engine(ABC):
     measurable: ClassVar[bool] = True  # a live engine (a stored run has no speed)
     streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives
     can_batch: ClassVar[bool] = False  # generate_batch() serves several sequences at once
+    # Localisation (strict_gate/localize): activations at canonical points along the depth.
+    can_dump: ClassVar[bool] = False  # dump() writes activations
+    can_graft: ClassVar[bool] = False  # dump() honours DumpRequest.graft
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options
@@ -119,6 +145,10 @@ class Engine(ABC):
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """Teacher-forced: for each continuation token, its logprob and the top-k given the prefix."""
         raise NotImplementedError(f"engine {self.kind!r} cannot score")
+
+    def dump(self, request: DumpRequest) -> DumpReply:
+        """Activations at canonical points for one sequence (only if `can_dump`)."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot dump activations")
 
     def tokenizer_file(self) -> Path | None:
         """The tokenizer.json this engine's ids come from, when one is on disk (the speed ladder

@@ -19,7 +19,7 @@ from strict_gate.core.model_files import (
     resolve_model,
 )
 from strict_gate.core.options import Checked, Device, DType, PositiveInt
-from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason, over_context
+from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, greedy_finish_reason, over_context
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -40,6 +40,8 @@ class HFEngine(Engine):
     Options = HFOptions
     can_score = True
     can_batch = True  # left-padded batches (the speed arm's concurrency rungs)
+    can_dump = True  # forward hooks on the named modules (strict_gate/engines/torch_dump.py)
+    can_graft = True
     log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):
@@ -260,3 +262,15 @@ class HFEngine(Engine):
             pairs = list(zip(top.indices[i].tolist(), top.values[i].tolist()))
             out.append(ScoredStep(token_id=int(tok), logprob=float(lps[i, tok]), top=sort_topk(pairs)))
         return out
+
+    def dump(self, request: DumpRequest) -> DumpReply:
+        """Activations at the canonical points: transformers' module names are the canonical ones."""
+        from strict_gate.engines.torch_dump import dump_hf_model
+
+        self.start()
+        try:
+            return dump_hf_model(self._torch, self._model, request)
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError(f"hf: dump failed: {type(e).__name__}: {e}") from None

@@ -18,6 +18,7 @@ from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt
 from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
+from strict_gate.gate.localize import LocalizeConfig, parse_localize
 from strict_gate.judge.compare import DEFAULT_BAND, check_band
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
@@ -96,6 +97,7 @@ class GateConfig:
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
     drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/judge/drift.py)
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
+    localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
 
     @property
     def speed_reference(self) -> ArmConfig:
@@ -173,13 +175,16 @@ def parse_gate_config(
         raise ConfigError(f"invalid TOML: {e}", path=path, line=int(m.group(1)) if m else None) from None
     lines = _Lines(text, path)
     base_dir = base_dir or Path(path).resolve().parent
-    keys = parse_options(GateKeys, data, where=None, line_of=lines.finder(None))
+    keys = parse_options(GateKeys, {k: v for k, v in data.items() if k != "localize"}, where=None,
+                         line_of=lines.finder(None), siblings=("localize",))
     if require_candidate and keys.candidate is None:
         raise ConfigError("needs a [candidate] table", path=path)
     prompts = Path(keys.prompts)
     arms = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
     speed = _speed(data["speed"], arms, lines) if "speed" in data else None
+    localize = parse_localize(data["localize"], lines.finder("localize"),
+                              lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
@@ -196,6 +201,7 @@ def parse_gate_config(
         candidate=arms.get("candidate"),
         rescorer=arms.get("rescorer"),
         speed=speed,
+        localize=localize,
     )
 
 

@@ -238,6 +238,7 @@ def play_gate(
         result = _speed_phase(g, ref_run, result)
         engines.close(*extras)
         result = _drift_phase(g, engines, ref_run, result, drift, drift_notes)
+        result = _localize_phase(g, result, owned)
     return _write_phase(result, report)
 
 
@@ -365,6 +366,17 @@ def _drift_pass(g: _Gate, ref_records: Mapping[str, Record], notes: list[str]) -
         drift = measure_drift(ref_records, g.ps.ids, score, k=k, band=g.spec.band,
                               scored_by=f"{candidate.kind} {candidate.info().model}")
     return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
+
+
+def _localize_phase(g: _Gate, result: GateResult, owned: set[str]) -> GateResult:
+    """With `localize`: each divergent prompt localised along the depth (docs/localize.md), after
+    diagnosis and drift; it restarts the engines it needs, one at a time."""
+    if g.cfg.localize is None:
+        return result
+    from strict_gate.gate.localize import localize_result
+
+    return localize_result(g.cfg, result, g.reference, g.candidate, g.report.path, owned=owned,
+                           scope=g.cfg.localize.scope, settings=g.cfg.localize.settings)
 
 
 def _write_phase(result: GateResult, report: ReportDir) -> GateResult:

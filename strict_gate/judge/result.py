@@ -10,6 +10,7 @@ from strict_gate.errors import ExitCode
 from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.drift import DriftReport
+from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import Verdict
 from strict_gate.judge.prefix_drift import PrefixDrift
 from strict_gate.runs.records import EngineInfo, Record, Sampling
@@ -78,6 +79,7 @@ class GateResult:
     drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
     speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
+    localization: dict[str, Localization] = field(default_factory=dict)  # prompt id -> where it first differs
 
     @property
     def exit_code(self) -> ExitCode:
@@ -155,6 +157,7 @@ def _prompt_json(p, v, r: GateResult) -> dict:
         "diagnosis": r.diagnoses[p.id].to_json() if p.id in r.diagnoses else None,
         "matched_drift": pd.to_json() if (pd := matched_drift(r, p)) is not None else None,
         "label": status_label(r, p),
+        "localization": r.localization[p.id].to_json() if p.id in r.localization else None,
     }
 
 

@@ -65,6 +65,7 @@ class StoredPrompt(_Struct, frozen=True):
     matched_positions: Count = 0
     first_divergence: StoredDivergence | None = None
     diagnosis: StoredDiagnosis | None = None
+    localization: dict[str, Any] | None = None  # judge/localization.py reads it (Localization.from_json)
 
 
 class StoredSummary(_Struct, frozen=True):

@@ -12,6 +12,7 @@ from strict_gate.judge.result import GateResult, status_label, to_json
 from strict_gate.report import speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
+from strict_gate.report.localization import html_section
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder
 
@@ -158,7 +159,8 @@ def render(r: GateResult) -> str:
     details = [
         detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
                reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
-               drift_html=prompt_drift(per_prompt.get(p.id)))
+               drift_html=prompt_drift(per_prompt.get(p.id))
+               + (html_section(r.localization[p.id]) if p.id in r.localization else ""))
         for p in bad[:DETAIL_CAP]
     ]
     if len(bad) > DETAIL_CAP:

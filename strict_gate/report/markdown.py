@@ -6,6 +6,7 @@ from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
+from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, md, show_token
 from strict_gate.runs.records import TopK
@@ -151,6 +152,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
     return [
         *_mismatches(r, dec),
         *_diagnosis(r),
+        *localization_markdown(r),
         *speed_section(speed_view.of(r)),
         *markdown_section(r),
         *_determinism(r),

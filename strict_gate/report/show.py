@@ -18,9 +18,11 @@ from rich.text import Text
 
 from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
+from strict_gate.judge.localization import Localization
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
+from strict_gate.report.localization import text_lines
 from strict_gate.report.text import Decoder, visible
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.reader import load_run
@@ -118,12 +120,23 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     dg = entry.diagnosis
     if dg is not None:
         parts.append(Text(visible(f"teacher-forced: {dg.verdict}" + (f": {dg.error}" if dg.error else ""))))
+    if entry.localization is not None:
+        parts.append(_localization(entry.localization))
     texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
     texts.add_column("reference text", ratio=1)
     texts.add_column("candidate text", ratio=1)
     texts.add_row(Text(visible(dec.text(R), keep_newlines=True)), Text(visible(dec.text(C), keep_newlines=True)))
     parts.append(texts)
     return Group(*parts)
+
+
+def _localization(d: dict) -> Text:
+    """The prompt's localisation as report.json holds it; a malformed one is bad input."""
+    try:
+        loc = Localization.from_json(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
+    return Text(visible("localisation: " + "\n".join(text_lines(loc)), keep_newlines=True))
 
 
 def show(report_dir: str | Path, prompt: str | None = None, console: Console | None = None,

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Argv, Checked, Seconds
-from strict_gate.engines.base import Engine, PromptInput, over_context
+from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, over_context
 from strict_gate.engines.command.process import PROTOCOL, EngineProcess
-from strict_gate.engines.command.replies import ReplyError, generate_record, scored_steps
+from strict_gate.engines.command.replies import ReplyError, dump_reply, generate_record, scored_steps
 from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
@@ -45,6 +45,8 @@ class CommandEngine(EngineProcess, Engine):
     kind = "command"
     Options = CommandOptions
     can_score = True  # narrowed per instance to what the hello declares
+    can_dump = True  # narrowed per instance to what the hello declares ("dump", "graft")
+    can_graft = True
     in_process = False
     writes_log = True
 
@@ -206,5 +208,30 @@ class CommandEngine(EngineProcess, Engine):
             raise EngineError(f"command engine {self._name()}: {label}: the engine answered {obj['error']!r}")
         try:
             return scored_steps(obj, continuation_ids, req["top_logprobs"])
+        except ReplyError as e:
+            raise self._invalid(label, str(e), obj) from None
+
+    def dump(self, request: DumpRequest) -> DumpReply:
+        """The `dump` op: the engine writes one safetensors file into the directory named."""
+        self.start()
+        if not self.can_dump:
+            raise EngineError(
+                f"command engine {self._name()} cannot dump activations: its hello capabilities are "
+                f"{(self.hello or {}).get('capabilities')!r} (no \"dump\")"
+            )
+        self._seq += 1
+        rid = f"dump-{self._seq}"
+        label = f"dump request {rid!r} ({len(request.token_ids)} ids, {len(request.positions)} positions)"
+        req: dict = {"op": "dump", "id": rid, "prompt_token_ids": list(request.token_ids),
+                     "positions": list(request.positions), "directory": str(request.directory)}
+        if request.points is not None:
+            req["points"] = list(request.points)
+        if request.graft is not None:
+            req["graft"] = str(request.graft)
+        obj = self._request(req, label)
+        if "error" in obj:
+            raise EngineError(f"command engine {self._name()}: {label}: the engine answered {obj['error']!r}")
+        try:
+            return dump_reply(obj)
         except ReplyError as e:
             raise self._invalid(label, str(e), obj) from None

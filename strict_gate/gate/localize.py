@@ -1,0 +1,223 @@
+"""Localisation in a gate: `localize = true | "all"` (or a [localize] table), and
+`strict-gate localize REPORT_DIR` on a finished one (docs/localize.md).
+
+The activation reference is the reference arm when it can dump; else the [localize] table's
+own arm ([localize.reference]), else the [rescorer]: a stored baseline has no activations,
+and the report says which engine stood in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from strict_gate.core.options import Checked, Parse, PositiveInt, parse_options
+from strict_gate.engines.base import Engine
+from strict_gate.errors import ConfigError, EngineError, InputError
+from strict_gate.judge.compare import Status
+from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.judge.drift import DriftReport
+from strict_gate.judge.localization import Localization
+from strict_gate.judge.result import GateResult
+from strict_gate.localize.compare import check_tolerance
+from strict_gate.localize.points import DEFAULT_POSITIONS, parse_points
+from strict_gate.localize.run import Settings, localize, targets
+
+WORK_DIR = "localize"  # under the report directory; removed unless keep
+
+
+class Scope(StrEnum):
+    DIVERGENT = "divergent"  # localize = true
+    ALL = "all"  # and the near-ties
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        return (Status.DIVERGENT,) if self is Scope.DIVERGENT else (Status.DIVERGENT, Status.NEAR_TIE)
+
+
+@dataclass(frozen=True)
+class LocalizeKeys(Checked):
+    include: Annotated[Scope, Parse(Scope, takes=str)] = Scope.DIVERGENT
+    positions: PositiveInt = DEFAULT_POSITIONS
+    tolerance: float | None = None  # checked by check_tolerance
+    points: list[str] | None = None
+    graft: bool = True
+    keep: bool = False
+    reference: dict | None = None
+
+
+@dataclass(frozen=True)
+class LocalizeConfig:
+    scope: Scope
+    settings: Settings
+    reference: Any = None  # gate.config.ArmConfig of [localize.reference], or None
+
+
+def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
+    """`localize = true | false | "all"`, or a [localize] table; `arm(table)` reads its arm."""
+    where = {"path": getattr(line_of, "path", None), "line": line_of("localize")}
+    if value is False:
+        return None
+    if value is True or value == "all":
+        return LocalizeConfig(Scope.ALL if value == "all" else Scope.DIVERGENT, Settings())
+    if not isinstance(value, dict):
+        raise ConfigError(f'localize must be true, false, "all" or a [localize] table, got {value!r}', **where)
+    keys = parse_options(LocalizeKeys, value, where="localize", line_of=line_of)
+    try:
+        points = parse_points(",".join(keys.points), where="[localize] points") if keys.points is not None else None
+    except InputError as e:
+        raise ConfigError(str(e), path=where["path"], line=line_of("points")) from None
+    try:
+        tolerance = check_tolerance(keys.tolerance) if keys.tolerance is not None else None
+    except ConfigError as e:
+        raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
+    settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
+                        keep=keys.keep)
+    return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
+
+
+def activation_reference(cfg, reference: Engine) -> tuple[Engine | None, bool, str | None]:
+    """(engine, built here, note): who gives the reference activations, and why when it is not
+    the reference arm; (None, False, why) when nobody can."""
+    lc = cfg.localize
+    if lc is not None and lc.reference is not None:
+        e = lc.reference.build()
+        return e, True, f"activation reference: the [localize.reference] arm ({e.kind} {e.info().model})"
+    if reference.can_dump:
+        return reference, False, None
+    if cfg.rescorer is not None and cfg.rescorer.engine_type.can_dump:
+        e = cfg.rescorer.build()
+        return e, True, (f"the reference ({reference.kind}) cannot dump activations: the [rescorer] arm "
+                         f"({e.kind} {e.info().model}) is the activation reference")
+    return None, False, (f"not localised: the reference ({reference.kind}) cannot dump activations and no "
+                         "[localize.reference] or dumping [rescorer] arm is configured")
+
+
+def _work_dir(report_dir: Path) -> Path:
+    path, n = report_dir / WORK_DIR, 1
+    while path.exists():
+        n += 1
+        path = report_dir / f"{WORK_DIR}-{n}"
+    return path
+
+
+def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engine, report_dir: Path, *,
+                    owned: set[str], scope: Scope, settings: Settings, only: str | None = None) -> GateResult:
+    """The gate's localisation phase: every divergent prompt (and near-ties with "all")."""
+    ts = targets(result.comparison, result.reference_records, n=settings.positions, statuses=scope.statuses,
+                 only=only)
+    if not ts:
+        return result
+    ref_engine, built, note = activation_reference(cfg, reference)
+    if ref_engine is None or not candidate.can_dump:
+        why = f"not localised: the candidate ({candidate.kind}) cannot dump activations"
+        return replace(result, notes=(*result.notes, note if ref_engine is None and note else why))
+    closable = {id(candidate)} if "candidate" in owned else set()
+    if built or "reference" in owned:
+        closable.add(id(ref_engine))
+
+    def release(engine: Engine) -> None:
+        if id(engine) in closable:
+            engine.close()
+
+    try:
+        found = localize(ts, ref_engine, candidate, _work_dir(report_dir), settings, release=release,
+                         reference_note=note)
+    finally:
+        if built:
+            ref_engine.close()
+    failed = [f"localisation of prompt {pid!r} failed: {loc.error}" for pid, loc in found.items() if loc.error]
+    return replace(result, localization={**result.localization, **found}, notes=result.notes + tuple(failed))
+
+
+def _old(report_dir: Path) -> dict:
+    path = report_dir / "report.json"
+    if not path.is_file():
+        raise InputError("not a gate report directory (report.json is missing)", path=str(report_dir))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"cannot read the report: {e}", path=str(path)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
+        raise InputError("not a strict-gate report (no prompts list)", path=str(path))
+    return data
+
+
+def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str | None = None,
+               positions: int | None = None, tolerance: float | None = None, keep: bool = False,
+               graft: bool = True):
+    """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
+    reports in place, its verdict, diagnoses and drift kept as they were."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.judgement import judge
+    from strict_gate.gate.run import GateOutcome
+    from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
+    from strict_gate.judge.stored import load_report
+    from strict_gate.report import write_reports
+    from strict_gate.runs.reader import load_run
+
+    report_dir = Path(report_dir)
+    old = _old(report_dir)
+    stored = load_report(report_dir / "report.json")  # every field it reads typed: exit 2 naming the field
+    if not (report_dir / "gate.toml").is_file():
+        raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
+    config = old.get("config") or None
+    base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
+    cfg = load_gate_config(report_dir / "gate.toml", base_dir=base_dir)
+    rows: dict[str, dict] = {str(p.get("id")): p for p in old["prompts"] if isinstance(p, dict)}
+    if prompt is not None and prompt not in rows:
+        raise InputError(f"prompt {prompt!r} is not in the report", path=str(report_dir / "report.json"))
+    if prompt is not None and (rows[prompt].get("first_divergence") is None):
+        raise InputError(f"prompt {prompt!r} did not diverge (status {rows[prompt].get('status')!r}): "
+                         "nothing to localise", path=str(report_dir / "report.json"))
+    lc = cfg.localize
+    base = lc.settings if lc is not None else Settings()
+    settings = Settings(
+        points=parse_points(points) if points is not None else base.points,
+        positions=positions or base.positions,
+        tolerance=check_tolerance(tolerance) if tolerance is not None else base.tolerance,
+        graft=graft and base.graft, keep=keep or base.keep)
+    ref = load_run(report_dir / "reference", allow_incomplete=True)
+    cand = load_run(report_dir / "candidate", allow_incomplete=True)
+    spec = GateSpec(
+        name=cfg.name,
+        prompt_set=PromptSetRef.stored(old.get("prompt_set") or dict(ref.manifest.prompt_set), list(rows) or None),
+        sampling=ref.manifest.sampling, policy=stored.policy or cfg.policy,
+        band=cfg.band if stored.band is None else stored.band, greedy_tolerance=cfg.greedy_tolerance,
+        config=ConfigRef.from_json(config, where=str(report_dir / "report.json")) if config else None,
+    )
+    result = judge(spec, ref, cand, problems=list(stored.problems))
+    result = _kept(result, old)
+    scope = Scope.ALL if prompt is not None else (lc.scope if lc is not None else Scope.DIVERGENT)
+    if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt):
+        raise InputError("nothing divergent to localise in this report", path=str(report_dir / "report.json"))
+    if cfg.candidate is None:
+        raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))
+    reference, candidate = cfg.reference.build(), cfg.candidate.build()
+    if activation_reference(cfg, reference)[0] is None or not candidate.can_dump:
+        why = activation_reference(cfg, reference)[2] or f"the candidate ({candidate.kind}) cannot dump activations"
+        raise ConfigError(why, path=str(report_dir / "gate.toml"))
+    result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
+                             scope=scope, settings=settings, only=prompt)
+    write_reports(result, report_dir)
+    if any(loc.error for loc in result.localization.values()):
+        raise EngineError("; ".join(f"{pid}: {loc.error}" for pid, loc in result.localization.items() if loc.error))
+    return GateOutcome(result, report_dir)
+
+
+def _kept(result: GateResult, old: dict) -> GateResult:
+    """What the gate wrote that a localisation does not redo: diagnoses, drift, history, notes."""
+    try:
+        diagnoses = {p["id"]: Diagnosis.from_json(p["diagnosis"]) for p in old["prompts"]
+                     if isinstance(p, dict) and p.get("diagnosis")}
+        drift = DriftReport.from_json(old["drift"]) if old.get("drift") else None
+        localization = {p["id"]: Localization.from_json(p["localization"]) for p in old["prompts"]
+                        if isinstance(p, dict) and p.get("localization")}
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"the report is malformed ({type(e).__name__}: {e})") from None
+    return replace(result, diagnoses=diagnoses, drift=drift, history=tuple(old.get("history") or ()),
+                   rescored_by=old.get("rescored_by"), localization=localization,
+                   notes=tuple(n for n in old.get("notes") or () if n not in result.verdict.notes))

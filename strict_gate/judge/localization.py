@@ -1,0 +1,133 @@
+"""A localisation's figures, as every report format reads them (strict_gate/localize makes them).
+
+Per prompt: the error of each canonical point along the depth (max |Δ|, rel_diff, cosine, the
+reference's scale), the first point whose rel_diff is beyond tolerance, and, where both arms
+could graft, each layer's error alone with the reference's input fed in (docs/localize.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class PointKind(StrEnum):
+    """The kinds of canonical point (docs/localize.md); one line per kind in the report's curve."""
+
+    EMBED = "embed"
+    ATTN = "attn"
+    MLP = "mlp"
+    LAYER = "layer"
+    NORM = "norm"
+    LOGITS = "logits"
+
+
+def kind_of(name: str) -> PointKind:
+    if name.startswith("layers."):
+        parts = name.split(".")
+        return PointKind.LAYER if len(parts) == 2 else PointKind(parts[2])
+    return PointKind(name)
+
+
+class Mode(StrEnum):
+    ACCUMULATED = "accumulated"  # each arm's own forward pass: error carried from below
+    GRAFTED = "grafted"  # the candidate's layers fed the reference's inputs: each layer's own error
+
+
+@dataclass(frozen=True)
+class PointDiff:
+    name: str
+    max_abs: float | None = None
+    rel_diff: float | None = None  # 1 - 2Σxy/(Σx²+Σy²)
+    cosine: float | None = None
+    scale: float | None = None  # the reference's RMS at this point
+    beyond: bool = False
+    note: str | None = None  # why the point is not comparable (absent on one arm, shapes differ)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "max_abs": self.max_abs, "rel_diff": self.rel_diff, "cosine": self.cosine,
+                "scale": self.scale, "beyond": self.beyond, "note": self.note}
+
+    @classmethod
+    def from_json(cls, d: dict) -> PointDiff:
+        return cls(name=str(d["name"]), max_abs=d.get("max_abs"), rel_diff=d.get("rel_diff"),
+                   cosine=d.get("cosine"), scale=d.get("scale"), beyond=bool(d.get("beyond")), note=d.get("note"))
+
+
+@dataclass(frozen=True)
+class Localization:
+    prompt_id: str
+    positions: tuple[int, ...]  # indices into the ids both arms ran
+    points: tuple[PointDiff, ...]  # accumulated, in depth order
+    first_beyond: str | None
+    tolerance: float
+    reference_engine: str
+    candidate_engine: str
+    grafted: tuple[PointDiff, ...] = ()  # empty: an arm cannot graft
+    reference_note: str | None = None  # why this engine is the activation reference, when not the reference arm
+    error: str | None = None  # the localisation failed for this prompt (an arm's dump, in words)
+    kept: str | None = None  # where the tensors were kept (--keep)
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.GRAFTED if self.grafted else Mode.ACCUMULATED
+
+    @property
+    def first_differs(self) -> str | None:
+        """The first point where the arms differ at all: between builds of one model in one
+        dtype, where the first kernel that computes differently sits (even within tolerance)."""
+        return next((p.name for p in self.points if p.max_abs), None)
+
+    @property
+    def grafted_differs(self) -> str | None:
+        """The first point whose own computation differs (the reference's input fed in): the
+        origin of the error, where the accumulated curve may first cross tolerance far later."""
+        return next((p.name for p in self.grafted if p.max_abs), None)
+
+    @property
+    def grafted_beyond(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.grafted if p.beyond)
+
+    @property
+    def pattern(self) -> str:
+        """The error curve in words: nothing, from the first point on, or from one point on."""
+        if self.error is not None:
+            return "not localised"
+        if self.first_beyond is None:
+            return "every point within tolerance" + (f" (first difference at {self.first_differs})"
+                                                     if self.first_differs else ", every point equal")
+        names = [p.name for p in self.points if p.rel_diff is not None]
+        if names and names[0] == self.first_beyond:
+            return f"beyond tolerance from the first point captured ({self.first_beyond})"
+        return f"within tolerance up to {self.first_beyond}, beyond from there"
+
+    def to_json(self) -> dict:
+        return {
+            "prompt_id": self.prompt_id,
+            "positions": list(self.positions),
+            "points": [p.to_json() for p in self.points],
+            "first_beyond": self.first_beyond,
+            "first_differs": self.first_differs,
+            "mode": str(self.mode),
+            "tolerance": self.tolerance,
+            "reference_engine": self.reference_engine,
+            "candidate_engine": self.candidate_engine,
+            "grafted": [p.to_json() for p in self.grafted],
+            "grafted_beyond": list(self.grafted_beyond),
+            "grafted_differs": self.grafted_differs,
+            "pattern": self.pattern,
+            "reference_note": self.reference_note,
+            "error": self.error,
+            "kept": self.kept,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Localization:
+        return cls(
+            prompt_id=str(d["prompt_id"]), positions=tuple(int(p) for p in d["positions"]),
+            points=tuple(PointDiff.from_json(p) for p in d["points"]), first_beyond=d.get("first_beyond"),
+            tolerance=float(d["tolerance"]), reference_engine=str(d["reference_engine"]),
+            candidate_engine=str(d["candidate_engine"]),
+            grafted=tuple(PointDiff.from_json(p) for p in d.get("grafted") or ()),
+            reference_note=d.get("reference_note"), error=d.get("error"), kept=d.get("kept"),
+        )

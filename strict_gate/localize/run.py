@@ -1,0 +1,137 @@
+"""Localise divergences: both arms dump the same ids, one engine at a time, then compare.
+
+The ids are the prompt, the common prefix and the reference's token at the divergence; the
+positions kept are the divergence position (the one whose logits chose the differing token)
+and the n - 1 before it. The reference runs every prompt first (and, to graft, dumps each
+layer's input at every position), then is released; then the candidate. Tensors go to files
+under a work directory and are read back one prompt at a time, so memory holds one prompt's
+dump per arm; the directory is removed unless `keep`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from strict_gate.engines.base import DumpRequest, Engine
+from strict_gate.errors import EngineError
+from strict_gate.judge.compare import Comparison, Status
+from strict_gate.judge.localization import Localization, PointDiff
+from strict_gate.localize.capture import capture
+from strict_gate.localize.compare import compare_points, default_tolerance, first_beyond
+from strict_gate.localize.points import DEFAULT_POSITIONS, layer_inputs
+from strict_gate.runs.records import Record
+
+
+@dataclass(frozen=True)
+class Target:
+    """One prompt to localise: the ids both arms run and the positions kept."""
+
+    prompt_id: str
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Settings:
+    points: tuple[str, ...] | None = None  # None: every point the engines give
+    positions: int = DEFAULT_POSITIONS
+    tolerance: float | None = None  # None: by the arms' dtypes (compare.TOLERANCES)
+    graft: bool = True  # where the candidate can graft
+    keep: bool = False
+
+
+def target(pid: str, ref: Record, divergence: int, n: int) -> Target:
+    ids = tuple(ref.prompt_token_ids) + tuple(ref.token_ids[: divergence + 1])
+    at = len(ref.prompt_token_ids) + divergence - 1  # its logits chose token `divergence`
+    return Target(pid, ids, tuple(range(max(0, at - n + 1), at + 1)))
+
+
+def targets(comparison: Comparison, ref_records: dict[str, Record], *, n: int, statuses: Sequence[Status],
+            only: str | None = None) -> list[Target]:
+    out = []
+    for p in comparison.prompts:
+        if p.first_divergence is None or (only is not None and p.id != only) or p.status not in statuses:
+            continue
+        out.append(target(p.id, ref_records[p.id], p.first_divergence.position, n))
+    return out
+
+
+def engine_name(engine: Engine) -> str:
+    return f"{engine.kind} {engine.info().model}"
+
+
+def engine_dtype(engine: Engine) -> str | None:
+    d = engine.speed_settings().get("dtype")
+    return str(d) if d else None
+
+
+class _Arm:
+    """One arm's dumps for every target, one directory per request."""
+
+    def __init__(self, engine: Engine, work: Path, role: str):
+        self.engine, self.root = engine, work / role
+        self.files: dict[tuple[str, str], Path] = {}
+        self.errors: dict[str, str] = {}
+        self.requests = 0
+
+    def dump(self, t: Target, what: str, points, positions, graft: Path | None = None) -> None:
+        if t.prompt_id in self.errors:
+            return
+        self.requests += 1
+        directory = self.root / f"{self.requests:04d}-{what}"
+        request = DumpRequest(t.token_ids, points, positions, directory, graft)
+        try:
+            capture(self.engine, request)
+        except EngineError as e:
+            self.errors[t.prompt_id] = str(e)
+            return
+        self.files[(t.prompt_id, what)] = next(directory.glob("*.safetensors"))
+
+    def load(self, pid: str, what: str) -> dict:
+        from safetensors.torch import load_file
+
+        return load_file(str(self.files[(pid, what)]))
+
+
+def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: Path, settings: Settings,
+             *, release: Callable[[Engine], None], reference_note: str | None = None) -> dict[str, Localization]:
+    """Every target localised; `release(engine)` is called when an arm's dumps are done."""
+    ref, cand = _Arm(reference, work, "reference"), _Arm(candidate, work, "candidate")
+    grafting = settings.graft and candidate.can_graft  # the class's claim; a command engine may narrow it
+    try:
+        for t in ts:
+            ref.dump(t, "points", settings.points, t.positions)
+            if grafting and (t.prompt_id, "points") in ref.files:
+                layers = layer_inputs(ref.load(t.prompt_id, "points"))
+                ref.dump(t, "graft-source", tuple(layers), tuple(range(len(t.token_ids))))
+        release(reference)
+        for t in ts:
+            cand.dump(t, "points", settings.points, t.positions)
+            # after its first dump: a command engine's hello has narrowed can_graft by then
+            if candidate.can_graft and (t.prompt_id, "graft-source") in ref.files:
+                cand.dump(t, "grafted", settings.points, t.positions, ref.files[(t.prompt_id, "graft-source")])
+        release(candidate)
+        # after the dumps: a command engine says its dtype in its hello
+        tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
+        return {t.prompt_id: _one(t, ref, cand, tol, work if settings.keep else None, reference_note) for t in ts}
+    finally:
+        if not settings.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _one(t: Target, ref: _Arm, cand: _Arm, tol: float, kept: Path | None, note: str | None) -> Localization:
+    names = engine_name(ref.engine), engine_name(cand.engine)
+    error = ref.errors.get(t.prompt_id) or cand.errors.get(t.prompt_id)
+    if error is not None:
+        return Localization(t.prompt_id, t.positions, (), None, tol, *names, reference_note=note, error=error)
+    r = ref.load(t.prompt_id, "points")
+    points = compare_points(r, cand.load(t.prompt_id, "points"), tol)
+    grafted: tuple[PointDiff, ...] = ()
+    if (t.prompt_id, "grafted") in cand.files:
+        layers = {k: v for k, v in cand.load(t.prompt_id, "grafted").items() if k.startswith("layers.")}
+        grafted = compare_points({k: v for k, v in r.items() if k in layers}, layers, tol)
+    return Localization(t.prompt_id, t.positions, points, first_beyond(points), tol, *names, grafted=grafted,
+                        reference_note=note, kept=str(kept) if kept else None)

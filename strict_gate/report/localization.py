@@ -1,0 +1,117 @@
+"""A localisation in each format: text lines (console, show), a markdown table, an SVG curve."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from strict_gate.judge.localization import Localization, PointDiff, kind_of
+from strict_gate.judge.result import GateResult
+
+_KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
+                 "norm": "#8250df", "logits": "#bf8700"}
+
+
+def _g(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def headline(loc: Localization) -> str:
+    if loc.error is not None:
+        return f"not localised: {loc.error}"
+    head = f"first beyond tolerance: {loc.first_beyond or 'none'}"
+    if loc.first_differs and loc.first_differs != loc.first_beyond:
+        head += f"; first difference: {loc.first_differs}"
+    if loc.grafted:
+        head += (f"; grafted, beyond alone: {', '.join(loc.grafted_beyond) or 'none'}, "
+                 f"first to differ alone: {loc.grafted_differs or 'none'}")
+    return head + f" (rel_diff tolerance {loc.tolerance:g}, {loc.mode})"
+
+
+def text_lines(loc: Localization) -> list[str]:
+    """For the terminal: the headline, who was compared, then one line per point."""
+    out = [headline(loc), f"  {loc.pattern}",
+           f"  reference activations: {loc.reference_engine}; candidate: {loc.candidate_engine}"]
+    if loc.reference_note:
+        out.append(f"  {loc.reference_note}")
+    grafted = {p.name: p for p in loc.grafted}
+    for p in loc.points:
+        g = grafted.get(p.name)
+        extra = f"  grafted rel_diff {_g(g.rel_diff)}{' BEYOND' if g.beyond else ''}" if g else ""
+        body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
+        out.append(f"  {'>' if p.beyond else ' '} {p.name:<16} {body}{extra}")
+    return out
+
+
+def localization_markdown(r: GateResult) -> list[str]:
+    """One compact table: a row per localised prompt."""
+    if not r.localization:
+        return []
+    out = ["## Localisation", "",
+           "| prompt | first beyond | rel_diff there | first difference | grafted: beyond alone | grafted: first to "
+           "differ alone | mode | reference |",
+           "|---|---|---|---|---|---|---|---|"]
+    for pid, loc in r.localization.items():
+        at = next((p for p in loc.points if p.name == loc.first_beyond), None)
+        if loc.error is not None:
+            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | |")
+            continue
+        out.append(f"| `{pid}` | {loc.first_beyond or 'none'} | {_g(at.rel_diff) if at else '–'} | "
+                   f"{loc.first_differs or 'none'} | {', '.join(loc.grafted_beyond) or ('none' if loc.grafted else '–')}"
+                   f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {loc.mode} | {loc.reference_engine} |")
+    tols = sorted({loc.tolerance for loc in r.localization.values()})
+    notes = sorted({loc.reference_note for loc in r.localization.values() if loc.reference_note})
+    out += ["", f"rel_diff = 1 - 2Σxy/(Σx²+Σy²) per point, tolerance {', '.join(f'{t:g}' for t in tols)} "
+                "(docs/localize.md)."] + [f"{n}." for n in notes] + [""]
+    return out
+
+
+def _y(v: float, lo: float, hi: float, h: int) -> float:
+    return h - 10 - (math.log10(max(v, 10**lo)) - lo) / (hi - lo) * (h - 20)
+
+
+def svg_curve(loc: Localization, width: int = 560, height: int = 180) -> str:
+    """rel_diff over depth on a log scale, one polyline per point kind, the tolerance dashed."""
+    pts = [p for p in loc.points if p.rel_diff is not None]
+    if not pts:
+        return ""
+    vals = [p.rel_diff for p in pts if p.rel_diff and p.rel_diff > 0] + [loc.tolerance]
+    lo, hi = math.floor(math.log10(min(vals))) - 1, math.ceil(math.log10(max(vals))) + 1
+    step = (width - 60) / max(1, len(pts) - 1)
+    xs = {p.name: 50 + i * step for i, p in enumerate(pts)}
+    lines: dict[str, list[PointDiff]] = {}
+    for p in pts:
+        lines.setdefault(str(kind_of(p.name)), []).append(p)
+    ty = _y(loc.tolerance, lo, hi, height)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="rel_diff over depth for {escape(loc.prompt_id)}">',
+             f'<line x1="45" x2="{width - 5}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#000" stroke-dasharray="4 3"/>',
+             f'<text x="{width - 5}" y="{ty - 3:.1f}" font-size="10" text-anchor="end">tolerance '
+             f'{loc.tolerance:g}</text>',
+             f'<text x="2" y="12" font-size="10">1e{hi}</text><text x="2" y="{height - 6}" font-size="10">1e{lo}</text>']
+    for kind, members in lines.items():
+        colour = _KIND_COLOURS.get(kind, "#000")
+        coords = " ".join(f"{xs[p.name]:.1f},{_y(p.rel_diff or 0.0, lo, hi, height):.1f}" for p in members)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}">'
+                     f"<title>{escape(kind)}</title></polyline>")
+        for p in members:
+            parts.append(f'<circle cx="{xs[p.name]:.1f}" cy="{_y(p.rel_diff or 0.0, lo, hi, height):.1f}" r="2.5" '
+                         f'fill="{colour}"><title>{escape(p.name)}: rel_diff {_g(p.rel_diff)}</title></circle>')
+    legend = " ".join(f'<tspan fill="{_KIND_COLOURS.get(k, "#000")}">{escape(k)}</tspan>' for k in lines)
+    parts.append(f'<text x="50" y="{height - 1}" font-size="10">{legend}</text></svg>')
+    return "".join(parts)
+
+
+_BEYOND = ' class="beyond"'
+
+
+def html_section(loc: Localization) -> str:
+    """A prompt's localisation in report.html: the headline, the curve, the table."""
+    rows = "".join(
+        f"<tr{_BEYOND if p.beyond else ''}><td>{escape(p.name)}</td><td>{_g(p.max_abs)}</td>"
+        f"<td>{_g(p.rel_diff)}</td><td>{_g(p.cosine)}</td><td>{_g(p.scale)}</td><td>{escape(p.note or '')}</td></tr>"
+        for p in loc.points)
+    note = f"<p>{escape(loc.reference_note)}</p>" if loc.reference_note else ""
+    return (f'<div class="localization"><h4>Localisation</h4><p>{escape(headline(loc))}. {escape(loc.pattern)}.</p>'
+            f"{note}{svg_curve(loc)}<table><tr><th>point</th><th>max |Δ|</th><th>rel_diff</th><th>cosine</th>"
+            f"<th>scale</th><th></th></tr>{rows}</table></div>")
