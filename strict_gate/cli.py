@@ -1,7 +1,8 @@
 """The `strict-gate` command: thin typer functions over the library.
 
-Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run,
-4 slower than the [speed] bar or not comparable (only when the token verdict passed).
+Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run (or a
+speed ratio not separable from its bar), 4 slower than the [speed] bar or not comparable (only
+when the token verdict passed).
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -193,10 +194,15 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
 @_fail_cleanly
 def bench(
     config: Annotated[Path, typer.Argument(help="gate TOML with a [speed] table")],
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
+    output_dir: Annotated[Path | None, typer.Option(
+        "--output-dir", "-o", help="speed.json goes to a fresh DIR/<name>-<timestamp>/")] = None,
+    interleave: Annotated[bool, typer.Option(
+        "--interleave", help="load both engines at once and time their repetitions in turns (ABBA): "
+                             "drift of the machine lands on both arms; needs memory for both")] = False,
 ) -> None:
     """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
-    Exit 0, 4 below min_speed_ratio or not comparable, 3 not measured while a bar is set, 2 bad input."""
+    Exit 0; 4 below min_speed_ratio (the whole interval) or not comparable; 3 not measured, or not
+    separable (a bar inside the interval: more runs needed) while a bar is set; 2 bad input."""
     from strict_gate.core.engine_log import terminal_stderr
     from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config
@@ -206,8 +212,9 @@ def bench(
 
     cfg = load_gate_config(config)
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
-    outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
-    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
+    outcome = run_bench(cfg, output_dir=output_dir, interleave=interleave,
+                        on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
+    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind, cfg.candidate.kind), console)  # as the gate's reports word it
     console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
 
