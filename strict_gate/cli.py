@@ -390,6 +390,44 @@ def nightly(
 
 @app.command()
 @_fail_cleanly
+def bisect(
+    config: Annotated[Path, typer.Argument(help="gate TOML whose candidate is built from --repo")],
+    repo: Annotated[Path, typer.Option("--repo", help="the candidate's git repository")],
+    good: Annotated[str, typer.Option("--good", help="a revision that passes the gate")],
+    bad: Annotated[str, typer.Option("--bad", help="a later revision that fails it")],
+    build: Annotated[str, typer.Option("--build", help="shell command that builds a checkout (run in --repo)")],
+    prompts_from: Annotated[Path | None, typer.Option(
+        "--prompts-from", metavar="REPORT_DIR", help="only the prompts that failed in this gate report")] = None,
+    output_dir: Annotated[Path | None, typer.Option(
+        "--output-dir", "-o", help="bisect.json and each step's report go to DIR/<name>-bisect-<timestamp>/")] = None,
+) -> None:
+    """The first candidate commit that fails the gate, by git bisect run: pass -> good, fail ->
+    bad, an engine failure or a failed build -> skip. Exit 0 when it is named, 3 when skipped
+    commits leave it open, 2 bad input (the repository is left as it was)."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.nightly.bisect import run_bisect
+    from strict_gate.report.text import visible
+
+    cfg = load_gate_config(config)
+    done = run_bisect(cfg, repo=repo, good=good, bad=bad, build=build, prompts_from=prompts_from,
+                      output_dir=output_dir)
+    for s in done.steps:
+        console.print(visible(f"{s.commit[:12]} {s.verdict}" + (f" (gate exit {s.exit_code})" if s.exit_code is not None
+                                                             else "") + (f": {s.message}" if s.message else "")))
+    if done.first_bad:
+        console.print(visible(f"first bad commit: {done.first_bad}"))
+        console.print(visible(f"its gate report: {done.report_dir}"))
+        flipped = ", ".join(f"{p['id']} ({p['status']})" for p in done.flipped)
+        console.print(visible(f"prompts that flipped there: {flipped or 'none recorded'}"))
+    else:
+        console.print(visible("skipped commits leave the first bad commit open; it is one of: "
+                              + ", ".join(c[:12] for c in done.candidates)))
+    console.print(visible(f"wrote {done.path}"))
+    raise typer.Exit(done.exit_code)
+
+
+@app.command()
+@_fail_cleanly
 def diagnose(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
 ) -> None:
