@@ -214,7 +214,7 @@ def bench(
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
     outcome = run_bench(cfg, output_dir=output_dir, interleave=interleave,
                         on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
-    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind, cfg.candidate.kind), console)  # as the gate's reports word it
+    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
     console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
 
