@@ -74,8 +74,9 @@ def make_repo(root: Path) -> tuple[Path, list[str]]:
     return repo, shas
 
 
-def gate_config(root: Path, repo: Path, *, reference: list[str] | None = None) -> Path:
-    """The gate: the first commit's engine (a copy) as the live reference, the checkout as candidate."""
+def gate_config(root: Path, repo: Path, *, reference: list[str] | None = None, baseline: Path | None = None) -> Path:
+    """The gate: the first commit's engine (a copy) as the live reference, or the stored
+    `baseline` run, the checkout as candidate."""
     ref = root / "reference_engine.py"
     ref.write_text(GOOD)
     prompts = root / "prompts.jsonl"
@@ -85,6 +86,7 @@ def gate_config(root: Path, repo: Path, *, reference: list[str] | None = None) -
     path.write_text(
         f'name = "bisect-demo"\nprompts = "{prompts}"\nmax_tokens = 4\ntop_logprobs = 2\npolicy = "strict"\n'
         f'output_dir = "{root / "reports"}"\n'
-        f"[reference]\nkind = \"command\"\ncommand = {json.dumps(cmd)}\n"
-        f"[candidate]\nkind = \"command\"\ncommand = {json.dumps([sys.executable, str(repo / 'engine.py')])}\n")
+        + (f'[reference]\nkind = "recorded"\npath = "{baseline}"\n' if baseline else
+           f"[reference]\nkind = \"command\"\ncommand = {json.dumps(cmd)}\n")
+        + f"[candidate]\nkind = \"command\"\ncommand = {json.dumps([sys.executable, str(repo / 'engine.py')])}\n")
     return path

@@ -85,6 +85,26 @@ def test_prompts_from_runs_only_the_failing_prompts(tmp_path):
         assert ids == ["p1", "p3"]
 
 
+def test_a_recorded_baseline_is_replayed_as_it_is(tmp_path):
+    """The usual nightly reference: a stored run. It fits the whole prompt set, so the steps
+    replay it where it lies (no copy, no reference run in the bisect directory)."""
+    repo, shas = make_repo(tmp_path)
+    live = make_gate(tmp_path, repo)
+    baseline = tmp_path / "baseline"
+    made = runner.invoke(app, ["run", str(live), "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(baseline),
+                               "--max-tokens", "4", "--top-logprobs", "2"])
+    assert made.exit_code == 0, made.output
+    config = make_gate(tmp_path, repo, baseline=baseline)
+    r = bisect(config, "--repo", repo, "--good", shas[0], "--bad", shas[6], "--build", BUILD)
+    assert r.exit_code == 0 and f"first bad commit: {shas[3]}" in r.output, r.output
+    (out,) = (tmp_path / "reports").glob("bisect-demo-bisect-*/")
+    assert not (out / "reference").exists()
+    data = json.loads((out / "bisect.json").read_text())
+    report = json.loads((Path(data["report_dir"]) / "report.json").read_text())
+    assert report["engines"]["reference"]["options"]["replayed_from"] == str(baseline)
+    clean(repo, shas[6])
+
+
 def test_the_nightly_summary_prints_the_bisect_command_from_the_history(tmp_path):
     """The history records the commit of the checkout holding the gate config: here the gate
     config lives in the candidate's repository, as in a CI of the engine's own repo."""
