@@ -229,6 +229,19 @@ def test_the_interval_holds_the_true_ratio_and_a_bar_inside_it_is_not_separable(
     assert shown["interval"] == [round(decode.lower, 6), round(decode.upper, 6)] and shown["separable"] is True
 
 
+@pytest.mark.parametrize("interleave, order", [(False, "CCCCRRRR"), (True, "RRCCCCRR")])
+def test_interleaved_repetitions_take_turns_abba(tmp_path, interleave, order):
+    """Each engine logs every request as it arrives (two a repetition: max_tokens=1, then the
+    full one): one arm after the other without --interleave, ABBA with it."""
+    log = tmp_path / "arrivals"
+    ref, cand = (command_arm("--ttft", "0.01", "--per-token", "0.01", "--log", str(log), "--tag", tag) for tag in "RC")
+    path = gate_file(tmp_path, ref, cand, {"warmup": 0, "runs": 2, "rungs": ["4/2"]})
+    result = run_bench(load_gate_config(path), interleave=interleave).result
+    assert "".join(log.read_text().split()) == order
+    assert result.order.value == ("interleaved" if interleave else "sequential")
+    assert result.rungs[0].reference is not None and result.rungs[0].candidate is not None
+
+
 def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tmp_path):
     from strict_gate.gate.run import run_gate
 

@@ -2,7 +2,7 @@
 """A command engine with a known speed, for the speed arm's method tests.
 
     python speed_engine.py [--ttft S] [--per-token S] [--stream] [--eos-at N] [--hello-json JSON]
-                           [--die-after N] [--jitter A --seed S]
+                           [--die-after N] [--jitter A --seed S] [--log FILE --tag T]
 
 It sleeps --ttft seconds before its first token and --per-token seconds before each later
 one (defaults 0.2 and 0.05), so the gate must measure TTFT ~ 0.2 s and decode ~ 20 tok/s.
@@ -14,6 +14,7 @@ Without "ignore_eos" in a request it stops at token --eos-at (when given), as an
 from a generator seeded with --seed: a known spread, wide enough to dwarf the machine's own
 noise, whose scale factors have median 1, so two such engines' true speed ratio is the ratio
 of their sleeps.
+--log FILE appends the --tag to FILE as each request arrives (which arm ran when).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=-1)
     ap.add_argument("--jitter", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", default="")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     caps = ["generate", "stream"] if args.stream else ["generate"]
@@ -52,6 +55,9 @@ def main() -> None:
             return
         if served == args.die_after:
             sys.exit(7)
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(args.tag + "\n")
         n = req["max_tokens"]
         if args.eos_at and not req.get("ignore_eos"):
             n = min(n, args.eos_at)
