@@ -1,7 +1,8 @@
 """The `strict-gate` command: thin typer functions over the library.
 
-Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run,
-4 slower than the [speed] bar or not comparable (only when the token verdict passed).
+Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run (or a
+speed ratio not separable from its bar), 4 slower than the [speed] bar or not comparable (only
+when the token verdict passed).
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -193,10 +194,15 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
 @_fail_cleanly
 def bench(
     config: Annotated[Path, typer.Argument(help="gate TOML with a [speed] table")],
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="speed.json goes to DIR/<name>/")] = None,
+    output_dir: Annotated[Path | None, typer.Option(
+        "--output-dir", "-o", help="speed.json goes to a fresh DIR/<name>-<timestamp>/")] = None,
+    interleave: Annotated[bool, typer.Option(
+        "--interleave", help="load both engines at once and time their repetitions in turns (ABBA): "
+                             "drift of the machine lands on both arms; needs memory for both")] = False,
 ) -> None:
     """Only the [speed] ladder: time both arms from outside, print it, write speed.json.
-    Exit 0, 4 below min_speed_ratio or not comparable, 3 not measured while a bar is set, 2 bad input."""
+    Exit 0; 4 below min_speed_ratio (the whole interval) or not comparable; 3 not measured, or not
+    separable (a bar inside the interval: more runs needed) while a bar is set; 2 bad input."""
     from strict_gate.core.engine_log import terminal_stderr
     from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config
@@ -206,7 +212,8 @@ def bench(
 
     cfg = load_gate_config(config)
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
-    outcome = run_bench(cfg, output_dir=output_dir, on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
+    outcome = run_bench(cfg, output_dir=output_dir, interleave=interleave,
+                        on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
     print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
     console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
@@ -380,6 +387,44 @@ def nightly(
     console.print(render_markdown(night.diff) if night.diff else NO_PREVIOUS)
     write_summary(night.summary, summary)
     raise typer.Exit(night.exit_code)
+
+
+@app.command()
+@_fail_cleanly
+def bisect(
+    config: Annotated[Path, typer.Argument(help="gate TOML whose candidate is built from --repo")],
+    repo: Annotated[Path, typer.Option("--repo", help="the candidate's git repository")],
+    good: Annotated[str, typer.Option("--good", help="a revision that passes the gate")],
+    bad: Annotated[str, typer.Option("--bad", help="a later revision that fails it")],
+    build: Annotated[str, typer.Option("--build", help="shell command that builds a checkout (run in --repo)")],
+    prompts_from: Annotated[Path | None, typer.Option(
+        "--prompts-from", metavar="REPORT_DIR", help="only the prompts that failed in this gate report")] = None,
+    output_dir: Annotated[Path | None, typer.Option(
+        "--output-dir", "-o", help="bisect.json and each step's report go to DIR/<name>-bisect-<timestamp>/")] = None,
+) -> None:
+    """The first candidate commit that fails the gate, by git bisect run: pass -> good, fail ->
+    bad, an engine failure or a failed build -> skip. Exit 0 when it is named, 3 when skipped
+    commits leave it open, 2 bad input (the repository is left as it was)."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.nightly.bisect import run_bisect
+    from strict_gate.report.text import visible
+
+    cfg = load_gate_config(config)
+    done = run_bisect(cfg, repo=repo, good=good, bad=bad, build=build, prompts_from=prompts_from,
+                      output_dir=output_dir)
+    for s in done.steps:
+        console.print(visible(f"{s.commit[:12]} {s.verdict}" + (f" (gate exit {s.exit_code})" if s.exit_code is not None
+                                                             else "") + (f": {s.message}" if s.message else "")))
+    if done.first_bad:
+        console.print(visible(f"first bad commit: {done.first_bad}"))
+        console.print(visible(f"its gate report: {done.report_dir}"))
+        flipped = ", ".join(f"{p['id']} ({p['status']})" for p in done.flipped)
+        console.print(visible(f"prompts that flipped there: {flipped or 'none recorded'}"))
+    else:
+        console.print(visible("skipped commits leave the first bad commit open; it is one of: "
+                              + ", ".join(c[:12] for c in done.candidates)))
+    console.print(visible(f"wrote {done.path}"))
+    raise typer.Exit(done.exit_code)
 
 
 @app.command()

@@ -31,21 +31,24 @@ def arm(script: Path, *flags: str) -> str:
     return f'kind = "command"\ncommand = {argv}\ntokenizer = "bundled:tiny-llama"\n'
 
 
-def config(tmp_path: Path, reference: str, candidate: str, speed: str) -> Path:
+def config(tmp_path: Path, reference: str, candidate: str, speed: str, runs: int = 1) -> Path:
     prompts = tmp_path / "two.jsonl"
     prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
     path = tmp_path / "gate.toml"
     path.write_text(
         f'name = "hostile"\nprompts = "{prompts}"\nmax_tokens = 4\npolicy = "strict"\n'
         f'output_dir = "{tmp_path / "out"}"\n[reference]\n{reference}\n[candidate]\n{candidate}\n'
-        f"[speed]\nwarmup = 0\nruns = 1\n{speed}\n"
+        f"[speed]\nwarmup = 0\nruns = {runs}\n{speed}\n"
     )
     return path
 
 
-def bench(tmp_path: Path, reference: str, candidate: str, speed: str) -> tuple[int, str, dict]:
-    result = runner.invoke(app, ["bench", str(config(tmp_path, reference, candidate, speed))], terminal_width=200)
-    data = json.loads((tmp_path / "out" / "hostile" / "speed.json").read_text())
+def bench(tmp_path: Path, reference: str, candidate: str, speed: str, runs: int = 1) -> tuple[int, str, dict]:
+    """`strict-gate bench`; a verdict below the bar needs 4 runs (the fewest for a 95 % interval)."""
+    result = runner.invoke(app, ["bench", str(config(tmp_path, reference, candidate, speed, runs))],
+                           terminal_width=200)
+    (written,) = (tmp_path / "out").glob("hostile-*/speed.json")
+    data = json.loads(written.read_text())
     return result.exit_code, result.output, data
 
 
@@ -54,7 +57,7 @@ def bench(tmp_path: Path, reference: str, candidate: str, speed: str) -> tuple[i
 
 def test_events_written_at_once_before_a_slow_reply_get_no_fast_decode(tmp_path):
     code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "burst", "--stream"),
-                            'rungs = ["8/8"]\nmin_speed_ratio = { decode = 3.0 }')
+                            'rungs = ["8/8"]\nmin_speed_ratio = { decode = 3.0 }', runs=4)
     assert data["method"] == "stream"
     assert code == 4 and data["verdict"] == "fail", out  # was: decode in the thousands, a pass
     assert "rung 8/8: decode speed" in out
@@ -101,7 +104,7 @@ def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_pat
     # the full request takes 1.5 s to its first token, then 0.03 s per token: derived decode
     # (n - 1) / (t_full - TTFT) is 1.7x the honest reference's while e2e is 0.5x
     code, out, data = bench(tmp_path, arm(HONEST), arm(HOSTILE, "--trick", "slow-first", "--per-token", "0.03"),
-                            'rungs = ["8/16"]\nmin_speed_ratio = { decode = 1.3 }')
+                            'rungs = ["8/16"]\nmin_speed_ratio = { decode = 1.3 }', runs=4)
     assert data["method"] == "two-request"
     assert code == 4 and data["verdict"] == "fail", out  # was: a pass on decode alone
     failed = [c for c in data["speed_verdict"]["checks"] if not c["passed"]]
@@ -111,7 +114,7 @@ def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_pat
 
 def test_the_gate_rung_ttft_request_shares_no_cached_prompt_with_the_full_request(tmp_path):
     code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "cache", "--stream"),
-                            'rungs = ["gate"]\nmin_speed_ratio = { ttft = 2.0 }')
+                            'rungs = ["gate"]\nmin_speed_ratio = { ttft = 2.0 }', runs=4)
     assert data["method"] == "stream"
     assert code == 4 and data["verdict"] == "fail", out  # was: TTFT read from a cached prompt, 4x, a pass
     assert any("fresh prompt" in n for n in data["notes"])

@@ -107,7 +107,8 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     result = CliRunner().invoke(app, ["bench", str(gate), "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "128/32" in result.output and "speed: informational" in result.output
-    data = json.loads((tmp_path / "speed-hf-vs-vllm" / "speed.json").read_text())
+    (written,) = tmp_path.glob("speed-hf-vs-vllm-*/speed.json")  # a fresh, timestamped directory
+    data = json.loads(written.read_text())
     cfg = load_gate_config(gate)
     assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
     assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]

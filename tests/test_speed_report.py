@@ -1,5 +1,5 @@
-"""The speed arm in every report format: both arms per rung, the ratio in words with its spread,
-"not separable" when the spread holds 1.0, the match check with flattering mismatches called out,
+"""The speed arm in every report format: both arms per rung by role with their kinds beneath,
+the ratio in words with its 95 % interval, "not separable" when the interval holds 1.0, the match check with flattering mismatches called out,
 and the speed verdict on its own line, never changing the token verdict."""
 
 from __future__ import annotations
@@ -42,17 +42,22 @@ runner = CliRunner()
 
 # What each case must say, in every format that shows words.
 SAYS = {
-    "pass": ["speed: pass (min_speed_ratio decode 0.95x)", "decode 0.97x vLLM (0.95–0.99)", "TTFT 1.33x (1.23–1.45)",
-             "matched: yes", "gpu clocks not locked", "timed tokens: 12 replies checked", "all verified"],
-    "fail": ["speed: fail (min_speed_ratio decode 0.95x)", "decode 0.81x vLLM (0.79–0.83)",
-             "rung 128/128: decode speed 0.81x reference < 0.95x"],
+    "pass": ["speed: pass (min_speed_ratio decode 0.95x)", "decode 0.97x vLLM [0.96, 0.98]", "TTFT 1.33x [1.26, 1.41]",
+             "matched: yes", "gpu clocks not locked", "timed tokens: 12 replies checked", "all verified",
+             "a TTFT ratio below 1 is faster", "95 % interval", "5 runs after 1 warmup",
+             "arms one after the other"],
+    "fail": ["speed: fail (min_speed_ratio decode 0.95x)", "decode 0.81x vLLM [0.80, 0.82]",
+             "rung 128/128: decode speed 0.81x reference [0.80, 0.82] < 0.95x"],
     "incomplete": ["speed: incomplete (min_speed_ratio decode 0.95x)", "not measured: candidate: connection refused"],
-    "not-separable": ["decode 1.00x vLLM (0.96–1.04, not separable)", "TTFT 1.02x (0.91–1.15, not separable)"],
+    "not-separable": ["speed: not separable (min_speed_ratio decode 0.95x)",
+                      "decode 1.00x vLLM [0.93, 1.07] not separable", "TTFT 1.02x [0.94, 1.11] not separable",
+                      "rung 128/128: decode speed 1.00x reference [0.93, 1.07] is not separable from the bar 0.95x "
+                      "at 5 runs; about 6 runs per arm would separate it (estimated from the spread)"],
     "flattering": ["matched: no (1 difference, 1 flattering denominator",
                    "dtype: vLLM bfloat16, candidate float16 — flattering denominator (the candidate computes in fp16)",
                    "speed: not comparable (min_speed_ratio decode 0.95x)",
                    "not comparable: dtype (the candidate computes in fp16; reference 'bfloat16', candidate 'float16')"],
-    "informational": ["speed: informational (no min_speed_ratio", "method two-request", "3 runs after 1 warmup"],
+    "informational": ["speed: informational (no min_speed_ratio", "method two-request", "5 runs after 1 warmup"],
 }
 
 
@@ -88,8 +93,8 @@ def test_report_json_has_wall_clock_and_the_speed_object(tmp_path):
 
 
 def test_non_finite_figures_are_null_in_strict_json_and_shown_as_unknown(tmp_path):
-    """A reference sample of 0 tok/s makes a ratio's upper end infinite; a NaN sample, a NaN median."""
-    bad = ArmFigures(Figure((0.02,)), Figure((0.0, 100.0, 101.0)), Figure((math.nan,)), tokens=128,
+    """A reference sample of almost 0 tok/s makes a ratio's upper end infinite; a NaN sample, a NaN median."""
+    bad = ArmFigures(Figure((0.02,)), Figure((1e-310, 100.0, 101.0)), Figure((math.nan,)), tokens=128,
                      self_reported={"x": math.inf})
     good = arm({"ttft_s": (0.02,), "decode_tok_s": (90.0, 91.0), "e2e_tok_s": (80.0,)})
     rungs = (RungResult(RUNGS[0], bad, good),)
@@ -98,10 +103,10 @@ def test_non_finite_figures_are_null_in_strict_json_and_shown_as_unknown(tmp_pat
     text = (tmp_path / "report.json").read_text()
     rep = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     rung = rep["speed"]["rungs"][0]
-    assert rung["ratio"]["decode_tok_s"]["spread"][1] is None and rung["reference"]["e2e_tok_s"]["median"] is None
+    assert rung["ratio"]["decode_tok_s"]["interval"][1] is None and rung["reference"]["e2e_tok_s"]["median"] is None
     assert rung["reference"]["self_reported"] == {"x": None}
-    assert "decode 0.91x vLLM (0.89–?, not separable)" in (tmp_path / "report.md").read_text()
-    assert "| – |" in speed_table((tmp_path / "report.md").read_text())[2]  # the NaN e2e figure
+    assert md("decode 0.91x vLLM [0.89, ?] not separable") in (tmp_path / "report.md").read_text()
+    assert "| – |" in speed_table((tmp_path / "report.md").read_text())[3]  # the NaN e2e figure, beneath the kinds
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -113,10 +118,11 @@ def test_markdown_speed_section(case):
     head = markdown.summary(r)
     assert f"\n{md(view.verdict_line)}; see Speed below.\n" in head  # its own line, in the job summary too
     table = speed_table(text)
-    assert len(table) == 2 + len(RUNGS)
+    assert len(table) == 3 + len(RUNGS)  # header, rule, the arms' kinds, a row per rung
     assert {unescaped_pipes(line) for line in table} == {len(view.columns()) + 1}
-    assert "| decode tok/s vLLM | decode tok/s candidate | TTFT ms vLLM |" in table[0]
-    assert table[2].startswith("| 128/128 | 101 (100–102) | ")
+    assert "| decode tok/s reference | decode tok/s candidate | TTFT ms reference |" in table[0]
+    assert table[2].startswith("| *engine* | *vLLM* | *openai* | *vLLM* |")
+    assert table[3].startswith("| 128/128 | 101 (100–102) | ")
     for words in SAYS[case]:
         assert md(words) in text, words
     assert "rung 128/128 candidate: vllm:gpu\\_cache\\_usage 0.4" in text  # self-reported, beside
@@ -162,13 +168,14 @@ def test_console_speed_fits_80_columns(case):
     if case == "not-separable":
         assert all(line.rstrip().endswith("not separable") for line in rows)
     if case == "pass":
-        assert re.search(r"128/128 +decode tok/s +101 +98\.0 +0\.97x \(0\.95–0\.99\)", text)
+        assert re.search(r"128/128 +decode tok/s +101 +98\.0 +0\.97x \[0\.96, 0\.98\]", text)
+        assert re.search(r"ref +cand *\n rung +figure +vLLM +openai +cand/ref", text)
     if case == "incomplete":
         assert "1024/128@4: decode not measured (candidate: connection refused)" in text
     assert "self-reported, never used: rung 128/128 candidate: vllm:gpu_cache_usage 0.4" in text
 
 
-@pytest.mark.parametrize("case, outcome", [("pass", None), ("informational", None), ("not-separable", None),
+@pytest.mark.parametrize("case, outcome", [("pass", None), ("informational", None), ("not-separable", "error"),
                                            ("fail", "failure"), ("incomplete", "error"), ("flattering", "failure")])
 def test_junit_speed_case(case, outcome):
     suite = ET.fromstring(junit.render(gate(speed(case), diverge=True)))
@@ -179,7 +186,7 @@ def test_junit_speed_case(case, outcome):
     assert suite.get("failures") == str(1 + (outcome == "failure"))  # prompt b, and speed when below the bar
     assert suite.get("errors") == str(int(outcome == "error"))
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    want = {"not-separable": "pass", "flattering": "not_comparable"}.get(case, case)
+    want = {"not-separable": "not_separable", "flattering": "not_comparable"}.get(case, case)
     assert props["speed_verdict"] == want and props["verdict"] == "fail"
 
 
@@ -211,7 +218,8 @@ def test_overall_exit_code(token, kind, expected):
 
 
 def test_gate_exit_code_takes_the_speed_verdict_only_when_the_tokens_pass():
-    assert [gate(speed(c)).exit_code for c in CASES] == [0, 4, 3, 0, 4, 0]  # flattering: not comparable
+    # not separable: 3, never a pass; flattering: not comparable, 4
+    assert [gate(speed(c)).exit_code for c in CASES] == [0, 4, 3, 3, 4, 0]
     assert gate(speed("fail"), diverge=True).exit_code == 1
     assert gate(None).exit_code == 0
 
@@ -244,7 +252,7 @@ def test_any_figures_render_in_every_format(tmp_path_factory, rungs, mismatches,
     json.loads((out / "report.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     ET.fromstring((out / "junit.xml").read_text(encoding="utf-8"))
     table = speed_table((out / "report.md").read_text())
-    assert len(table) == 2 + len(results)
+    assert len(table) == 3 + len(results)  # header, rule, kinds
     assert {unescaped_pipes(line) for line in table} == {len(speed_view.of(r).columns()) + 1}
     assert max(cell_len(line) for line in console_lines(r)) <= 80  # columns: a zero-width character takes none
     assert "<script" not in (out / "report.html").read_text()
@@ -259,6 +267,6 @@ def test_hostile_text_is_escaped_everywhere():
     page = html.render(r)
     assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page and "\x1b" not in page
     table = speed_table(markdown.render(r))
-    assert len(table) == 3 and {unescaped_pipes(line) for line in table} == {9}
+    assert len(table) == 4 and {unescaped_pipes(line) for line in table} == {9}
     assert not any("\x1b" in line for line in console_lines(r))
     assert "\x1b" not in junit.render(r)

@@ -1,10 +1,12 @@
 """Running the speed arm: inside a gate (the engines it already started) or alone (`strict-gate bench`).
 
 One engine at a time, as in a gate: the candidate is measured on every rung and stopped,
-then the reference. A recorded reference is stood in for by the gate's [rescorer] (a live
-engine of the same model; config.py refuses [speed] otherwise). Every timed reply's tokens
-are checked (timed_tokens.py) before a ratio can pass. The speed verdict never changes the
-token verdict.
+then the reference. A gate cannot do otherwise (it stops the candidate before the reference
+starts, so that a GPU holds one engine); `strict-gate bench --interleave` starts both and
+lets their repetitions take turns (measure.measure_arms), for machines that hold both. A
+recorded reference is stood in for by the gate's [rescorer] (a live engine of the same
+model; config.py refuses [speed] otherwise). Every timed reply's tokens are checked
+(timed_tokens.py) before a ratio can pass. The speed verdict never changes the token verdict.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +26,13 @@ from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.timed_tokens import GateRecords, check_tokens
 from strict_gate.runs.layout import ReportDir, RunDir
-from strict_gate.runs.output import ensure_writable_dir, inside, safe_name
+from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.records import Record, write_text_atomic
 from strict_gate.speed.config import SpeedConfig, TokenRules
 from strict_gate.speed.ladder import build_ladder
 from strict_gate.speed.matched import check_matched, compared_rungs
-from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm
-from strict_gate.speed.model import Method, Rung, RungResult, SpeedResult, judge_speed
+from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm, measure_arms
+from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult, judge_speed
 
 ROLES = ("reference", "candidate")
 OnRung = Callable[[str, str], None]  # (role, rung name), as each rung starts
@@ -69,6 +71,7 @@ class SpeedSession:
         self.failed: dict[str, str] = {}
         self.gate_records: GateRecords = {}
         self.notes = list(notes)
+        self.order = Order.SEQUENTIAL
 
     def measure(self, role: str, engine: Engine, run_dir: Path | None = None, on_rung: OnRung | None = None,
                 gate_records: dict[str, Record] | None = None) -> None:
@@ -89,6 +92,35 @@ class SpeedSession:
             self.failed[role] = f"the {role} engine failed: {e}"
         except Exception as e:  # an engine bug: the token verdict and the reports must still be written
             self.failed[role] = f"the {role} engine failed: {type(e).__name__}: {e}"
+
+    def measure_interleaved(self, engines: dict[str, Engine], run_dirs: dict[str, Path],
+                            on_rung: OnRung | None = None) -> None:
+        """Both engines started, their repetitions in turns. An engine that does not start (or
+        cannot be timed) is the arm's error, and the other arm is still timed, alone."""
+        live = {}
+        for role, engine in engines.items():
+            if not engine.measurable:
+                self.measure(role, engine)  # says why it cannot be timed
+                continue
+            try:
+                with engine.scoped_env(), engine_log(RunDir(run_dirs[role]).engine_log, engine.log_libraries):
+                    engine.start()
+                live[role] = engine
+            except Exception as e:
+                self.failed[role] = f"the {role} engine failed: {type(e).__name__}: {e}"
+        if len(live) < 2:
+            for role, engine in live.items():
+                self.measure(role, engine, run_dirs[role], on_rung)
+            return
+        self.order = Order.INTERLEAVED
+        if any(e.in_process and e.env for e in live.values()):  # one process env cannot hold both arms' switches
+            self.notes.append("interleaved: an in-process arm's env switches were applied for the whole ladder")
+        try:
+            with _envs(live.values()):
+                self.arms.update(measure_arms(live, self.ladder, self.cfg.runs, self.cfg.warmup, on_rung))
+        except Exception as e:
+            for role in live:
+                self.failed[role] = f"the {role} engine failed: {type(e).__name__}: {e}"
 
     def skip(self, role: str, why: str) -> None:
         """Not measured (e.g. its token run failed: the engine is not restarted just to be timed)."""
@@ -121,7 +153,8 @@ class SpeedSession:
         return SpeedResult(method, self.cfg.runs, self.cfg.warmup, tuple(rungs), mismatches,
                            judge_speed(rungs, self.cfg.min_speed_ratio, method=method, mismatches=mismatches),
                            machine=machine(), notes=notes,
-                           checked_rungs=compared_rungs(ref, cand, kept) if ref and cand else ())
+                           checked_rungs=compared_rungs(ref, cand, kept) if ref and cand else (),
+                           order=self.order, arms={role: a.kind for role, a in self.arms.items()})
 
     def _context_note(self) -> tuple[str, ...]:
         """Said only when no arm stated a context, before or after it started, and a ladder rung asked."""
@@ -176,10 +209,19 @@ def timed_run(session: SpeedSession, role: str, engine: Engine, run, run_dir: Pa
         session.measure(role, engine, run_dir, gate_records=run.records if run is not None else None)
 
 
+@contextmanager
+def _envs(engines):
+    """Every engine's env switches at once (interleaved arms share the process's environment)."""
+    with ExitStack() as stack:
+        for engine in engines:
+            stack.enter_context(engine.scoped_env())
+        yield
+
+
 @dataclass(frozen=True)
 class BenchOutcome:
     result: SpeedResult
-    path: Path  # speed.json
+    path: Path  # <output dir>/<name>-<timestamp>/speed.json
 
 
 def write_speed(result: SpeedResult, out_dir: Path) -> Path:
@@ -188,9 +230,13 @@ def write_speed(result: SpeedResult, out_dir: Path) -> Path:
     return path
 
 
-def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRung | None = None) -> BenchOutcome:
-    """Only the speed arm of a gate config: writes <output_dir>/<name>/speed.json."""
+def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRung | None = None,
+              interleave: bool = False) -> BenchOutcome:
+    """Only the speed arm of a gate config: writes <output_dir>/<name>-<timestamp>/speed.json, a
+    fresh directory each time (as a gate's report directory), never over an earlier bench.
+    `interleave`: both engines loaded at once, their repetitions in turns."""
     from strict_gate.gate.arm import prompt_inputs
+    from strict_gate.gate.run import new_report_dir
     from strict_gate.runs.prompts import load_prompts
 
     if cfg.speed is None:
@@ -199,22 +245,35 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
         raise ConfigError("needs a [candidate] table", path=cfg.path)
     root = output_dir or cfg.output_dir
     ensure_writable_dir(root)
-    out_dir = inside(root / safe_name(cfg.name), root)
     engines = {"reference": cfg.speed_reference.build(), "candidate": cfg.candidate.build()}
     inputs: list[PromptInput] = []
     if any(r.is_gate for r in cfg.speed.rungs):  # the gate's own prompts, tokenized as the gate does
         tokenizer = engines["reference"] if cfg.speed_reference is cfg.reference else cfg.reference.build()
         inputs = prompt_inputs(load_prompts(cfg.prompts), tokenizer)
     session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg))
-    for role in ("candidate", "reference"):  # one engine loaded at a time
-        engine = engines[role]
+    out_dir = new_report_dir(root, cfg.name)
+    dirs = {role: out_dir / role for role in engines}
+    for role, engine in engines.items():
         if engine.writes_log:
-            (out_dir / role).mkdir(parents=True, exist_ok=True)
-            engine.set_log_path(ReportDir(out_dir).arm(role).engine_log)
-        try:
-            session.measure(role, engine, out_dir / role, on_rung)
-        finally:
-            with engine_log(ReportDir(out_dir).arm(role).engine_log, engine.log_libraries):
-                engine.close()
+            dirs[role].mkdir(parents=True, exist_ok=True)
+            engine.set_log_path(RunDir(dirs[role]).engine_log)
+    try:
+        if interleave:
+            session.measure_interleaved(engines, dirs, on_rung)
+        else:
+            for role in ("candidate", "reference"):  # one engine loaded at a time
+                try:
+                    session.measure(role, engines[role], dirs[role], on_rung)
+                finally:
+                    _close(engines[role], dirs[role])
+    finally:
+        for role, engine in engines.items():
+            _close(engine, dirs[role])  # safe twice
     result = session.result()
     return BenchOutcome(result, write_speed(result, out_dir))
+
+
+def _close(engine: Engine, run_dir: Path) -> None:
+    """Stop an engine; what it logs on the way out goes to its engine.log."""
+    with engine_log(RunDir(run_dir).engine_log, engine.log_libraries):
+        engine.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from strict_gate.gate.config import GateConfig
 from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
 from strict_gate.judge.history import DEFAULT_NIGHTS, HISTORY_MAX_LINES, load_history, read_history
 from strict_gate.judge.stored import load_report, report_path
+from strict_gate.nightly.bisect import bisect_command
 from strict_gate.nightly.diff import (
     DEFAULT_FAIL_ON,
     ReportDiff,
@@ -70,6 +72,31 @@ def summary_markdown(result: GateResult) -> str:
     from strict_gate.report.text import visible
 
     return visible(markdown.summary(scrub_obj(result)), keep_newlines=True)
+
+
+def bisect_hint(cfg: GateConfig, output_dir: Path, report_dir: Path, failed: bool) -> str:
+    """When tonight fails: the `strict-gate bisect` command between the newest passing night's
+    commit and tonight's, as the history records them (the commit of the git checkout that
+    holds the gate config: in the usual layout, the candidate's own repository)."""
+    if not failed:
+        return ""
+    nights = read_history(output_dir, 10**9, gate=cfg.name)
+    tonight = nights[-1].get("commit") if nights else None
+    good = next((e.get("commit") for e in reversed(nights[:-1]) if e.get("verdict") == "pass"), None)
+    head = "## Bisect\n\n"
+    if not isinstance(tonight, str) or not isinstance(good, str):
+        missing = "commit for tonight" if not isinstance(tonight, str) else "passing night with a commit"
+        return (head + f"No bisect command: the history has no {missing} (the commit recorded is the one of "
+                "the git checkout holding the gate config).\n")
+    if good == tonight:
+        return (head + f"The last passing night ran the same commit ({good[:12]}): what changed is not a "
+                "commit of this repository (a dependency, the baseline, the machine), so there is nothing to "
+                "bisect here.\n")
+    repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cfg.reference.base_dir,
+                          capture_output=True, text=True, timeout=10).stdout.strip() or str(cfg.reference.base_dir)
+    command = bisect_command(Path(cfg.path).resolve(), repo, good, tonight, report_dir.resolve())
+    return (head + f"Tonight fails and {good[:12]} passed: the first failing commit between them, re-running "
+            "only tonight's failing prompts against the stored reference:\n\n```\n" + command + "\n```\n")
 
 
 def write_summary(text: str, path: str | Path | None = None) -> None:
@@ -141,7 +168,9 @@ def run_nightly(
         new_path = ReportDir(outcome.report_dir).report_json
         diff = diff_reports(old, load_report(new_path), fail_on=fail_on, old_path=str(prev), new_path=str(new_path))
         write_diff_json(diff, ReportDir(outcome.report_dir).diff)
-    summary = capped(summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS))
+    summary = summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS)
+    hint = bisect_hint(cfg, out, outcome.report_dir, outcome.result.exit_code == ExitCode.FAIL)
+    summary = capped(summary + (("\n" + hint) if hint else ""))
     write_text_atomic(ReportDir(outcome.report_dir).summary, summary)
     prune_reports(out, cfg.name, keep)
     return NightlyOutcome(outcome, prev, diff, summary)

@@ -84,15 +84,17 @@ def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
 
 
 def speed_table(view: speed_view.SpeedView) -> Table:
-    """Three lines per rung, one per figure: both arms' medians and the ratio with its spread
-    (the reports have the arms' spreads too); it fits 80 columns where a row per rung cannot."""
+    """Three lines per rung, one per figure: both arms' medians (ref, cand: the roles, their kinds
+    beneath) and the ratio with its interval (the reports have the arms' spreads too); it fits 80
+    columns where a row per rung cannot."""
     t = Table(title=Text("speed", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
               collapse_padding=True)
     t.add_column("rung", no_wrap=True, overflow="ellipsis", max_width=12)
     t.add_column("figure", no_wrap=True)
-    t.add_column(visible(view.reference), no_wrap=True, overflow="ellipsis", justify="right", max_width=10)
-    t.add_column("candidate", no_wrap=True, justify="right")
-    t.add_column(Text(visible(f"cand/{view.reference}"), overflow="ellipsis"), no_wrap=True, max_width=18)
+    for role, kind in (("ref", view.reference), ("cand", view.candidate)):  # the role, its kind beneath
+        t.add_column(Text(f"{role}\n{visible(kind)}", overflow="ellipsis"), no_wrap=True, justify="right",
+                     max_width=8)
+    t.add_column(Text("cand/ref", overflow="ellipsis"), no_wrap=True, max_width=20)
     t.add_column("", no_wrap=True)
     for row in view.rows:
         for i, f in enumerate(row.figures):

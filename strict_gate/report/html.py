@@ -129,6 +129,7 @@ def _speed(view: speed_view.SpeedView | None) -> str:
     reasons = "".join(f"<li>{escape(x)}</li>" for x in view.reasons)
     mism = "".join(f"<li class='{'flat' if flat else ''}'>{escape(m)}</li>" for m, flat in view.mismatches)
     head = "".join(f"<th>{escape(c)}</th>" for c in view.columns())
+    head += "</tr><tr class='kinds'>" + "".join(f"<th>{escape(c)}</th>" for c in view.kinds())
     rows = []
     for row in view.rows:
         cells = view.cells(row)

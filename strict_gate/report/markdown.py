@@ -138,6 +138,7 @@ def speed_section(view: speed_view.SpeedView | None) -> list[str]:
     out += [""] if view.mismatches else []
     cols = view.columns()
     out += ["| " + " | ".join(md(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(f"*{md(c)}*" for c in view.kinds()) + " |"]  # the arms' kinds beneath their roles
     out += ["| " + " | ".join(md(c) for c in view.cells(row)) + " |" for row in view.rows]
     out += ["", md(view.legend), ""]
     if view.self_reported:

@@ -19,6 +19,10 @@ REFERENCE_NAMES = {"vllm": "vLLM"}  # an engine kind as a reviewer names it
 # (report.json key, label, unit, scale to that unit), in the order the words give them
 FIGURES = (("decode_tok_s", "decode", "tok/s", 1.0), ("ttft_s", "TTFT", "ms", 1000.0),
            ("e2e_tok_s", "e2e", "tok/s", 1.0))
+ORDERS = {
+    "interleaved": "arms interleaved (ABBA: reference, candidate, candidate, reference, ...)",
+    "sequential": "arms one after the other (one engine loaded at a time: drift of the machine lands on one arm)",
+}
 METHODS = {
     "stream": "TTFT and decode from one streamed request: its first token and its reply",
     "two-request": "TTFT from a separate max_tokens=1 request, decode = (n - 1) / (full request - that TTFT): "
@@ -29,13 +33,14 @@ METHODS = {
 
 @dataclass(frozen=True)
 class Shown:
-    """A median and its spread as text: "812" and "798–820"; no spread: ""; nothing measured: "–"."""
+    """A median and its spread as text: "812" and "(798–820)"; a ratio: "0.91x" and "[0.88, 0.94]";
+    no spread: ""; nothing measured: "–"."""
 
     median: str
     spread: str = ""
 
     def __str__(self) -> str:
-        return f"{self.median} ({self.spread})" if self.spread else self.median
+        return f"{self.median} {self.spread}" if self.spread else self.median
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class FigureCells:
     unit: str  # "tok/s"
     reference: Shown
     candidate: Shown
-    ratio: Shown  # "0.91x", "0.88–0.94" ("?" for an end that is not finite)
+    ratio: Shown  # "0.91x", "[0.88, 0.94]" its 95 % interval ("?" for an end that is not finite)
     separable: bool
 
     @property
@@ -61,13 +66,13 @@ class RungRow:
     error: str | None  # why an arm could not be measured here
 
     def words(self, reference: str) -> str:
-        """ "decode 0.91x vLLM (0.88–0.94), TTFT 1.40x (1.31–1.52, not separable), ..." """
+        """ "decode 0.91x vLLM [0.88, 0.94], TTFT 1.40x [0.98, 1.52] not separable, ..." """
         parts: list[str] = []
         for f in self.figures:
             if f.measured:
                 name = "" if parts else f" {reference}"
-                sep = "" if f.separable else ", not separable"
-                parts.append(f"{f.label} {f.ratio.median}{name} ({f.ratio.spread}{sep})")
+                sep = "" if f.separable else " not separable"
+                parts.append(f"{f.label} {f.ratio.median}{name} {f.ratio.spread}{sep}")
         text = ", ".join(parts)
         if self.error:
             text = f"{text}; not measured: {self.error}" if text else f"not measured: {self.error}"
@@ -79,6 +84,7 @@ class SpeedView:
     """Everything a format shows of the speed arm, as text."""
 
     reference: str  # the reference engine's name: "vLLM"
+    candidate: str  # the candidate engine's kind: "command"
     verdict: str  # pass | fail | incomplete | informational
     verdict_line: str  # "speed: fail (min_speed_ratio decode 0.95x)"
     reasons: tuple[str, ...]
@@ -93,16 +99,22 @@ class SpeedView:
     @property
     def legend(self) -> str:
         return (f"Each figure is the median over the runs, (min–max) its spread. A ratio is candidate / "
-                f"{self.reference} of the figure: decode and e2e above 1 mean a faster candidate, TTFT above 1 "
-                "a slower one; its spread is the worst case of both arms', and one that contains 1.0 is not "
-                "separable: the runs cannot tell the two engines apart.")
+                f"reference ({self.reference}) of the figure: decode and e2e above 1 mean a faster candidate; "
+                "a TTFT ratio below 1 is faster (its first token comes sooner). [low, high] is the ratio's 95 % "
+                "interval (Hodges-Lehmann over every pair of runs, Mann-Whitney interval); one that contains "
+                "1.0, or that too few runs cannot bring to 95 %, is not separable: the runs cannot tell the "
+                "two engines apart. A min_speed_ratio is met only when the whole interval is at or above it.")
 
     def columns(self) -> list[str]:
-        """The table's header: the rung, each figure for both arms, the ratios in words."""
+        """The table's header: the rung, each figure for both arms by role, the ratios in words."""
         cols = ["rung"]
         for _, label, unit, _ in FIGURES:
-            cols += [f"{label} {unit} {self.reference}", f"{label} {unit} candidate"]
-        return cols + [f"candidate / {self.reference}"]
+            cols += [f"{label} {unit} reference", f"{label} {unit} candidate"]
+        return cols + ["candidate / reference"]
+
+    def kinds(self) -> list[str]:
+        """The row beneath the header: each arm's engine kind under its role."""
+        return ["engine", *([self.reference, self.candidate] * len(FIGURES)), f"vs {self.reference}"]
 
     def cells(self, row: RungRow) -> list[str]:
         out = [row.name]
@@ -124,19 +136,22 @@ class SpeedView:
 
 def of(r: GateResult) -> SpeedView | None:
     """The view of a gate's speed arm, from the same JSON report.json gets."""
-    return build(r.speed.to_json() if r.speed is not None else None, r.reference.kind)
+    return build(r.speed.to_json() if r.speed is not None else None, r.reference.kind, r.candidate.kind)
 
 
 def reference_name(kind: object) -> str:
     return REFERENCE_NAMES.get(str(kind), str(kind) if kind else "reference")
 
 
-def build(speed: object, reference_kind: object) -> SpeedView | None:
+def build(speed: object, reference_kind: object, candidate_kind: object = None) -> SpeedView | None:
     """The view of report.json's `speed` object; None when there is none (or it is the old
-    per-arm wall clock of a report written before `wall_clock` had its own key)."""
+    per-arm wall clock of a report written before `wall_clock` had its own key). The arms'
+    kinds are the speed object's own `arms` where it has them (a stand-in reference)."""
     if not isinstance(speed, dict) or not isinstance(speed.get("rungs"), list):
         return None
-    ref = reference_name(reference_kind)
+    arms = _dict(speed.get("arms"))
+    ref = reference_name(arms.get("reference") or reference_kind)
+    cand = str(arms.get("candidate") or candidate_kind or "candidate")
     v = _dict(speed.get("speed_verdict"))
     verdict = str(speed.get("verdict") or v.get("verdict") or "?")
     bars = _dict(v.get("min_speed_ratio"))
@@ -149,10 +164,11 @@ def build(speed: object, reference_kind: object) -> SpeedView | None:
     rungs = [_dict(r) for r in _list(speed.get("rungs"))]
     method = str(speed.get("method") or "?")
     machine = str(speed.get("machine") or "not recorded")
+    order = ORDERS.get(str(speed.get("order")), "order not recorded")
     setup = (f"method {method} ({METHODS.get(method, 'unknown method')}), {_int(speed.get('runs'))} runs after "
-             f"{_int(speed.get('warmup'))} warmup, machine: {machine}")
+             f"{_int(speed.get('warmup'))} warmup, {order}, machine: {machine}")
     return SpeedView(
-        reference=ref, verdict=verdict, verdict_line=line,
+        reference=ref, candidate=cand, verdict=verdict, verdict_line=line,
         reasons=tuple(str(x) for x in _list(v.get("reasons"))),
         setup=setup, matched=_matched(speed.get("matched"), mismatches), tokens=_tokens(rungs),
         mismatches=mismatches,
@@ -232,16 +248,16 @@ def _figure(f: dict, scale: float) -> Shown:
     if lo == hi == median:
         return Shown(_n(median * scale))
     lo, hi = (None if x is None else x * scale for x in (lo, hi))
-    return Shown(_n(median * scale), f"{_n(lo)}–{_n(hi)}")
+    return Shown(_n(median * scale), f"({_n(lo)}–{_n(hi)})")
 
 
 def _ratio(r: dict) -> Shown:
     median = _num(r.get("median"))
     if median is None:
         return Shown("–")
-    spread = _list(r.get("spread"))
-    lo, hi = (_num(x) for x in spread) if len(spread) == 2 else (None, None)
-    return Shown(f"{median:.2f}x", f"{_x(lo)}–{_x(hi)}")
+    interval = _list(r.get("interval"))
+    lo, hi = (_num(x) for x in interval) if len(interval) == 2 else (None, None)
+    return Shown(f"{median:.2f}x", f"[{_x(lo)}, {_x(hi)}]")
 
 
 def _n(x: float | None) -> str:

@@ -128,58 +128,119 @@ def _unit(engine: Engine, first_req: list[PromptInput], full_req: list[PromptInp
     return Unit(len(recs), sum(len(r.token_ids) for r in recs), ttft_wall, wall, first), firsts, recs
 
 
+class _RungTimer:
+    """One arm on one rung, one repetition at a time (so that two arms can take turns)."""
+
+    def __init__(self, engine: Engine, ladder: Ladder, rung: Rung, warmup: int, vocab: int | None):
+        self.engine, self.ladder, self.rung, self.warmup, self.vocab = engine, ladder, rung, warmup, vocab
+        self.out = ArmRung(streamed=engine.streams)
+        self.one = Sampling(1, ladder.top_logprobs, ignore_eos=True)
+        self.full = Sampling(rung.max_tokens, ladder.top_logprobs, ignore_eos=True)
+        self.digest = hashlib.sha256()
+
+    def repetition(self, rep: int) -> None:
+        """Time repetition `rep` (warm-up ones are timed and kept for the token check, not counted);
+        after a failure nothing more is timed."""
+        if self.out.error is not None:
+            return
+        try:
+            self._repetition(rep)
+        except EngineError as e:  # the engine itself failed: later rungs must not silently restart it
+            self.out.error, self.out.fatal = f"{self.engine.kind}: {e}", True
+        except (StrictGateError, RuntimeError, LookupError, NotImplementedError) as e:
+            self.out.error = f"{self.engine.kind}: {e}"
+
+    def _repetition(self, rep: int) -> None:
+        out, units = self.out, []
+        for first_req, full_req in zip(self.ladder.inputs(self.rung, rep, Request.TTFT),
+                                       self.ladder.inputs(self.rung, rep, Request.FULL)):
+            unit, firsts, recs = _unit(self.engine, first_req, full_req, self.one, self.full, self.vocab)
+            units.append(unit)
+            out.timed.update({(rep, Request.TTFT, r.id): r for r in firsts})
+            out.timed.update({(rep, Request.FULL, r.id): r for r in recs})
+            if rep >= self.warmup:
+                for r in recs:
+                    self.digest.update(repr(r.prompt_token_ids).encode())
+                    out.tokens_per_seq.append(len(r.token_ids))
+                    if r.timing is not None and r.timing.ttft_s is not None:
+                        out.self_ttft.append(r.timing.ttft_s)
+        if rep >= self.warmup:
+            out.reps.append(units)
+
+    def result(self) -> ArmRung:
+        self.out.prompt_sha256 = self.digest.hexdigest()
+        return self.out
+
+
 def measure_rung(engine: Engine, ladder: Ladder, rung: Rung, runs: int, warmup: int,
                  vocab: int | None = None) -> ArmRung:
-    out = ArmRung(streamed=engine.streams)
-    one = Sampling(1, ladder.top_logprobs, ignore_eos=True)
-    full = Sampling(rung.max_tokens, ladder.top_logprobs, ignore_eos=True)
-    digest = hashlib.sha256()
-    try:
+    timer = _RungTimer(engine, ladder, rung, warmup, vocab)
+    for rep in range(warmup + runs):
+        timer.repetition(rep)
+    return timer.result()
+
+
+class _Arm:
+    """One started engine over the ladder: what it stated, and the rung it failed on."""
+
+    def __init__(self, engine: Engine):
+        engine.start()
+        self.engine = engine
+        self.context = engine.speed_settings().get("max_context")  # a command engine's hello states it only now
+        self.vocab = vocab_size(engine.info())
+        self.rungs: dict[str, ArmRung] = {}
+        self.failed: str | None = None
+
+    def not_run(self, rung: Rung) -> ArmRung | None:
+        """Why this arm does not run the rung (an earlier failure, longer than its context), or None."""
+        if self.failed is not None:
+            return ArmRung(error=f"not run: the engine failed on rung {self.failed}")
+        if rung.prompt_tokens is not None and isinstance(self.context, int) \
+                and rung.prompt_tokens + rung.max_tokens > self.context:
+            return ArmRung(over_context=self.context)
+        return None
+
+    def done(self, rung: Rung, result: ArmRung) -> None:
+        self.rungs[rung.name] = result
+        if result.fatal:
+            self.failed = rung.name
+
+    def measurement(self) -> ArmMeasurement:
+        e = self.engine
+        return ArmMeasurement(e.kind, e.speed_settings(), e.streams, self.rungs)
+
+
+def measure_arms(engines: dict[str, Engine], ladder: Ladder, runs: int, warmup: int,
+                 on_rung: Callable[[str, str], None] | None = None) -> dict[str, ArmMeasurement]:
+    """Every rung of the ladder on every engine given (all started, so all loaded at once),
+    the arms taking turns repetition by repetition in ABBA order (A B, B A, A B, ...): slow
+    drift of the machine then lands on both arms alike, where timing one arm after the other
+    would put it on one. `on_rung(role, rung name)` as each arm starts a rung."""
+    arms = {role: _Arm(engine) for role, engine in engines.items()}
+    for rung in ladder.rungs:
+        timers = {}
+        for role, arm in arms.items():
+            skipped = arm.not_run(rung)
+            if skipped is not None:
+                arm.rungs[rung.name] = skipped
+                continue
+            if on_rung is not None:
+                on_rung(role, rung.name)
+            timers[role] = _RungTimer(arm.engine, ladder, rung, warmup, arm.vocab)
+        order = list(timers)
         for rep in range(warmup + runs):
-            units = []
-            for first_req, full_req in zip(ladder.inputs(rung, rep, Request.TTFT), ladder.inputs(rung, rep, Request.FULL)):
-                unit, firsts, recs = _unit(engine, first_req, full_req, one, full, vocab)
-                units.append(unit)
-                out.timed.update({(rep, Request.TTFT, r.id): r for r in firsts})
-                out.timed.update({(rep, Request.FULL, r.id): r for r in recs})
-                if rep >= warmup:
-                    for r in recs:
-                        digest.update(repr(r.prompt_token_ids).encode())
-                        out.tokens_per_seq.append(len(r.token_ids))
-                        if r.timing is not None and r.timing.ttft_s is not None:
-                            out.self_ttft.append(r.timing.ttft_s)
-            if rep >= warmup:
-                out.reps.append(units)
-    except EngineError as e:  # the engine itself failed: later rungs must not silently restart it
-        out.error, out.fatal = f"{engine.kind}: {e}", True
-    except (StrictGateError, RuntimeError, LookupError, NotImplementedError) as e:
-        out.error = f"{engine.kind}: {e}"
-    out.prompt_sha256 = digest.hexdigest()
-    return out
+            for role in order if rep % 2 == 0 else reversed(order):
+                timers[role].repetition(rep)
+        for role, timer in timers.items():
+            arms[role].done(rung, timer.result())
+    return {role: arm.measurement() for role, arm in arms.items()}
 
 
 def measure_arm(engine: Engine, ladder: Ladder, runs: int, warmup: int,
                 on_rung: Callable[[str], None] | None = None) -> ArmMeasurement:
     """Every rung of the ladder on one started engine (start() is idempotent for every kind)."""
-    engine.start()
-    context = engine.speed_settings().get("max_context")  # a command engine's hello states it only now
-    vocab = vocab_size(engine.info())
-    rungs: dict[str, ArmRung] = {}
-    failed: str | None = None
-    for rung in ladder.rungs:
-        if failed is not None:
-            rungs[rung.name] = ArmRung(error=f"not run: the engine failed on rung {failed}")
-            continue
-        if rung.prompt_tokens is not None and isinstance(context, int) \
-                and rung.prompt_tokens + rung.max_tokens > context:
-            rungs[rung.name] = ArmRung(over_context=context)
-            continue
-        if on_rung is not None:
-            on_rung(rung.name)
-        rungs[rung.name] = measure_rung(engine, ladder, rung, runs, warmup, vocab)
-        if rungs[rung.name].fatal:
-            failed = rung.name
-    return ArmMeasurement(engine.kind, engine.speed_settings(), engine.streams, rungs)
+    hook = (lambda _role, name: on_rung(name)) if on_rung is not None else None
+    return measure_arms({"arm": engine}, ladder, runs, warmup, hook)["arm"]
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -4,8 +4,9 @@ Every figure is measured by the gate from outside the engine, over `runs` repeti
 `warmup` discarded ones; a figure is its median and its spread (min, max). A ratio is always
 candidate / reference of the figure as named: `decode_tok_s` 0.91 means the candidate decodes
 at 0.91x the reference's tokens/s; `ttft_s` 1.40 means its first token takes 1.40x as long.
-Its spread is the worst case over the two arms' spreads, so a spread that contains 1.0 means
-the repetitions cannot tell the two arms apart ("not separable").
+It is the median of the pairwise ratios with a 95 % interval (speed/interval.py); an interval
+that contains 1.0, or that the runs are too few to reach 95 % at all, means the repetitions
+cannot tell the two arms apart ("not separable"). A bar is judged against the interval.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from enum import StrEnum
 
 from strict_gate.core.fmt import fmt_vs
 from strict_gate.errors import ExitCode
+from strict_gate.speed.interval import LEVEL, Interval, ratio_interval, runs_needed
 
 
 class Method(StrEnum):
@@ -28,10 +30,18 @@ class Method(StrEnum):
     TWO_REQUEST = "two-request"  # a max_tokens=1 request for TTFT, the full request for decode: biased, see judge_speed
 
 
+class Order(StrEnum):
+    """How the arms' repetitions were ordered in time."""
+
+    INTERLEAVED = "interleaved"  # both engines loaded, repetitions in ABBA turns (bench --interleave)
+    SEQUENTIAL = "sequential"  # one engine at a time: every candidate repetition, then every reference one
+
+
 class SpeedVerdictKind(StrEnum):
     PASS = "pass"  # every min_speed_ratio check holds on every rung
     FAIL = "fail"  # a check does not hold
     INCOMPLETE = "incomplete"  # a rung could not be measured on an arm: never a pass
+    NOT_SEPARABLE = "not_separable"  # a bar inside an interval: more runs needed, never a pass
     NOT_COMPARABLE = "not_comparable"  # a flattering mismatch, or timed tokens not verified: never a pass
     INFORMATIONAL = "informational"  # no min_speed_ratio: figures only, no second verdict
 
@@ -68,28 +78,28 @@ class Figure:
 
 @dataclass(frozen=True)
 class Ratio:
-    """candidate / reference of one figure: the medians' ratio and its worst-case spread."""
+    """candidate / reference of one figure: the estimate with its interval (None: not measured)."""
 
-    median: float | None
-    spread: tuple[float, float] | None
+    interval: Interval | None
+
+    @property
+    def median(self) -> float | None:
+        return None if self.interval is None else self.interval.estimate
 
     @property
     def separable(self) -> bool:
-        """False when the spread contains 1.0 (or nothing was measured)."""
-        return self.spread is not None and not (self.spread[0] <= 1.0 <= self.spread[1])
+        """True only when the interval reaches 95 % and lies wholly on one side of 1.0."""
+        i = self.interval
+        return i is not None and i.reached and not (i.lower <= 1.0 <= i.upper)
 
     @classmethod
     def of(cls, candidate: Figure, reference: Figure) -> Ratio:
-        if not candidate.samples or not reference.samples or not reference.median:
-            return cls(None, None)
-        (clo, chi), (rlo, rhi) = candidate.spread, reference.spread
-        lo = clo / rhi if rhi > 0 else math.inf
-        hi = chi / rlo if rlo > 0 else math.inf
-        return cls(candidate.median / reference.median, (lo, hi))
+        return cls(ratio_interval(candidate.samples, reference.samples))
 
     def to_json(self) -> dict:
-        return {"median": _r(self.median), "spread": None if self.spread is None else [_r(x) for x in self.spread],
-                "separable": self.separable}
+        i = self.interval
+        return {"median": _r(self.median), "interval": None if i is None else [_r(i.lower), _r(i.upper)],
+                "confidence": None if i is None else round(i.confidence, 4), "separable": self.separable}
 
 
 @dataclass(frozen=True)
@@ -154,9 +164,15 @@ class RungResult:
     error: str | None = None  # why an arm could not be measured on this rung
     token_check: TokenCheck = field(default_factory=TokenCheck)
 
+    def runs(self, name: FigureName) -> int:
+        """The repetitions behind a ratio: the fewer of the two arms' samples."""
+        if self.reference is None or self.candidate is None:
+            return 0
+        return min(len(self.reference.figure(name).samples), len(self.candidate.figure(name).samples))
+
     def ratio(self, name: FigureName) -> Ratio:
         if self.reference is None or self.candidate is None:
-            return Ratio(None, None)
+            return Ratio(None)
         return Ratio.of(self.candidate.figure(name), self.reference.figure(name))
 
     def to_json(self) -> dict:
@@ -185,22 +201,41 @@ class Mismatch:
                 "flattering": self.flattering, "message": self.message}
 
 
+class CheckOutcome(StrEnum):
+    PASS = "pass"  # the whole interval at or above the bar
+    BELOW = "below"  # the whole interval below it
+    NOT_SEPARABLE = "not_separable"  # the bar inside the interval, or an interval short of 95 %
+    NOT_MEASURED = "not_measured"
+
+
 @dataclass(frozen=True)
 class SpeedCheck:
-    """One min_speed_ratio check on one rung: the speed ratio (>1 candidate faster) against the bar.
-    `bar` names the min_speed_ratio entry that asked for it: a two-request decode bar also
-    checks e2e (figure e2e_tok_s, bar "decode")."""
+    """One min_speed_ratio check on one rung: the speed ratio (>1 candidate faster) and its
+    interval against the bar. `bar` names the min_speed_ratio entry that asked for it: a
+    two-request decode bar also checks e2e (figure e2e_tok_s, bar "decode")."""
 
     figure: FigureName
     rung: str
     min_ratio: float
-    speed_ratio: float | None  # decode/e2e: candidate/reference; TTFT: reference/candidate
-    passed: bool
+    interval: Interval | None  # decode/e2e: candidate/reference; TTFT: reference/candidate
+    outcome: CheckOutcome
     bar: str = ""
+    runs_needed: int | None = None  # not separable: repetitions per arm that would likely separate it
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is CheckOutcome.PASS
+
+    @property
+    def speed_ratio(self) -> float | None:
+        return None if self.interval is None else self.interval.estimate
 
     def to_json(self) -> dict:
+        i = self.interval
         return {"figure": self.figure.value, "rung": self.rung, "min_ratio": self.min_ratio,
-                "speed_ratio": _r(self.speed_ratio), "passed": self.passed, "bar": self.bar}
+                "speed_ratio": _r(self.speed_ratio), "interval": None if i is None else [_r(i.lower), _r(i.upper)],
+                "outcome": self.outcome.value, "passed": self.passed, "runs_needed": self.runs_needed,
+                "bar": self.bar}
 
 
 @dataclass(frozen=True)
@@ -212,9 +247,12 @@ class SpeedVerdict:
 
     @property
     def exit_code(self) -> ExitCode:
-        """Pass or informational; slower below the bar or not comparable; engine failure when not measured (never a pass)."""
+        """Pass or informational; slower below the bar or not comparable (established); engine
+        failure when not measured, or not separable (not established either way: more runs would
+        say; never a pass)."""
         return {SpeedVerdictKind.FAIL: ExitCode.SLOWER, SpeedVerdictKind.NOT_COMPARABLE: ExitCode.SLOWER,
-                SpeedVerdictKind.INCOMPLETE: ExitCode.ENGINE_FAILURE}.get(self.kind, ExitCode.PASS)
+                SpeedVerdictKind.INCOMPLETE: ExitCode.ENGINE_FAILURE,
+                SpeedVerdictKind.NOT_SEPARABLE: ExitCode.ENGINE_FAILURE}.get(self.kind, ExitCode.PASS)
 
     def to_json(self) -> dict:
         return {"verdict": self.kind.value, "min_speed_ratio": dict(self.min_speed_ratio),
@@ -232,6 +270,8 @@ class SpeedResult:
     machine: str = ""  # CPU/GPU model, cores: the figures depend on it
     notes: tuple[str, ...] = field(default_factory=tuple)
     checked_rungs: tuple[str, ...] = ()  # rungs the matched check compared (measured on both arms)
+    order: Order = Order.SEQUENTIAL
+    arms: dict[str, str] = field(default_factory=dict)  # role -> the engine kind timed in it
 
     @property
     def matched(self) -> bool | None:
@@ -247,6 +287,8 @@ class SpeedResult:
             "runs": self.runs,
             "warmup": self.warmup,
             "machine": self.machine,
+            "order": self.order.value,
+            "arms": dict(self.arms),
             "rungs": [r.to_json() for r in self.rungs],
             "matched": self.matched,
             "checked_rungs": list(self.checked_rungs),
@@ -257,12 +299,24 @@ class SpeedResult:
         }
 
 
-def speed_ratio(rung: RungResult, name: FigureName) -> float | None:
-    """The ratio oriented so that >1 means the candidate is faster (TTFT inverted)."""
-    r = rung.ratio(name).median
-    if r is None or r == 0:
+def speed_ratio(rung: RungResult, name: FigureName) -> Interval | None:
+    """The ratio and its interval oriented so that >1 means the candidate is faster (TTFT inverted)."""
+    i = rung.ratio(name).interval
+    if i is None:
         return None
-    return r if HIGHER_IS_FASTER[name] else 1.0 / r
+    return i if HIGHER_IS_FASTER[name] else i.inverted()
+
+
+def _outcome(got: Interval | None, bar: float) -> CheckOutcome:
+    """The rule: a pass only when the whole interval is at or above the bar, below only when it is
+    wholly below, not separable otherwise or when the runs cannot reach 95 % confidence."""
+    if got is None:
+        return CheckOutcome.NOT_MEASURED
+    if not got.reached:
+        return CheckOutcome.NOT_SEPARABLE
+    if got.lower >= bar:
+        return CheckOutcome.PASS
+    return CheckOutcome.BELOW if got.upper < bar else CheckOutcome.NOT_SEPARABLE
 
 
 NAMES = {"decode": FigureName.DECODE, "ttft": FigureName.TTFT, "e2e": FigureName.E2E}
@@ -294,37 +348,59 @@ def _checks(rung: RungResult, key: str, bar: float, method: Method) -> list[Spee
     out = []
     for name in names:
         got = speed_ratio(rung, name)
-        out.append(SpeedCheck(name, rung.rung.name, bar, got, got is not None and got >= bar, key))
+        outcome = _outcome(got, bar)
+        needed = runs_needed(got, bar, rung.runs(name)) if got is not None and outcome is CheckOutcome.NOT_SEPARABLE else None
+        out.append(SpeedCheck(name, rung.rung.name, bar, got, outcome, key, needed))
     return out
 
 
+def _shown(i: Interval, bar: float) -> tuple[str, str]:
+    """ "0.97x reference [0.93, 1.01]" and the bar, with the decimals that tell the bar from the
+    interval's end nearest to it."""
+    near = min((i.lower, i.upper), key=lambda x: abs(x - bar))
+    end, shown_bar = fmt_vs(near, bar, min_digits=2)
+    digits = len(end.split(".")[1]) if "." in end else 2
+    lo, est, hi = (f"{x:.{digits}f}" for x in (i.lower, i.estimate, i.upper))
+    return f"{est}x reference [{lo}, {hi}]", shown_bar
+
+
 def _reason(check: SpeedCheck, rung: RungResult) -> str:
-    if check.speed_ratio is None:
+    i, runs = check.interval, rung.runs(check.figure)
+    if i is None:
         return f"rung {check.rung}: {check.bar} not measured ({rung.error or 'no figures'})"
-    got, bar = fmt_vs(check.speed_ratio, check.min_ratio, min_digits=2)
-    if check.figure is NAMES[check.bar]:
-        return f"rung {check.rung}: {check.bar} speed {got}x reference < {bar}x"
-    return (f"rung {check.rung}: e2e speed {got}x reference < the decode bar {bar}x (two-request decode "
-            "is held against e2e: it cannot tell a slow max_tokens=1 request from fast decoding)")
+    shown, bar = _shown(i, check.min_ratio)
+    what = f"{check.bar} speed" if check.figure is NAMES[check.bar] else "e2e speed"
+    held = "" if check.figure is NAMES[check.bar] else (
+        " (two-request decode is held against e2e: it cannot tell a slow max_tokens=1 request from fast decoding)")
+    if check.outcome is CheckOutcome.BELOW:
+        return f"rung {check.rung}: {what} {shown} < {bar}x{held}"
+    short = "" if i.reached else f", which reach only {i.confidence:.0%} confidence, not {LEVEL:.0%}"
+    more = (f"; about {check.runs_needed} runs per arm would separate it (estimated from the spread)"
+            if check.runs_needed else "; the spread does not say how many runs would separate it")
+    return (f"rung {check.rung}: {what} {shown} is not separable from the bar {bar}x at {runs} "
+            f"run{'s' if runs != 1 else ''}{short}{more}{held}")
 
 
 def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float], *, method: Method,
                 mismatches: Sequence[Mismatch] = ()) -> SpeedVerdict:
-    """The second verdict: every rung's speed ratio at or above each bar; unmeasured is
-    incomplete; a flattering mismatch or unverified timed tokens make it not comparable.
-    Without a bar there is no verdict, but what blocks one is still said."""
+    """The second verdict: every rung's speed interval wholly at or above each bar; one wholly
+    below fails; a bar inside an interval is not separable; unmeasured is incomplete; a
+    flattering mismatch or unverified timed tokens make it not comparable. Without a bar there
+    is no verdict, but what blocks one is still said."""
     blocked = blockers(rungs, mismatches)
     if not min_speed_ratio:
         return SpeedVerdict(SpeedVerdictKind.INFORMATIONAL, {}, reasons=tuple(blocked))
     checks = [c for rung in rungs for key, bar in min_speed_ratio.items() for c in _checks(rung, key, bar, method)]
     by_name = {r.rung.name: r for r in rungs}
     reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed]))
-    incomplete = not rungs or any(c.speed_ratio is None for c in checks)
+    outcomes = {c.outcome for c in checks}
     if not rungs:
         reasons.append("no rung was measured")
     kind = (SpeedVerdictKind.NOT_COMPARABLE if blocked
-            else SpeedVerdictKind.INCOMPLETE if incomplete
-            else SpeedVerdictKind.FAIL if any(not c.passed for c in checks) else SpeedVerdictKind.PASS)
+            else SpeedVerdictKind.INCOMPLETE if not rungs or CheckOutcome.NOT_MEASURED in outcomes
+            else SpeedVerdictKind.FAIL if CheckOutcome.BELOW in outcomes
+            else SpeedVerdictKind.NOT_SEPARABLE if CheckOutcome.NOT_SEPARABLE in outcomes
+            else SpeedVerdictKind.PASS)
     return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
 
 

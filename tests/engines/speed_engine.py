@@ -2,7 +2,7 @@
 """A command engine with a known speed, for the speed arm's method tests.
 
     python speed_engine.py [--ttft S] [--per-token S] [--stream] [--eos-at N] [--hello-json JSON]
-                           [--die-after N]
+                           [--die-after N] [--jitter A --seed S] [--log FILE --tag T]
 
 It sleeps --ttft seconds before its first token and --per-token seconds before each later
 one (defaults 0.2 and 0.05), so the gate must measure TTFT ~ 0.2 s and decode ~ 20 tok/s.
@@ -10,12 +10,19 @@ one (defaults 0.2 and 0.05), so the gate must measure TTFT ~ 0.2 s and decode ~ 
 Without "ignore_eos" in a request it stops at token --eos-at (when given), as an EOS would.
 --hello-json merges extra fields into the hello (e.g. '{"eager": false, "dtype": "float32"}').
 --die-after N exits with code 7 on request number N + 1 (an engine that crashes mid-ladder).
+--jitter A scales every sleep of a request by exp(u), u uniform in [-A, A] drawn per request
+from a generator seeded with --seed: a known spread, wide enough to dwarf the machine's own
+noise, whose scale factors have median 1, so two such engines' true speed ratio is the ratio
+of their sleeps.
+--log FILE appends the --tag to FILE as each request arrives (which arm ran when).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import sys
 import time
 
@@ -33,7 +40,12 @@ def main() -> None:
     ap.add_argument("--eos-at", type=int, default=0)
     ap.add_argument("--hello-json", default="{}")
     ap.add_argument("--die-after", type=int, default=-1)
+    ap.add_argument("--jitter", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", default="")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
+    rng = random.Random(args.seed)
     caps = ["generate", "stream"] if args.stream else ["generate"]
     send({"hello": "strict-gate/engine@1", "name": "speed-engine", "version": "1", "capabilities": caps,
           **json.loads(args.hello_json)})
@@ -43,13 +55,17 @@ def main() -> None:
             return
         if served == args.die_after:
             sys.exit(7)
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(args.tag + "\n")
         n = req["max_tokens"]
         if args.eos_at and not req.get("ignore_eos"):
             n = min(n, args.eos_at)
         base = req["prompt_token_ids"][-1] if req["prompt_token_ids"] else 0
         toks, t0 = [], time.perf_counter()
+        scale = math.exp(rng.uniform(-args.jitter, args.jitter)) if args.jitter else 1.0
         for i in range(n):
-            time.sleep(args.ttft if i == 0 else args.per_token)
+            time.sleep(scale * (args.ttft if i == 0 else args.per_token))
             toks.append((base + i + 1) % 1000)
             if args.stream and req.get("stream"):
                 send({"event": "token", "id": req["id"], "token_id": toks[-1]})

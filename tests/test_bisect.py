@@ -1,0 +1,137 @@
+"""`strict-gate bisect` on a real git repository (tests/bisect_repo.py): seven commits of a
+small command engine, the second does not build, the fourth flips two prompts. Real git, real
+engine processes, the real CLI; nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bisect_repo import BUILD, git, make_repo
+from bisect_repo import gate_config as make_gate
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+from strict_gate.gate.config import load_gate_config
+from strict_gate.nightly.loop import bisect_hint
+
+runner = CliRunner()
+
+HISTORY = "strict-gate/history@1"  # the lines the validating history reader reads
+
+
+def bisect(*args: str):
+    return runner.invoke(app, ["bisect", *map(str, args)], terminal_width=200)
+
+
+def clean(repo: Path, sha: str) -> None:
+    """Left as it was: on main at `sha`, no bisection, nothing changed or added."""
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == "main" and git(repo, "rev-parse", "HEAD") == sha
+    assert git(repo, "status", "--porcelain", "--ignored") == ""
+    assert not (repo / ".git" / "BISECT_START").exists()
+
+
+def test_bisect_names_the_fourth_commit_and_the_prompts_it_flipped(tmp_path):
+    repo, shas = make_repo(tmp_path)
+    config = make_gate(tmp_path, repo)
+    r = bisect(config, "--repo", repo, "--good", shas[0], "--bad", "main", "--build", BUILD)
+    assert r.exit_code == 0, r.output
+    assert f"first bad commit: {shas[3]}" in r.output
+    assert "prompts that flipped there: p1 (divergent), p3 (divergent)" in r.output
+    clean(repo, shas[6])
+    (out,) = (tmp_path / "reports").glob("bisect-demo-bisect-*/")
+    data = json.loads((out / "bisect.json").read_text())
+    assert data["first_bad"] == shas[3] and data["subject"] == "4: a faster third token"
+    assert [p["id"] for p in data["flipped"]] == ["p1", "p3"]
+    assert Path(data["report_dir"]).parent == out / "steps" and (Path(data["report_dir"]) / "report.json").is_file()
+    steps = {s["commit"]: s for s in data["steps"]}
+    assert steps[shas[6]]["verdict"] == "bad" and steps[shas[0]]["verdict"] == "good"  # both ends tested first
+    assert steps[shas[3]]["verdict"] == "bad" and steps[shas[3]]["exit_code"] == 1
+    assert all(set(s) == {"commit", "verdict", "exit_code", "report_dir", "message"} for s in data["steps"])
+    # the live reference ran once, into the bisect directory; every step replayed it
+    assert (out / "reference" / "records.jsonl").is_file()
+    step_report = json.loads((Path(data["report_dir"]) / "report.json").read_text())
+    assert step_report["engines"]["reference"]["options"]["replayed_from"] == str(out / "reference")
+
+
+def test_a_commit_that_does_not_build_is_skipped_never_called_bad(tmp_path):
+    """The build fails on commits 2 and 3 here: after commit 4 is bad both are skipped, and the
+    first bad commit is left open between them and commit 4 (exit 3), not guessed."""
+    repo, shas = make_repo(tmp_path)
+    build = f"! grep -q '# fixed' engine.py && {BUILD}"
+    r = bisect(make_gate(tmp_path, repo), "--repo", repo, "--good", shas[0], "--bad", shas[6], "--build", build)
+    assert r.exit_code == 3, r.output
+    (out,) = (tmp_path / "reports").glob("bisect-demo-bisect-*/")
+    data = json.loads((out / "bisect.json").read_text())
+    assert data["first_bad"] is None and set(data["candidates"]) == {shas[1], shas[2], shas[3]}
+    skipped = {s["commit"]: s for s in data["steps"] if s["verdict"] == "skip"}
+    assert set(skipped) == {shas[1], shas[2]}
+    assert all(s["exit_code"] is None and "the build exited 1" in s["message"] for s in skipped.values())
+    clean(repo, shas[6])
+
+
+def test_prompts_from_runs_only_the_failing_prompts(tmp_path):
+    repo, shas = make_repo(tmp_path)
+    config = make_gate(tmp_path, repo)
+    night = runner.invoke(app, ["gate", str(config)])  # tonight, at commit 7: p1 and p3 fail
+    assert night.exit_code == 1, night.output
+    (report,) = (tmp_path / "reports").glob("bisect-demo-2*/")
+    r = bisect(config, "--repo", repo, "--good", shas[0], "--bad", shas[6], "--build", BUILD, "--prompts-from", report)
+    assert r.exit_code == 0 and f"first bad commit: {shas[3]}" in r.output, r.output
+    (out,) = (tmp_path / "reports").glob("bisect-demo-bisect-*/")
+    assert [json.loads(line)["id"] for line in (out / "prompts.jsonl").read_text().splitlines()] == ["p1", "p3"]
+    data = json.loads((out / "bisect.json").read_text())
+    for step in data["steps"]:
+        ids = [p["id"] for p in json.loads((Path(step["report_dir"]) / "report.json").read_text())["prompts"]]
+        assert ids == ["p1", "p3"]
+
+
+def test_a_recorded_baseline_is_replayed_as_it_is(tmp_path):
+    """The usual nightly reference: a stored run. It fits the whole prompt set, so the steps
+    replay it where it lies (no copy, no reference run in the bisect directory)."""
+    repo, shas = make_repo(tmp_path)
+    live = make_gate(tmp_path, repo)
+    baseline = tmp_path / "baseline"
+    made = runner.invoke(app, ["run", str(live), "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(baseline),
+                               "--max-tokens", "4", "--top-logprobs", "2"])
+    assert made.exit_code == 0, made.output
+    config = make_gate(tmp_path, repo, baseline=baseline)
+    r = bisect(config, "--repo", repo, "--good", shas[0], "--bad", shas[6], "--build", BUILD)
+    assert r.exit_code == 0 and f"first bad commit: {shas[3]}" in r.output, r.output
+    (out,) = (tmp_path / "reports").glob("bisect-demo-bisect-*/")
+    assert not (out / "reference").exists()
+    data = json.loads((out / "bisect.json").read_text())
+    report = json.loads((Path(data["report_dir"]) / "report.json").read_text())
+    assert report["engines"]["reference"]["options"]["replayed_from"] == str(baseline)
+    clean(repo, shas[6])
+
+
+def test_the_nightly_summary_prints_the_bisect_command_from_the_history(tmp_path):
+    """The history records the commit of the checkout holding the gate config: here the gate
+    config lives in the candidate's repository, as in a CI of the engine's own repo."""
+    repo, shas = make_repo(tmp_path)
+    config = make_gate(tmp_path, repo)
+    inside = repo / "gate.toml"
+    inside.write_text(config.read_text())
+    cfg = load_gate_config(inside)
+    out = tmp_path / "nights"
+    out.mkdir()
+    nights = [("pass", shas[0]), ("fail", shas[3]), ("pass", shas[2]), ("fail", shas[6])]
+    (out / "history.jsonl").write_text("".join(json.dumps({"schema": HISTORY, "gate": "bisect-demo", "verdict": v, "commit": c}) + "\n"
+                                               for v, c in nights))
+    hint = bisect_hint(cfg, out, out / "tonight", failed=True)
+    assert f"--good {shas[2]} --bad {shas[6]}" in hint and f"--repo {repo}" in hint
+    assert f"strict-gate bisect {inside}" in hint and f"--prompts-from {out / 'tonight'}" in hint
+    assert bisect_hint(cfg, out, out / "tonight", failed=False) == ""
+    (out / "history.jsonl").write_text(json.dumps({"schema": HISTORY, "gate": "bisect-demo", "verdict": "fail", "commit": None}) + "\n")
+    assert "No bisect command: the history has no commit for tonight" in bisect_hint(cfg, out, out, failed=True)
+    same = [("pass", shas[6]), ("fail", shas[6])]
+    (out / "history.jsonl").write_text("".join(json.dumps({"schema": HISTORY, "gate": "bisect-demo", "verdict": v, "commit": c}) + "\n"
+                                               for v, c in same))
+    assert "nothing to bisect here" in bisect_hint(cfg, out, out, failed=True)
+
+
+def test_bisect_is_in_the_help():
+    r = runner.invoke(app, ["bisect", "--help"], terminal_width=200)
+    assert r.exit_code == 0 and "--prompts-from" in r.output and sys.executable not in r.output
