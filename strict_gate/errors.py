@@ -1,9 +1,24 @@
 """Errors a user can act on. Each carries the CLI exit code and says what to do next.
 
-Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run.
+Exit codes (ExitCode): 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run,
+4 tokens pass but slower than the speed bar, 5 tokens pass but they move with batch, concurrency,
+chunked prefill or the prefix cache (the invariance verdict).
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What `strict-gate` exits with; the README's table says the same."""
+
+    PASS = 0
+    FAIL = 1
+    BAD_INPUT = 2
+    ENGINE_FAILURE = 3
+    SLOWER = 4
+    NOT_INVARIANT = 5
 
 
 class StrictGateError(Exception):

@@ -25,10 +25,12 @@ WINGS: dict[str, frozenset[str]] = {
     "engines": frozenset({"runs", "core", "errors"}),
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
-    "report": frozenset({"judge", "speed", "runs", "core", "errors"}),
-    "gate": frozenset({"report", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"nightly", "gate", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
+    "report": frozenset({"invariance", "judge", "speed", "runs", "core", "errors"}),
+    "gate": frozenset({"report", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "nightly": frozenset({"gate", "report", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "face": frozenset({"nightly", "gate", "report", "invariance", "judge", "speed", "engines", "runs", "core",
+                       "errors"}),
 }
 
 

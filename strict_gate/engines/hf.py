@@ -19,7 +19,7 @@ from strict_gate.core.model_files import (
     resolve_model,
 )
 from strict_gate.core.options import Checked, Device, DType, PositiveInt
-from strict_gate.engines.base import Engine, PromptInput, greedy_finish_reason
+from strict_gate.engines.base import Engine, PromptInput, Serving, greedy_finish_reason
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -40,6 +40,7 @@ class HFEngine(Engine):
     Options = HFOptions
     can_score = True
     can_batch = True  # left-padded batches (the speed arm's concurrency rungs)
+    servings = frozenset({Serving.BATCH})  # one padded generate(); no prefill chunking or prefix cache
     log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):

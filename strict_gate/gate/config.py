@@ -18,6 +18,7 @@ from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt
 from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
+from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND, check_band
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
@@ -46,6 +47,7 @@ class GateKeys(Checked):
     candidate: dict | None = None
     rescorer: dict | None = None
     speed: dict | None = None
+    invariance: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class GateConfig:
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
     drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/judge/drift.py)
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
+    invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)
 
     @property
     def speed_reference(self) -> ArmConfig:
@@ -175,6 +178,7 @@ def parse_gate_config(
     arms = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
     speed = _speed(data["speed"], arms, lines) if "speed" in data else None
+    invariance = _invariance(data["invariance"], arms, lines) if "invariance" in data else None
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
@@ -191,7 +195,19 @@ def parse_gate_config(
         candidate=arms.get("candidate"),
         rescorer=arms.get("rescorer"),
         speed=speed,
+        invariance=invariance,
     )
+
+
+def _invariance(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> InvarianceConfig:
+    def line_of(key: str) -> int | None:
+        return lines.find(key, "invariance") or lines.header("invariance") or lines.find("invariance")
+
+    line_of.path = lines.path  # type: ignore[attr-defined]
+    return parse_invariance(table, {role: arm.build for role, arm in arms.items() if role in ROLES}, line_of)
+
+
+ROLES = ("reference", "candidate")
 
 
 def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig:

@@ -396,6 +396,10 @@ def play_gate(
         if "reference" in owned:
             _close(reference, report_dir / "reference")
         scrub_tree(report_dir)  # engine logs too, even when interrupted: a server may log its key
+    if cfg.invariance is not None:  # last: every engine of the gate is stopped by now
+        from strict_gate.gate.invariance import invariance_phase
+
+        result = replace(result, invariance=invariance_phase(cfg, ps, inputs, report_dir, progress))
     from strict_gate.report import write_reports
 
     result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)), report_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import speed_view
+from strict_gate.report import invariance_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, md, show_token
@@ -85,6 +85,10 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     view = speed_view.of(r)
     if view is not None:  # its own line: the speed verdict never changes the token verdict above
         out.append(f"{md(view.verdict_line)}; see Speed below.")
+        out.append("")
+    inv = invariance_view.of(r)
+    if inv is not None:  # its own line too: the invariance verdict never changes the token verdict above
+        out.append(f"{md(inv.verdict_line)}; see Invariance below.")
         out.append("")
     out.append("## Summary")
     out.append("")
@@ -197,6 +201,8 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         out.append("")
         out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
     out += speed_section(speed_view.of(r))
+    if (inv := invariance_view.of(r)) is not None:
+        out += invariance_view.markdown_section(inv)
     out += markdown_section(r)
     if r.determinism:
         det = r.determinism

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from strict_gate.core.redact import scrub
+from strict_gate.engines.command.inflight import hello_servings
 from strict_gate.engines.process import close_log, open_log, signals_deferred, spawn, stop_group, wait_exit
 from strict_gate.errors import ConfigError, EngineError
 
@@ -129,6 +130,10 @@ class EngineProcess:
                 raise self._fail(f'hello "{key}" must be a string, got {obj[key]!r}')
         if "versions" in obj and not isinstance(obj["versions"], dict):
             raise self._fail(f'hello "versions" must be an object, got {obj["versions"]!r}')
+        try:
+            self.max_in_flight, self.servings = hello_servings(obj)
+        except ValueError as e:
+            raise self._fail(str(e)) from None
         self.hello = obj
         self.can_score = "score" in caps  # instance attribute shadows the class default
         self.streams = "stream" in caps  # token events for the speed arm (command_speed.py)
