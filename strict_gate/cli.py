@@ -44,7 +44,7 @@ SummaryOpt = Annotated[
 FailOnOpt = Annotated[
     str | None,
     typer.Option("--fail-on", help="regressions that exit 1, comma-separated: new-failure, status-worse, "
-                 "positions-drop, drift-worse, or none (default: the first three)"),
+                 "positions-drop, drift-worse, variant-moved, or none (default: the first three)"),
 ]
 
 

@@ -18,6 +18,7 @@ from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
+from strict_gate.nightly.variants_diff import VariantChange, markdown_lines, variant_changes
 
 REPORT_FILE = "report.json"
 DIFF_FILE = "diff.json"
@@ -31,6 +32,7 @@ class Rule(StrEnum):
     STATUS_WORSE = "status-worse"  # a prompt's status moved down the ladder (SEVERITY)
     POSITIONS_DROP = "positions-drop"  # fewer positions matched over the prompts both nights ran
     DRIFT_WORSE = "drift-worse"  # a drift total moved the wrong way (both nights have drift)
+    VARIANT_MOVED = "variant-moved"  # an [invariance] variant holds fewer prompts than last night
 
 
 DEFAULT_FAIL_ON = (Rule.NEW_FAILURE, Rule.STATUS_WORSE, Rule.POSITIONS_DROP)
@@ -120,6 +122,7 @@ class ReportDiff:
     drift_note: str | None  # why there is no drift comparison
     regressions: tuple[Regression, ...]  # every regression found, failing or not
     fail_on: tuple[Rule, ...]
+    variants: tuple[VariantChange, ...] = ()  # [invariance] variants whose figures changed
 
     @property
     def failing(self) -> tuple[Regression, ...]:
@@ -254,6 +257,9 @@ def diff_reports(old: dict, new: dict, *, fail_on=DEFAULT_FAIL_ON, old_path="old
             Rule.POSITIONS_DROP,
             f"positions matched over the {len(common)} common prompts fell from {positions[0]} to {positions[1]}",
             dropped))
+    variants = variant_changes(old, new, old_path=old_path, new_path=new_path)
+    if moved := [v.label for v in variants if v.started_moving]:
+        regressions.append(Regression(Rule.VARIANT_MOVED, f"invariance variant(s) started to move: {', '.join(moved)}"))
     if any(d.worse for d in drift):
         regressions.append(Regression(Rule.DRIFT_WORSE, ", ".join(
             f"{d.metric} {d.old:.6g} → {d.new:.6g}" for d in drift if d.worse)))
@@ -261,7 +267,7 @@ def diff_reports(old: dict, new: dict, *, fail_on=DEFAULT_FAIL_ON, old_path="old
         old=_night(Path(old_path), old), new=_night(Path(new_path), new), changes=tuple(changes),
         added=added, removed=removed, added_failing=added_failing, positions_common=positions,
         context=_context(old, new), drift=drift, drift_note=drift_note, regressions=tuple(regressions),
-        fail_on=tuple(fail_on),
+        fail_on=tuple(fail_on), variants=variants,
     )
 
 
@@ -298,6 +304,7 @@ def to_json(d: ReportDiff) -> dict:
         "context": [{"what": c.what, "old": c.old, "new": c.new} for c in d.context],
         "drift": [{"metric": x.metric, "old": x.old, "new": x.new, "worse": x.worse} for x in d.drift],
         "drift_note": d.drift_note,
+        "invariance": [v.to_json() for v in d.variants],
     }
 
 
@@ -369,6 +376,7 @@ def render_markdown(d: ReportDiff) -> str:
         out += ["### What changed between the nights", "", "| what | last night | tonight |", "|---|---|---|"]
         out += [f"| {md(c.what)} | {md(str(c.old))} | {md(str(c.new))} |" for c in d.context]
         out.append("")
+    out += markdown_lines(d.variants)
     out += ["### Drift", ""]
     if d.drift_note:
         out.append(md(d.drift_note))
