@@ -74,9 +74,10 @@ class VariantEngine(Engine):
         kind, size, inner = self.variant.kind, self.variant.size, self.inner
         needed = SERVING.get(kind)
         if needed is not None and needed not in inner.servings:  # a command engine's hello narrowed them
+            serves = ", ".join(sorted(str(s) for s in inner.servings)) or "none of them"
             raise EngineError(f"the {self.variant.name} variant needs an engine that serves {needed}; this "
-                              f"{inner.kind} engine, once started, declares only "
-                              f"{sorted(str(s) for s in inner.servings) or 'none'} (docs/engine-protocol.md, section 6)")
+                              f"{inner.kind} engine, once started, serves {serves} (a command engine declares them "
+                              "in its hello: docs/engine-protocol.md, section 6)")
         if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL):
             for p in prompts:  # one prompt per call, whatever the arm's own `batch` says
                 yield from inner.generate([p], sampling)

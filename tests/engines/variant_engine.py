@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
-    python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--no-chunk] [--no-cache]
+    python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
 match replies by id). Token i of a prompt is a function of the prompt alone:
-(sum(ids) * 31 + 7 * i) % 1000 + 1, its logprob -0.1, the runner-up (token + 1) G nats below.
+(sum(ids) * 31 + 7 * i) % 1000 + 1 + S, its logprob -0.1, the runner-up (token + 1) G nats below
+(S: --shift, 0 by default; another S is another engine at batch 1 already).
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
@@ -34,12 +35,12 @@ def send(obj) -> None:
     sys.stdout.flush()
 
 
-def tokens(req: dict, moved: bool, gap: float) -> dict:
+def tokens(req: dict, moved: bool, gap: float, shift: int = 0) -> dict:
     ids = req["prompt_token_ids"]
     k = max(1, req.get("top_logprobs", 1))
     toks, tops = [], []
     for i in range(req["max_tokens"]):
-        best = (sum(ids) * 31 + 7 * i) % VOCAB + 1
+        best = (sum(ids) * 31 + 7 * i) % VOCAB + 1 + shift
         runner = best + 1
         chosen = runner if moved and i == 2 else best
         other = best if chosen == runner else runner
@@ -49,19 +50,36 @@ def tokens(req: dict, moved: bool, gap: float) -> dict:
     return {"id": req["id"], "token_ids": toks, "finish_reason": "length", "top_logprobs": tops}
 
 
-def read_group(stdin) -> list[dict] | None:
-    """One line, blocking, then every line already waiting (what is in flight right now)."""
-    line = stdin.readline()
-    if not line:
-        return None
-    group = [json.loads(line)] if line.strip() else []
-    while select.select([stdin], [], [], 0.05)[0]:
-        more = stdin.readline()
-        if not more:
-            break
-        if more.strip():
-            group.append(json.loads(more))
-    return group
+class Lines:
+    """stdin's lines read from the descriptor itself: a buffered reader would hold lines that
+    select() no longer sees, and the group in flight would look like one request."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def _fill(self, timeout: float | None) -> None:
+        if select.select([self.fd], [], [], timeout)[0]:
+            data = os.read(self.fd, 65536)
+            self.buf += data
+            self.eof = not data
+
+    def group(self) -> list[dict] | None:
+        """Block for one request, then take every request already waiting (what is in flight)."""
+        while b"\n" not in self.buf and not self.eof:
+            self._fill(None)
+        while not self.eof:
+            before = len(self.buf)
+            self._fill(0.05)
+            if len(self.buf) == before:
+                break
+        if b"\n" not in self.buf:
+            return None
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def drain(self) -> None:
+        while not self.eof:
+            self._fill(None)
 
 
 def main() -> int:
@@ -69,6 +87,7 @@ def main() -> int:
     ap.add_argument("--mode", default="invariant")
     ap.add_argument("--max-in-flight", type=int, default=8)
     ap.add_argument("--gap", type=float, default=3.0)
+    ap.add_argument("--shift", type=int, default=0)
     ap.add_argument("--no-chunk", action="store_true")
     ap.add_argument("--no-cache", action="store_true")
     args = ap.parse_args()
@@ -76,16 +95,15 @@ def main() -> int:
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
           "max_in_flight": args.max_in_flight, "prefix_cache": not args.no_cache, "pid": os.getpid()})
     seen: set[tuple[int, ...]] = set()
-    stdin = sys.stdin
+    stdin = Lines(sys.stdin.fileno())
     while True:
-        group = read_group(stdin)
+        group = stdin.group()
         if group is None:
             return 0
         if any(r.get("op") == "shutdown" for r in group):
             return 0
         if args.mode == "refuse" and len(group) > 1:
-            while stdin.readline():
-                pass
+            stdin.drain()
             return 0
         replies = []
         for n, req in enumerate(group):
@@ -95,7 +113,7 @@ def main() -> int:
                      "chunk": bool(chunk) and chunk < len(ids),
                      "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
             seen.add(ids)
-            reply = tokens(req, moved, args.gap)
+            reply = tokens(req, moved, args.gap, args.shift)
             if args.mode == "stray_id" and n == 1:
                 reply["id"] = "never-sent"
             replies.append(reply)

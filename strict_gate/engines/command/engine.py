@@ -69,6 +69,7 @@ class CommandEngine(EngineProcess, Engine):
         self._seq = 0
         self.max_in_flight = 1  # the hello's "max_in_flight"
         self.prefill_chunk: int | None = None  # sent as "prefill_chunk" (with_prefill_chunk)
+        self.answered_ids: set[str] = set()  # replies had while requests overlapped (inflight.py)
 
     # -- configuration
     def _resolve_arg(self, arg: str) -> str:

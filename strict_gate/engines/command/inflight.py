@@ -52,6 +52,8 @@ class Overlap:
         self.proc = proc
         self.declared = declared
         self.window = window
+        # ids answered since the process started (the engine's): a late second reply is one too many
+        self.answered: set[str] = proc.answered_ids
 
     def check_window(self) -> None:
         if self.window > self.declared:
@@ -65,7 +67,6 @@ class Overlap:
         self.check_window()
         todo = list(reqs)
         waiting: dict[str, tuple[dict, float]] = {}
-        answered: set[str] = set()
         while todo or waiting:
             while todo and len(waiting) < self.window:
                 req = todo.pop(0)
@@ -74,12 +75,12 @@ class Overlap:
             obj = self._reply(waiting)
             rid = obj.get("id")
             if rid not in waiting:
-                why = ("it was answered already (more replies than requests)" if rid in answered
+                why = ("it was answered already (more replies than requests)" if rid in self.answered
                        else f"no request with that id is in flight (in flight: {sorted(waiting)!r})")
                 raise self.proc._fail(f"a reply for id {rid!r}: {why}; rule: one reply per request, for an "
                                       "id the gate sent and has not had answered")
             req, t0 = waiting.pop(rid)
-            answered.add(rid)
+            self.answered.add(rid)
             yield req, obj, time.perf_counter() - t0
 
     def _send(self, req: dict, outstanding: int) -> None:

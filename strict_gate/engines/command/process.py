@@ -81,6 +81,7 @@ class EngineProcess:
                 why = f"{self.argv!r}: {e}"
             raise ConfigError(f"command: cannot run {why}") from None
         self._pgid = self._proc.pid
+        self.answered_ids = set()  # a new process: no reply had yet
         self._lines = queue.Queue()
         self._reader = threading.Thread(
             target=self._read_stdout, args=(self._proc.stdout, self._lines), daemon=True, name="strict-gate-command"
