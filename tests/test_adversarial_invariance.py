@@ -142,3 +142,10 @@ def test_in_a_gate_a_token_failure_wins(tmp_path):
     (report,) = (tmp_path / "out").glob("*/report.json")
     doc = json.loads(report.read_text())
     assert doc["verdict"] == "fail" and doc["invariance"]["verdict"] == "fail" and doc["invariance"]["exit_code"] == 5
+
+
+def test_a_bad_max_in_flight_in_the_hello_is_an_engine_failure(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "invariant", {"batch": [4]}, extra=("--max-in-flight", "0"))))
+    assert p.returncode == 3, p.stdout + p.stderr
+    (problem,) = _variants(tmp_path)["batch-4"]["problems"]
+    assert 'hello "max_in_flight" must be an integer >= 1, got 0' in problem

@@ -38,7 +38,7 @@ move by up to 4.2e-7 (fp32, every prompt) or one bf16 step, 0.0078 (bf16, 23 of 
 greedy tokens flipped on 4 of 64 prompts in bf16 (all at exact or one-ulp ties) and on none
 in fp32: the seed's phenomenon in miniature.
 
-Serving variants (strict-gate's [invariance], docs/engine-protocol.md section 6): the hello
+Serving variants (strict-gate's [invariance], docs/engine-protocol.md section 5): the hello
 declares "max_in_flight" (--max-in-flight, default 8) and the capability "prefill_chunk". The
 engine reads every request already waiting before it answers; generate requests waiting
 together (same max_tokens, top_logprobs and prefill_chunk) run as ONE batch: left padding with

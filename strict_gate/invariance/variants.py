@@ -77,7 +77,7 @@ class VariantEngine(Engine):
             serves = ", ".join(sorted(str(s) for s in inner.servings)) or "none of them"
             raise EngineError(f"the {self.variant.name} variant needs an engine that serves {needed}; this "
                               f"{inner.kind} engine, once started, serves {serves} (a command engine declares them "
-                              "in its hello: docs/engine-protocol.md, section 6)")
+                              "in its hello: docs/engine-protocol.md, section 5)")
         if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL):
             for p in prompts:  # one prompt per call, whatever the arm's own `batch` says
                 yield from inner.generate([p], sampling)

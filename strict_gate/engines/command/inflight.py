@@ -1,5 +1,5 @@
 """Several generate requests in flight at once, and the hello fields that allow it (additive to
-strict-gate/engine@1; docs/engine-protocol.md, section 6).
+strict-gate/engine@1; docs/engine-protocol.md, section 5, "Requests in flight").
 
 - `"max_in_flight": N` in the hello (an integer >= 1, default 1): the gate may keep up to N
   generate requests outstanding. Replies carry the request's id and may come in any order.
