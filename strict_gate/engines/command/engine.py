@@ -219,6 +219,7 @@ class CommandEngine(EngineProcess, Engine):
         """The same command, started afresh, whose generate requests carry "prefill_chunk": chunk."""
         engine = CommandEngine(self.options, self.env, self.base_dir)
         engine.prefill_chunk = chunk
+        engine.log_path = self.log_path
         return engine
 
     def with_prefix_cache(self) -> CommandEngine:
