@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -199,7 +200,7 @@ def parse_gate_config(
     )
 
 
-def _invariance(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> InvarianceConfig:
+def _invariance(table: Any, arms: Mapping[Any, ArmConfig], lines: _Lines) -> InvarianceConfig:
     def line_of(key: str) -> int | None:
         return lines.find(key, "invariance") or lines.header("invariance") or lines.find("invariance")
 

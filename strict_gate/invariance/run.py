@@ -88,6 +88,7 @@ class _Arm:
                 self.results += [not_run(x.name, self.arm, f"the batch-1 run failed: {problems[0]}")
                                  for x in self.inv.variants]
             return
+        assert self.baseline is not None  # checked on entry
         self.results.append(judge_variant(v.name, self.arm, self.baseline, runs, policy=self.inv.policy,
                                           band=self.band, problems=problems, seconds=seconds,
                                           baseline_seconds=self.baseline_s))
