@@ -17,7 +17,7 @@ from rich.text import Text
 from strict_gate.core.redact import scrub_obj
 from strict_gate.invariance.config import InvariancePolicy
 from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResult, VariantVerdict
-from strict_gate.judge.compare import Status
+from strict_gate.judge.compare import UNCOMPARED, Status
 from strict_gate.report.html_prompt import escape
 from strict_gate.report.text import md, visible
 from strict_gate.runs.records import now_iso, write_text_atomic
@@ -40,7 +40,7 @@ def _cost(v: VariantResult) -> str:
 
 def row(v: VariantResult) -> tuple[str, ...]:
     """One variant's figures, as every table prints them."""
-    divergent = sum(1 for m in v.divergences if m.status != Status.NEAR_TIE)
+    divergent = sum(1 for m in v.divergences if m.status not in (Status.NEAR_TIE, *UNCOMPARED))
     return (v.name, v.arm, v.verdict.value, f"{v.prompts_exact}/{v.prompts_total}",
             f"{v.positions_matched}/{v.positions_total}", str(v.near_ties), str(divergent),
             f"{v.distinct_outputs} ({v.prompts_distinct} prompts > 1)" if v.prompts_distinct else str(v.distinct_outputs),
