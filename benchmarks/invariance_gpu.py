@@ -69,7 +69,7 @@ def main() -> None:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).cuda().eval()
 
             def run(b: int) -> list[list[int]]:
-                return [s for i in range(0, len(prompts), b) for s in greedy(model, prompts[i : i + b])]  # noqa: B023
+                return [s for i in range(0, len(prompts), b) for s in greedy(model, prompts[i : i + b])]
 
             first, again = run(1), run(1)
             moved = [f"b{b}: {sum(x != y for x, y in zip(first, run(b)))}/{len(prompts)}" for b in (8, 32)]
