@@ -149,3 +149,22 @@ def test_a_bad_max_in_flight_in_the_hello_is_an_engine_failure(tmp_path):
     assert p.returncode == 3, p.stdout + p.stderr
     (problem,) = _variants(tmp_path)["batch-4"]["problems"]
     assert 'hello "max_in_flight" must be an integer >= 1, got 0' in problem
+
+
+def test_an_openai_server_under_concurrent_requests(fake_openai, tmp_path):
+    """A real HTTP server on 127.0.0.1 (the tests' fake, stopped after): concurrency 3 keeps
+    three requests in flight from the client (a sliding window; the server may serve them in
+    turn); its tokens depend on the prompt alone: pass."""
+    fast = {"retries": 0, "request_timeout_s": 10.0}
+    url = fake_openai().url
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [1, 2 + i, 3]}) + "\n" for i in range(7)))
+    gate = write_gate(tmp_path, prompts=str(prompts), max_tokens=2, top_logprobs=2, output_dir=str(tmp_path / "out"),
+                      reference={"kind": "openai", "base_url": url, **fast},
+                      candidate={"kind": "openai", "base_url": url, **fast},
+                      invariance={"concurrency": [3], "batch": [4], "policy": "strict"})
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 0, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    assert v["concurrency-3"]["verdict"] == v["batch-4"]["verdict"] == "pass"
+    assert v["concurrency-3"]["prompts_exact"] == 7
