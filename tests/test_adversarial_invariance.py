@@ -99,6 +99,7 @@ def test_an_engine_that_breaks_the_in_flight_rules_fails_naming_the_rule(tmp_pat
     assert p.returncode == 3, p.stdout + p.stderr
     v = _variants(tmp_path)["batch-4"]
     assert v["verdict"] == "incomplete" and any(rule in x for x in v["problems"]), v["problems"]
+    assert len(v["problems"]) == 1  # the engine failure, said once (not again as "the run failed")
     (run,) = v["runs"]
     manifest = json.loads((Path(run) / "manifest.json").read_text())
     assert manifest["status"] == "failed" and rule.split(":")[0] in manifest["error"]

@@ -176,9 +176,9 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
             width[p.id] = max(width.get(p.id, 0), p.positions)
     distinct = {pid: len({tuple(r.records[pid].token_ids) for r in (baseline, *runs)
                           if pid in r.records and r.records[pid].error is None}) for pid in ids}
-    problems = list(problems)
+    problems = list(problems)  # the runner's: an engine failure, said once
     for label, run in (("batch-1 run", baseline), *((f"run {k}", r) for k, r in enumerate(runs, start=1))):
-        if not run.complete:
+        if not run.complete and not any(run.manifest.error and run.manifest.error in p for p in problems):
             problems.append(f"{name} {label} is {run.manifest.status}: {run.manifest.error or 'not finished'}")
     statuses = [p.status for p, _ in worst.values()]
     if problems or not runs or any(s in UNCOMPARED for s in statuses):
