@@ -43,7 +43,7 @@ def row(v: VariantResult) -> tuple[str, ...]:
     divergent = sum(1 for m in v.divergences if m.status not in (Status.NEAR_TIE, *UNCOMPARED))
     return (v.name, v.arm, v.verdict.value, f"{v.prompts_exact}/{v.prompts_total}",
             f"{v.positions_matched}/{v.positions_total}", str(v.near_ties), str(divergent),
-            f"{v.distinct_outputs} ({v.prompts_distinct} prompts > 1)" if v.prompts_distinct else str(v.distinct_outputs),
+            f"{v.distinct_outputs} ({v.prompts_distinct} prompts)" if v.prompts_distinct else str(v.distinct_outputs),
             _cost(v))
 
 
