@@ -1,8 +1,8 @@
 """The `strict-gate` command: thin typer functions over the library.
 
 Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run (or a
-speed ratio not separable from its bar), 4 slower than the [speed] bar or not comparable (only
-when the token verdict passed).
+speed ratio not separable from its bar), 4 slower than the [speed] bar or not comparable, 5 tokens
+that move with the [invariance] variants (4 and 5 only when the token verdict passed; 5 wins over 4).
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -44,7 +44,7 @@ SummaryOpt = Annotated[
 FailOnOpt = Annotated[
     str | None,
     typer.Option("--fail-on", help="regressions that exit 1, comma-separated: new-failure, status-worse, "
-                 "positions-drop, drift-worse, or none (default: the first three)"),
+                 "positions-drop, drift-worse, variant-moved, or none (default: the first three)"),
 ]
 
 
@@ -217,6 +217,29 @@ def bench(
     print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
     console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
+
+
+@app.command()
+@_fail_cleanly
+def invariance(
+    config: Annotated[Path, typer.Argument(help="gate TOML with an [invariance] table")],
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where reports go")] = None,
+) -> None:
+    """Only the [invariance] variants: each arm's batch-1 run, then batches, requests in flight,
+    prefill chunks, the prefix cache, needles. Exit 0, 5 a variant moved (policy strict or
+    near-tie), 3 a variant not run (strict or near-tie), 2 bad input."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.invariance import run_invariance_gate
+    from strict_gate.report.invariance_view import print_invariance
+    from strict_gate.report.text import visible
+
+    cfg = load_gate_config(config)
+    progress, hook = _progress()
+    with progress:
+        outcome = run_invariance_gate(cfg, output_dir=output_dir, progress=hook)
+    print_invariance(outcome.result, console)
+    console.print(f"  report: {visible(str(outcome.report_dir))}/invariance.md")
+    raise typer.Exit(int(outcome.result.exit_code))
 
 
 @app.command()

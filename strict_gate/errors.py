@@ -11,8 +11,9 @@ class ExitCode(IntEnum):
     PASS = 0  # every prompt passes the policy
     FAIL = 1  # a prompt fails the policy, or the nightly diff found a regression
     BAD_INPUT = 2  # bad input or config: the message names the file (and line)
-    ENGINE_FAILURE = 3  # an engine failed, or the run is incomplete (never a pass)
-    SLOWER = 4  # the tokens pass, the candidate is below `min_speed_ratio`
+    ENGINE_FAILURE = 3  # an engine failed, the run is incomplete, or a speed ratio is not separable (never a pass)
+    SLOWER = 4  # the tokens pass, the candidate is below `min_speed_ratio` (or not comparable)
+    NOT_INVARIANT = 5  # the tokens pass, they move with batch, concurrency, chunked prefill or the prefix cache
 
 
 class StrictGateError(Exception):

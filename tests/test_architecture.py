@@ -25,13 +25,15 @@ WINGS: dict[str, frozenset[str]] = {
     "engines": frozenset({"runs", "core", "errors"}),
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
-    "report": frozenset({"judge", "speed", "runs", "core", "errors"}),
+    "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
+    "report": frozenset({"invariance", "judge", "speed", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
-    "gate": frozenset({"localize", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "localize", "report", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "gate": frozenset({"localize", "report", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "nightly": frozenset({"gate", "localize", "report", "invariance", "judge", "speed", "engines", "runs", "core",
+                          "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "judge", "speed", "engines", "runs",
-                       "core", "errors"}),
+    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "invariance", "judge", "speed", "engines",
+                       "runs", "core", "errors"}),
 }
 
 

@@ -100,3 +100,26 @@ def test_chunk_prefill_needs_device_kda(tmp_path):
     eng = arm(tmp_path, "1", device_kda="0")
     with pytest.raises(EngineError, match=r"(?s)exited with code 2.*needs DEVICE_KDA=1"):
         eng.start()
+
+
+def test_batched_and_chunked_serving(tmp_path):
+    """The hello declares max_in_flight and prefill_chunk; requests sent together come back one
+    reply each (matched by id, whatever the order), and a chunked prefill serves every prompt.
+    Whether the tokens stay equal is what `strict-gate invariance` measures, not asserted here."""
+    eng = arm(tmp_path, "1")
+    try:
+        eng.start()
+        assert eng.hello["max_in_flight"] == 8 and "prefill_chunk" in eng.hello["capabilities"]
+        batch = eng.generate_batch(PROMPTS, SAMPLING)
+        assert sorted(r.id for r in batch) == sorted(p.id for p in PROMPTS)
+        assert all(r.error is None and len(r.token_ids) == SAMPLING.max_tokens for r in batch)
+    finally:
+        eng.close()
+    chunked = arm(tmp_path, "1").with_prefill_chunk(16)
+    try:
+        recs = list(chunked.generate(PROMPTS, SAMPLING))
+        assert [r.id for r in recs] == [p.id for p in PROMPTS] and all(r.error is None for r in recs)
+    finally:
+        chunked.close()
+    log = (tmp_path / "kda-1-float32.log").read_text()
+    assert "'batches': 1, 'batched_requests': 4" in log and "'batched_requests': 4" in log

@@ -38,6 +38,17 @@ move by up to 4.2e-7 (fp32, every prompt) or one bf16 step, 0.0078 (bf16, 23 of 
 greedy tokens flipped on 4 of 64 prompts in bf16 (all at exact or one-ulp ties) and on none
 in fp32: the seed's phenomenon in miniature.
 
+Serving variants (strict-gate's [invariance], docs/engine-protocol.md section 5): the hello
+declares "max_in_flight" (--max-in-flight, default 8) and the capability "prefill_chunk". The
+engine reads every request already waiting before it answers; generate requests waiting
+together (same max_tokens, top_logprobs and prefill_chunk) run as ONE batch: left padding with
+the attention mask (transformers zeroes padded states before the KDA conv and recurrence) and
+position ids counted from each row's first real token. A "prefill_chunk": C request feeds the
+prompt C tokens per forward pass, the recurrent state and the MLA cache carried between the
+pieces; each piece goes through the multi-token KDA form chosen above. A single request with
+no prefill_chunk takes exactly the unbatched path described above (no mask, no position ids),
+so batch 1 is what it always was.
+
 stdout carries only protocol lines: the real stdout is kept on a private descriptor and fd 1
 is pointed at stderr, so prints and library banners cannot corrupt the stream.
 """
@@ -47,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import sys
 import time
 import traceback
@@ -83,7 +95,7 @@ class KDAEngine:
 
         self.torch = torch
         self.prefill = prefill  # "chunk" | "recurrent"
-        self.calls = {"chunk": 0, "recurrent_prefill": 0}
+        self.calls = {"chunk": 0, "recurrent_prefill": 0, "batches": 0, "batched_requests": 0}
         chunk_fn = mkl.chunk_kimi_delta_attention
         recurrent_fn = mkl.recurrent_kimi_delta_attention
         engine = self
@@ -170,6 +182,69 @@ class KDAEngine:
             "timing": {"ttft_s": ttft, "total_s": total},
         }
 
+    def generate_group(self, reqs: list[dict]) -> list[dict]:
+        """Requests served together: one batch (or, alone and unchunked, the path above)."""
+        if len(reqs) == 1 and not reqs[0].get("prefill_chunk"):
+            return [self.generate(reqs[0])]
+        return self._batched(reqs)
+
+    def _batched(self, reqs: list[dict]) -> list[dict]:
+        from transformers import DynamicCache
+
+        torch = self.torch
+        for r in reqs:
+            self._check_ids(r.get("prompt_token_ids"), "prompt_token_ids")
+            if not r["prompt_token_ids"]:
+                raise ValueError("prompt_token_ids is empty")
+        max_tokens, k = int(reqs[0].get("max_tokens", 16)), int(reqs[0].get("top_logprobs", 0))
+        chunk = int(reqs[0].get("prefill_chunk") or 0)
+        if chunk < 0:
+            raise ValueError("prefill_chunk must be >= 0")
+        width = max(len(r["prompt_token_ids"]) for r in reqs)
+        pad = min(self.eos) if self.eos else 0
+        ids = torch.tensor([[pad] * (width - len(r["prompt_token_ids"])) + r["prompt_token_ids"] for r in reqs])
+        mask = torch.tensor([[0] * (width - len(r["prompt_token_ids"])) + [1] * len(r["prompt_token_ids"])
+                             for r in reqs])
+        padded = bool((mask == 0).any())
+        self.calls["batches"] += 1
+        self.calls["batched_requests"] += len(reqs)
+        t0 = time.perf_counter()
+        toks = [[] for _ in reqs]
+        tops = [[] for _ in reqs]
+        done = [False] * len(reqs)
+        eos = [set(r["eos_token_ids"]) if r.get("eos_token_ids") is not None else self.eos for r in reqs]
+        stops = [not r.get("ignore_eos", False) for r in reqs]  # as generate(): the request's ids, ignore_eos
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.config)
+            step = chunk or width
+            for start in range(0, width, step):  # the prompt, `step` columns per forward pass
+                out = self._forward(ids[:, start : start + step], mask[:, : start + step], cache, padded)
+            for n in range(max_tokens):
+                logits = out.logits[:, -1].float()
+                nxt = torch.argmax(logits, dim=-1)
+                for b, tok in enumerate(nxt.tolist()):
+                    if not done[b]:
+                        toks[b].append(tok)
+                        tops[b].append(self._top(logits[b], k, tok))
+                        done[b] = stops[b] and tok in eos[b]
+                if all(done) or n == max_tokens - 1:
+                    break
+                mask = torch.cat([mask, torch.ones(len(reqs), 1, dtype=mask.dtype)], dim=1)
+                out = self._forward(nxt[:, None], mask, cache, padded)
+        total = time.perf_counter() - t0
+        return [{"id": r["id"], "prompt_token_ids": r["prompt_token_ids"], "token_ids": t,
+                 "finish_reason": "stop" if stop and t and t[-1] in e else "length", "top_logprobs": tp,
+                 "timing": {"total_s": total}} for r, t, tp, e, stop in zip(reqs, toks, tops, eos, stops)]
+
+    def _forward(self, x, mask, cache, padded: bool):
+        """One forward pass of `x` after what `cache` holds; `mask` covers both. Without padding
+        neither mask nor positions is passed (the model counts positions from the cache)."""
+        if not padded:
+            return self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
+        return self.model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1)
+
     def score(self, req: dict) -> dict:
         torch = self.torch
         prompt, cont = req.get("prompt_token_ids"), req.get("continuation_ids")
@@ -249,6 +324,61 @@ def feeder(x):
     return feed
 
 
+class Requests:
+    """Request lines straight from the descriptor: a buffered reader would hide the requests
+    already waiting from select(), and every request would look like the only one in flight."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def _fill(self, timeout):
+        if select.select([self.fd], [], [], timeout)[0]:
+            data = os.read(self.fd, 1 << 16)
+            self.buf += data
+            self.eof = not data
+
+    def group(self):
+        """Block for one request, then take every request already waiting; None at EOF."""
+        while b"\n" not in self.buf and not self.eof:
+            self._fill(None)
+        while not self.eof:
+            size = len(self.buf)
+            self._fill(0.01)
+            if len(self.buf) == size:
+                break
+        if b"\n" not in self.buf:
+            return None
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]  # a bad line: JSONDecodeError
+
+
+def batches(group):
+    """Generate requests that can share a batch (same max_tokens, top_logprobs, prefill_chunk)
+    together; every other request on its own, in order."""
+    keyed = {}
+    for req in group:
+        key = (req.get("max_tokens"), req.get("top_logprobs"), req.get("prefill_chunk")) \
+            if req.get("op") == "generate" else ("solo", id(req))
+        keyed.setdefault(key, []).append(req)
+    return list(keyed.values())
+
+
+def serve(engine, batch):
+    """The replies to one batch; a failure is each request's error (the engine goes on)."""
+    op = batch[0].get("op")
+    try:
+        if op == "generate":
+            return engine.generate_group(batch)
+        if op == "score":
+            return [engine.score(batch[0])]
+        if op == "dump":
+            return [engine.dump(batch[0])]
+        return [{"id": batch[0].get("id"), "error": f"unknown op {op!r}"}]
+    except Exception as e:
+        traceback.print_exc(file=sys.stderr)
+        return [{"id": req.get("id"), "error": f"{type(e).__name__}: {e}"} for req in batch]
+
+
 def main(argv=None) -> int:
     out = protocol_stdout()
     ap = argparse.ArgumentParser(description="Kimi-Linear example engine (strict-gate command protocol)")
@@ -256,6 +386,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=os.environ.get("KDA_DTYPE", "bfloat16"),
                     choices=("bfloat16", "float32", "float16"))
     ap.add_argument("--threads", type=int, default=int(os.environ.get("KDA_THREADS", "0")) or None)
+    ap.add_argument("--max-in-flight", type=int, default=8, help="requests the gate may keep outstanding")
     args = ap.parse_args(argv)
 
     device_kda = env_flag("DEVICE_KDA", "1")
@@ -284,37 +415,27 @@ def main(argv=None) -> int:
         "name": NAME,
         "version": VERSION,
         "model": str(args.model),
-        "capabilities": ["generate", "score", "dump", "graft"],
+        "capabilities": ["generate", "score", "dump", "graft", "prefill_chunk"],
         "dtype": args.dtype,
+        "max_in_flight": args.max_in_flight,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {"DEVICE_KDA": int(device_kda), "KDA_CHUNK_PREFILL": int(chunk_prefill),
                      "prefill": prefill, "decode": "recurrent", "dtype": args.dtype,
                      "threads": torch.get_num_threads()},
     })
-    for line in sys.stdin:
-        if not line.strip():
-            continue
+    lines = Requests(sys.stdin.fileno())
+    while True:
         try:
-            req = json.loads(line)
+            group = lines.group()
         except json.JSONDecodeError as e:
             print(f"kda_engine: bad request line: {e}", file=sys.stderr, flush=True)
             return 2
-        op, rid = req.get("op"), req.get("id")
-        if op == "shutdown":
+        if group is None or any(req.get("op") == "shutdown" for req in group):
             break
-        try:
-            if op == "generate":
-                send(engine.generate(req))
-            elif op == "score":
-                send(engine.score(req))
-            elif op == "dump":
-                send(engine.dump(req))
-            else:
-                send({"id": rid, "error": f"unknown op {op!r}"})
-        except Exception as e:  # this request fails; the engine goes on
-            traceback.print_exc(file=sys.stderr)
-            send({"id": rid, "error": f"{type(e).__name__}: {e}"})
-    print(f"kda_engine: shutting down; KDA multi-token passes: {engine.calls}", file=sys.stderr, flush=True)
+        for batch in batches(group):
+            for reply in serve(engine, batch):
+                send(reply)
+    print(f"kda_engine: shutting down; KDA multi-token passes and batches: {engine.calls}", file=sys.stderr, flush=True)
     return 0
 
 

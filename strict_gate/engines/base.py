@@ -25,11 +25,23 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar
 
 from strict_gate.core.redact import register_env
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
+
+
+class Serving(StrEnum):
+    """A way of serving prompts other than one at a time, whole-prompt prefill, cold: what the
+    invariance variants (strict_gate/invariance) may ask of an engine. The value is the variant's
+    name in an [invariance] table."""
+
+    BATCH = "batch"  # generate_batch(): prompts submitted together
+    CONCURRENCY = "concurrency"  # generate_concurrent(): up to N requests in flight, a sliding window
+    CHUNKED_PREFILL = "chunked_prefill"  # with_prefill_chunk(n): an engine that prefills n tokens at a time
+    PREFIX_CACHE = "prefix_cache"  # with_prefix_cache(): an engine that reuses a served prompt's prefix
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,9 @@ class Engine(ABC):
     # Localisation (strict_gate/localize): activations at canonical points along the depth.
     can_dump: ClassVar[bool] = False  # dump() writes activations
     can_graft: ClassVar[bool] = False  # dump() honours DumpRequest.graft
+    # The invariance variants: the ways this kind may serve. An engine that learns its own at
+    # start (a command engine's hello) narrows `servings` on the instance then.
+    servings: ClassVar[frozenset[Serving]] = frozenset()
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options
@@ -168,6 +183,23 @@ class Engine(ABC):
     def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
         """Every prompt in flight at once, one record each (only if `can_batch`)."""
         raise NotImplementedError(f"engine {self.kind!r} cannot serve a batch")
+
+    # -- the invariance variants (strict_gate/invariance)
+    def generate_concurrent(self, prompts: Sequence[PromptInput], sampling: Sampling, in_flight: int
+                            ) -> Iterator[Record]:
+        """Keep up to `in_flight` requests outstanding, one record per prompt as each finishes
+        (only with Serving.CONCURRENCY)."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot keep requests in flight")
+
+    def with_prefill_chunk(self, chunk: int) -> Engine:
+        """An engine (not started) like this one that prefills `chunk` prompt tokens per step; 0:
+        the whole prompt in one step (only with Serving.CHUNKED_PREFILL)."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot chunk its prefill")
+
+    def with_prefix_cache(self) -> Engine:
+        """This engine when it reuses cached prefixes, else one like it that does (only with
+        Serving.PREFIX_CACHE)."""
+        raise NotImplementedError(f"engine {self.kind!r} has no prefix cache")
 
     @contextmanager
     def scoped_env(self):

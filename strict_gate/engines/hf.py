@@ -19,7 +19,15 @@ from strict_gate.core.model_files import (
     resolve_model,
 )
 from strict_gate.core.options import Checked, Device, DType, PositiveInt
-from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, greedy_finish_reason, over_context
+from strict_gate.engines.base import (
+    DumpReply,
+    DumpRequest,
+    Engine,
+    PromptInput,
+    Serving,
+    greedy_finish_reason,
+    over_context,
+)
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -42,6 +50,7 @@ class HFEngine(Engine):
     can_batch = True  # left-padded batches (the speed arm's concurrency rungs)
     can_dump = True  # forward hooks on the named modules (strict_gate/engines/torch_dump.py)
     can_graft = True
+    servings = frozenset({Serving.BATCH})  # one padded generate(); no prefill chunking or prefix cache
     log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +20,7 @@ from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.localize import LocalizeConfig, parse_localize
+from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND, check_band
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
@@ -47,6 +49,7 @@ class GateKeys(Checked):
     candidate: dict | None = None
     rescorer: dict | None = None
     speed: dict | None = None
+    invariance: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class GateConfig:
     drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/judge/drift.py)
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
     localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
+    invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)
 
     @property
     def speed_reference(self) -> ArmConfig:
@@ -185,6 +189,7 @@ def parse_gate_config(
     speed = _speed(data["speed"], arms, lines) if "speed" in data else None
     localize = parse_localize(data["localize"], lines.finder("localize"),
                               lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
+    invariance = _invariance(data["invariance"], arms, lines) if "invariance" in data else None
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
@@ -202,7 +207,19 @@ def parse_gate_config(
         rescorer=arms.get("rescorer"),
         speed=speed,
         localize=localize,
+        invariance=invariance,
     )
+
+
+def _invariance(table: Any, arms: Mapping[Any, ArmConfig], lines: _Lines) -> InvarianceConfig:
+    def line_of(key: str) -> int | None:
+        return lines.find(key, "invariance") or lines.header("invariance") or lines.find("invariance")
+
+    line_of.path = lines.path  # type: ignore[attr-defined]
+    return parse_invariance(table, {role: arm.build for role, arm in arms.items() if role in ROLES}, line_of)
+
+
+ROLES = ("reference", "candidate")
 
 
 def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
-from strict_gate.core.redact import redact_toml
+from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, IncompleteRunError, InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
@@ -239,6 +239,7 @@ def play_gate(
         engines.close(*extras)
         result = _drift_phase(g, engines, ref_run, result, drift, drift_notes)
         result = _localize_phase(g, result, owned)
+    result = _invariance_phase(g, result)
     return _write_phase(result, report)
 
 
@@ -377,6 +378,19 @@ def _localize_phase(g: _Gate, result: GateResult, owned: set[str]) -> GateResult
 
     return localize_result(g.cfg, result, g.reference, g.candidate, g.report.path, owned=owned,
                            scope=g.cfg.localize.scope, settings=g.cfg.localize.settings)
+
+
+def _invariance_phase(g: _Gate, result: GateResult) -> GateResult:
+    """With `[invariance]`: each named arm's batch-1 run and its variants, last, when every
+    engine of the gate is stopped; their engine logs are scrubbed like the arms'."""
+    if g.cfg.invariance is None:
+        return result
+    from strict_gate.gate.invariance import invariance_phase
+
+    try:
+        return replace(result, invariance=invariance_phase(g.cfg, g.ps, g.inputs, g.report.path, g.progress))
+    finally:
+        scrub_tree(g.report.path)
 
 
 def _write_phase(result: GateResult, report: ReportDir) -> GateResult:

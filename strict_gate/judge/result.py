@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strict_gate.errors import ExitCode
 from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
@@ -55,6 +56,17 @@ def arm_wall_clock(records: Mapping[str, Record]) -> ArmWallClock | None:
     )
 
 
+class SecondVerdict(Protocol):
+    """What a GateResult needs of the invariance verdict (strict_gate/invariance/verdict.py): the
+    judge does not import the wing that runs the variants, as diagnosis meets engines through a
+    Scorer."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def to_json(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class GateResult:
     name: str
@@ -80,18 +92,23 @@ class GateResult:
     speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
     localization: dict[str, Localization] = field(default_factory=dict)  # prompt id -> where it first differs
+    invariance: SecondVerdict | None = None  # the [invariance] variants (strict_gate/invariance)
 
     @property
     def exit_code(self) -> ExitCode:
-        return overall_exit_code(self.verdict.exit_code, self.speed)
+        return overall_exit_code(self.verdict.exit_code, self.speed, self.invariance)
 
 
-def overall_exit_code(token_exit: ExitCode, speed: SpeedResult | None) -> ExitCode:
-    """The token verdict's code when it is not 0, else the speed verdict's: a wrong token is the
-    first thing a caller must learn, and a speed verdict never turns a token failure into a pass."""
-    if token_exit != ExitCode.PASS or speed is None:
+def overall_exit_code(token_exit: ExitCode, speed: SpeedResult | None,
+                      invariance: SecondVerdict | None = None) -> ExitCode:
+    """The token verdict's code when it is not 0, else the invariance verdict's, else the speed
+    verdict's: a wrong token is the first thing a caller must learn, tokens that move with the
+    batch the next, and neither second verdict turns a token failure into a pass."""
+    if token_exit != ExitCode.PASS:
         return ExitCode(token_exit)
-    return speed.verdict.exit_code
+    if invariance is not None and invariance.exit_code:
+        return ExitCode(invariance.exit_code)
+    return speed.verdict.exit_code if speed is not None else ExitCode.PASS
 
 
 def _div_json(d: Divergence | None) -> dict | None:
@@ -189,4 +206,5 @@ def to_json(r: GateResult) -> dict:
         "speed": r.speed.to_json() if r.speed is not None else None,
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
         "drift": r.drift.to_json() if r.drift is not None else None,
+        "invariance": r.invariance.to_json() if r.invariance is not None else None,
     }

@@ -22,6 +22,7 @@ from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
 from strict_gate.judge.stored import StoredReport, StoredSummary, load_report, report_of, report_path
+from strict_gate.nightly.variants_diff import VariantChange, markdown_lines, variant_changes
 
 DIFF_SCHEMA = "strict-gate/diff@1"
 ROWS_LISTED = 50  # rows per markdown table: a 10,000-prompt diff stays a summary (diff.json has all)
@@ -35,6 +36,7 @@ class Rule(StrEnum):
     STATUS_WORSE = "status-worse"  # a prompt's status moved down the ladder (SEVERITY)
     POSITIONS_DROP = "positions-drop"  # fewer positions matched over the prompts both nights ran
     DRIFT_WORSE = "drift-worse"  # a drift total moved the wrong way (both nights have drift)
+    VARIANT_MOVED = "variant-moved"  # an [invariance] variant holds fewer prompts than last night
 
 
 DEFAULT_FAIL_ON = (Rule.NEW_FAILURE, Rule.STATUS_WORSE, Rule.POSITIONS_DROP)
@@ -124,6 +126,7 @@ class ReportDiff:
     drift_note: str | None  # why there is no drift comparison
     regressions: tuple[Regression, ...]  # every regression found, failing or not
     fail_on: tuple[Rule, ...]
+    variants: tuple[VariantChange, ...] = ()  # [invariance] variants whose figures changed
 
     @property
     def failing(self) -> tuple[Regression, ...]:
@@ -231,6 +234,10 @@ def diff_reports(old: StoredReport | Mapping[str, Any], new: StoredReport | Mapp
             Rule.POSITIONS_DROP,
             f"positions matched over the {len(common)} common prompts fell from {positions[0]} to {positions[1]}",
             dropped))
+    variants = variant_changes({"invariance": old.invariance}, {"invariance": new.invariance},
+                               old_path=old_path, new_path=new_path)
+    if moved := [v.label for v in variants if v.started_moving]:
+        regressions.append(Regression(Rule.VARIANT_MOVED, f"invariance variant(s) started to move: {', '.join(moved)}"))
     if any(d.worse for d in drift):
         regressions.append(Regression(Rule.DRIFT_WORSE, ", ".join(
             f"{d.metric} {d.old:.6g} → {d.new:.6g}" for d in drift if d.worse)))
@@ -238,7 +245,7 @@ def diff_reports(old: StoredReport | Mapping[str, Any], new: StoredReport | Mapp
         old=_night(Path(old_path), old), new=_night(Path(new_path), new), changes=tuple(changes),
         added=added, removed=removed, added_failing=added_failing, positions_common=positions,
         context=_context(old, new), drift=drift, drift_note=drift_note, regressions=tuple(regressions),
-        fail_on=tuple(fail_on),
+        fail_on=tuple(fail_on), variants=variants,
     )
 
 
@@ -276,6 +283,7 @@ def to_json(d: ReportDiff) -> dict:
         "context": [{"what": c.what, "old": c.old, "new": c.new} for c in d.context],
         "drift": [{"metric": x.metric, "old": x.old, "new": x.new, "worse": x.worse} for x in d.drift],
         "drift_note": d.drift_note,
+        "invariance": [v.to_json() for v in d.variants],
     }
 
 
@@ -381,6 +389,10 @@ def _drift_rows(d: ReportDiff) -> list[str]:
         for x in d.drift] + [""]
 
 
+def _variant_rows(d: ReportDiff) -> list[str]:
+    return markdown_lines(d.variants)
+
+
 def render_markdown(d: ReportDiff) -> str:
     """The diff for a reviewer (and $GITHUB_STEP_SUMMARY): the verdict line first, then the
     regressions; long lists are cut (diff.json has them whole), so 10,000 changed prompts
@@ -394,6 +406,6 @@ def render_markdown(d: ReportDiff) -> str:
                f"tonight: `{md(d.new.path)}` ({md(str(d.new.created))}, {md(str(d.new.verdict))}). "
                f"Fails on: {', '.join(r.value for r in d.fail_on) or 'nothing (report only)'}.")
     out.append("")
-    for section in (_figures, _regressions, _changes, _added_removed, _setup, _drift_rows):
+    for section in (_figures, _regressions, _changes, _added_removed, _setup, _variant_rows, _drift_rows):
         out += section(d)
     return "\n".join(out)

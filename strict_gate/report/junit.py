@@ -12,7 +12,7 @@ from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.result import GateResult
-from strict_gate.report import speed_view
+from strict_gate.report import invariance_view, speed_view
 from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.text import visible
 
@@ -48,6 +48,8 @@ def render(r: GateResult) -> str:
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))
     if speed is not None:
         _speed_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), speed)
+    if (inv := invariance_view.of(r)) is not None:
+        invariance_view.junit_cases(suite, inv, cls)
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import speed_view
+from strict_gate.report import invariance_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
@@ -87,6 +87,10 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     if view is not None:  # its own line: the speed verdict never changes the token verdict above
         out.append(f"{md(view.verdict_line)}; see Speed below.")
         out.append("")
+    inv = invariance_view.of(r)
+    if inv is not None:  # its own line too: the invariance verdict never changes the token verdict above
+        out.append(f"{md(inv.verdict_line)}; see Invariance below.")
+        out.append("")
     out.append("## Summary")
     out.append("")
     out.append("| measure | value |")
@@ -155,6 +159,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         *_diagnosis(r),
         *localization_markdown(r),
         *speed_section(speed_view.of(r)),
+        *_invariance(r),
         *markdown_section(r),
         *_determinism(r),
         *_engines(r),
@@ -162,6 +167,12 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         *_problems(r),
         "",
     ]
+
+
+def _invariance(r: GateResult) -> list[str]:
+    """## Invariance: the variants table, with the [invariance] table."""
+    inv = invariance_view.of(r)
+    return invariance_view.markdown_section(inv) if inv is not None else []
 
 
 def _mismatches(r: GateResult, dec: Decoder) -> list[str]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Argv, Checked, Seconds
-from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, over_context
+from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving, over_context
+from strict_gate.engines.command.inflight import PREFILL_CHUNK, overlapped
 from strict_gate.engines.command.process import PROTOCOL, EngineProcess
 from strict_gate.engines.command.replies import ReplyError, dump_reply, generate_record, scored_steps
 from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
@@ -49,6 +50,7 @@ class CommandEngine(EngineProcess, Engine):
     can_graft = True
     in_process = False
     writes_log = True
+    servings = frozenset(Serving)  # what the hello may declare; narrowed per instance at start
 
     def __init__(self, options: CommandOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
@@ -67,6 +69,9 @@ class CommandEngine(EngineProcess, Engine):
         self._log_used: str | None = None
         self._tok = None
         self._seq = 0
+        self.max_in_flight = 1  # the hello's "max_in_flight"
+        self.prefill_chunk: int | None = None  # sent as "prefill_chunk" (with_prefill_chunk)
+        self.answered_ids: set[str] = set()  # replies had while requests overlapped (inflight.py)
 
     # -- configuration
     def _resolve_arg(self, arg: str) -> str:
@@ -156,8 +161,7 @@ class CommandEngine(EngineProcess, Engine):
         events = TokenEvents(prompt.id, on_token)
         return events.check(self._generate_one(prompt, sampling, events), self._fail)
 
-    def _generate_one(self, p: PromptInput, sampling: Sampling, events: TokenEvents | None = None) -> Record:
-        label = f"prompt {p.id!r}"
+    def _generate_request(self, p: PromptInput, sampling: Sampling, events: TokenEvents | None = None) -> dict:
         req = {
             "op": "generate",
             "id": p.id,
@@ -168,9 +172,15 @@ class CommandEngine(EngineProcess, Engine):
         }
         if self.eos_token_ids:
             req["eos_token_ids"] = list(self.eos_token_ids)
-        t0 = time.perf_counter()
-        obj = self._request(req, label, events)
-        wall = time.perf_counter() - t0
+        if self.prefill_chunk is not None:
+            if Serving.CHUNKED_PREFILL not in self.servings:
+                raise self._fail(f'a prefill chunk of {self.prefill_chunk} was asked for, and its hello '
+                                 f'capabilities {(self.hello or {}).get("capabilities")!r} lack "{PREFILL_CHUNK}"')
+            req[PREFILL_CHUNK] = self.prefill_chunk
+        return req
+
+    def _generate_reply(self, p: PromptInput, sampling: Sampling, obj: dict, wall: float) -> Record:
+        label = f"prompt {p.id!r}"
         if "error" in obj:
             if not isinstance(obj["error"], str) or not obj["error"]:
                 raise self._invalid(label, '"error" must be a non-empty string', obj)
@@ -182,6 +192,42 @@ class CommandEngine(EngineProcess, Engine):
         if rec.timing is None or rec.timing.total_s is None:
             rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=wall))
         return rec
+
+    def _generate_one(self, p: PromptInput, sampling: Sampling, events: TokenEvents | None = None) -> Record:
+        req = self._generate_request(p, sampling, events)
+        t0 = time.perf_counter()
+        obj = self._request(req, f"prompt {p.id!r}", events)
+        return self._generate_reply(p, sampling, obj, time.perf_counter() - t0)
+
+    # -- the invariance variants (inflight.py)
+    def _overlapped(self, prompts: Sequence[PromptInput], sampling: Sampling, window: int, *, sliding: bool
+                    ) -> Iterator[Record]:
+        self.start()
+        by_id = {p.id: p for p in prompts}
+        if len(by_id) != len(prompts):
+            raise EngineError("command: prompts in flight together must have distinct ids")
+        reqs = [self._generate_request(p, sampling) for p in prompts]
+        yield from overlapped(self, reqs, window, sliding=sliding,
+                              record=lambda req, obj, dt: self._generate_reply(by_id[req["id"]], sampling, obj, dt))
+
+    def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
+        """Every prompt sent before any reply is read (needs the hello's max_in_flight >= len(prompts))."""
+        return list(self._overlapped(prompts, sampling, len(prompts), sliding=False))
+
+    def generate_concurrent(self, prompts: Sequence[PromptInput], sampling: Sampling, in_flight: int
+                            ) -> Iterator[Record]:
+        return self._overlapped(prompts, sampling, in_flight, sliding=True)
+
+    def with_prefill_chunk(self, chunk: int) -> CommandEngine:
+        """The same command, started afresh, whose generate requests carry "prefill_chunk": chunk."""
+        engine = CommandEngine(self.options, self.env, self.base_dir)
+        engine.prefill_chunk = chunk
+        engine.log_path = self.log_path
+        return engine
+
+    def with_prefix_cache(self) -> CommandEngine:
+        """Its hello says whether it caches ("prefix_cache": true); the variant checks at start."""
+        return self
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         self.start()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from strict_gate.core.redact import scrub
+from strict_gate.engines.command.inflight import hello_servings
 from strict_gate.engines.process import (
     close_log,
     log_caught_up,
@@ -88,6 +89,7 @@ class EngineProcess:
                 why = f"{self.argv!r}: {e}"
             raise ConfigError(f"command: cannot run {why}") from None
         self._pgid = self._proc.pid
+        self.answered_ids = set()  # a new process: no reply had yet
         self._lines = queue.Queue()
         self._reader = threading.Thread(
             target=self._read_stdout, args=(self._proc.stdout, self._lines), daemon=True, name="strict-gate-command"
@@ -140,6 +142,10 @@ class EngineProcess:
             raise self._fail(f'hello "max_context" must be a positive integer (tokens), got {ctx!r}')
         if "versions" in obj and not isinstance(obj["versions"], dict):
             raise self._fail(f'hello "versions" must be an object, got {obj["versions"]!r}')
+        try:
+            self.max_in_flight, self.servings = hello_servings(obj)
+        except ValueError as e:
+            raise self._fail(str(e)) from None
         self.hello = obj
         self.can_score = "score" in caps  # instance attribute shadows the class default
         self.streams = "stream" in caps  # token events for the speed arm (command_speed.py)

@@ -25,7 +25,7 @@ from typing import Annotated
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Bound, Checked, NonEmptyList, PositiveInt, Seconds
 from strict_gate.core.redact import register, scrub_json
-from strict_gate.engines.base import Engine, PromptInput, over_context
+from strict_gate.engines.base import Engine, PromptInput, Serving, over_context
 from strict_gate.engines.openai.client import (
     HTTPStatus,
     PromptError,
@@ -76,6 +76,7 @@ class OpenAIEngine(Engine):
     writes_log = True
     streams = True  # server-sent events (the speed arm times each token on receipt)
     can_batch = True  # concurrent requests, one thread each
+    servings = frozenset({Serving.BATCH, Serving.CONCURRENCY})  # a server's own prefill and cache are its own
 
     def __init__(self, options: OpenAIOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
@@ -330,6 +331,23 @@ class OpenAIEngine(Engine):
             futures = [pool.submit(self._generate_one, self.servers[i % len(self.servers)], p, sampling)
                        for i, p in enumerate(prompts)]
             return [f.result() for f in futures]
+
+    def generate_concurrent(self, prompts: Sequence[PromptInput], sampling: Sampling, in_flight: int
+                            ) -> Iterator[Record]:
+        """A sliding window: a new request starts as soon as one of the `in_flight` finishes."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        self.start()
+        todo = list(enumerate(prompts))
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            running: set = set()
+            while todo or running:
+                while todo and len(running) < in_flight:
+                    i, p = todo.pop(0)
+                    running.add(pool.submit(self._generate_one, self.servers[i % len(self.servers)], p, sampling))
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield f.result()
 
     def _generate_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
         refused = over_context(p, sampling, self.speed_settings().get("max_context"))

@@ -59,13 +59,13 @@ import gc
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 
 from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
 from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
-from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput
+from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
 from strict_gate.engines.vllm.outputs import output_record, scored_steps
@@ -165,6 +165,7 @@ class VLLMEngine(Engine):
     can_score = True
     can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
     can_dump = True  # hooks in the worker through LLM.apply_model (engines/vllm/dump.py); no grafting
+    servings = frozenset({Serving.BATCH, Serving.CHUNKED_PREFILL, Serving.PREFIX_CACHE})
     log_libraries = ("vllm", "transformers")
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
@@ -410,6 +411,24 @@ class VLLMEngine(Engine):
 
     def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
         return list(self.generate(prompts, sampling, batch_all=True))
+
+    def with_prefill_chunk(self, chunk: int) -> VLLMEngine:
+        """chunk > 0: `enable_chunked_prefill` with `max_num_batched_tokens = chunk` (and
+        `max_num_seqs` no larger, which vLLM requires); 0: chunked prefill off."""
+        args = dict(self.options.engine_args) | {"enable_chunked_prefill": chunk > 0}
+        if chunk == 0:
+            opts = replace(self.options, engine_args=args)
+        else:
+            seqs = min(self.options.max_num_seqs or chunk, chunk)
+            opts = replace(self.options, max_num_batched_tokens=chunk, max_num_seqs=seqs, engine_args=args)
+        return VLLMEngine(opts, self.env, self.base_dir)
+
+    def with_prefix_cache(self) -> VLLMEngine:
+        """vLLM caches prefixes by default; an arm that turned it off gets an engine with it on."""
+        if self.options.engine_args.get("enable_prefix_caching", True):
+            return self
+        args = dict(self.options.engine_args) | {"enable_prefix_caching": True}
+        return VLLMEngine(replace(self.options, engine_args=args), self.env, self.base_dir)
 
     def speed_settings(self) -> dict:
         return vllm_speed_settings(self.options, self._effective or {}, self.model_path)

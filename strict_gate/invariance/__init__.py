@@ -1,0 +1,1 @@
+"""The invariance variants: tokens must not depend on batch, concurrency, chunked prefill or the prefix cache."""

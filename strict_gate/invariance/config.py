@@ -1,0 +1,172 @@
+"""The `[invariance]` table of a gate config: which arms, which variants, which policy.
+
+```toml
+[invariance]
+arms = ["candidate"]            # default; "reference" too checks the oracle itself
+batch = [1, 8, 32]              # prompts submitted together (1: a re-run, run-to-run determinism)
+concurrency = [8]               # requests in flight at once (servers, command engines that declare it)
+chunked_prefill = [0, 64, 256]  # prompt tokens prefilled per step; 0: the whole prompt in one step
+prefix_cache = true             # each prompt again after a prompt sharing all but its last token
+needle = true                   # each prompt inside a batch of others, random size and position
+repeats = 1                     # every variant K times; distinct outputs per prompt are counted
+policy = "informational"        # strict | near-tie | informational (never changes the exit code)
+seed = 0                        # of the needle batches
+```
+
+Every value is checked when the config is read, before any engine starts: an unknown key or
+variant, batch 0, a chunk beyond the arm's context, a variant an arm's engine cannot serve,
+each an exit 2 naming the file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated
+
+from strict_gate.core.options import Checked, NonNegativeInt, Parse, PositiveInt, Rule, did_you_mean, parse_options
+from strict_gate.engines.base import Engine, Serving
+from strict_gate.errors import ConfigError
+
+ARMS = ("candidate", "reference")
+DEFAULT_NEEDLE_MAX = 8  # the largest needle batch when no `batch` list names one
+
+
+class VariantKind(StrEnum):
+    """A variant as an [invariance] key spells it; BASELINE is the arm's own batch-1 run."""
+
+    BASELINE = "baseline"
+    BATCH = "batch"
+    CONCURRENCY = "concurrency"
+    CHUNKED_PREFILL = "chunked_prefill"
+    PREFIX_CACHE = "prefix_cache"
+    NEEDLE = "needle"
+
+
+# what each variant asks of an engine
+SERVING = {
+    VariantKind.BATCH: Serving.BATCH,
+    VariantKind.CONCURRENCY: Serving.CONCURRENCY,
+    VariantKind.CHUNKED_PREFILL: Serving.CHUNKED_PREFILL,
+    VariantKind.PREFIX_CACHE: Serving.PREFIX_CACHE,
+    VariantKind.NEEDLE: Serving.BATCH,
+}
+
+
+class InvariancePolicy(StrEnum):
+    STRICT = "strict"  # every variant's tokens equal the batch-1 run's
+    NEAR_TIE = "near-tie"  # a variant may flip a near-tie (both runs' gaps within the band)
+    INFORMATIONAL = "informational"  # figures only: the exit code is the token verdict's
+
+
+def check_invariance_policy(text: str) -> InvariancePolicy:
+    known = [p.value for p in InvariancePolicy]
+    if text not in known:
+        raise ValueError(f"[invariance] unknown policy {text!r}{did_you_mean(text, known)}; choose one of: "
+                         f"{', '.join(known)}")
+    return InvariancePolicy(text)
+
+
+def _distinct(low: int) -> Rule:
+    return Rule(lambda v: all(x >= low for x in v) and len(set(v)) == len(v),
+                f"must be a list of distinct integers >= {low}")
+
+
+def _arms_ok(v: list[str]) -> bool:
+    return bool(v) and len(set(v)) == len(v) and set(v) <= set(ARMS)
+
+
+# the annotations below are strings (from __future__), read back at module level: plain names only
+ArmList = Annotated[list[str], Rule(_arms_ok, f"must be a non-empty list of distinct arms, each one of {', '.join(ARMS)}")]
+Sizes = Annotated[list[int], _distinct(1)]
+Chunks = Annotated[list[int], _distinct(0)]
+
+
+@dataclass(frozen=True)
+class InvarianceKeys(Checked):
+    arms: ArmList = field(default_factory=lambda: ["candidate"])
+    batch: Sizes = field(default_factory=list)
+    concurrency: Sizes = field(default_factory=list)
+    chunked_prefill: Chunks = field(default_factory=list)
+    prefix_cache: bool = False
+    needle: bool = False
+    repeats: PositiveInt = 1
+    policy: Annotated[InvariancePolicy, Parse(check_invariance_policy, takes=str)] = InvariancePolicy.INFORMATIONAL
+    seed: NonNegativeInt = 0
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: VariantKind
+    size: int | None = None  # batch size, requests in flight, prefill chunk; None for the others
+
+    @property
+    def name(self) -> str:
+        return str(self.kind) if self.size is None else f"{self.kind}-{self.size}"
+
+
+BASELINE = Variant(VariantKind.BASELINE)
+
+
+@dataclass(frozen=True)
+class InvarianceConfig:
+    arms: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    repeats: int = 1
+    policy: InvariancePolicy = InvariancePolicy.INFORMATIONAL
+    seed: int = 0
+    needle_max: int = DEFAULT_NEEDLE_MAX  # needle batches hold 2 to needle_max prompts
+
+    def to_json(self) -> dict:
+        return {"arms": list(self.arms), "variants": [v.name for v in self.variants], "repeats": self.repeats,
+                "policy": self.policy.value, "seed": self.seed, "needle_max": self.needle_max}
+
+
+def _variants(keys: InvarianceKeys) -> tuple[Variant, ...]:
+    out = [Variant(VariantKind.BATCH, n) for n in keys.batch]
+    out += [Variant(VariantKind.CONCURRENCY, n) for n in keys.concurrency]
+    out += [Variant(VariantKind.CHUNKED_PREFILL, n) for n in keys.chunked_prefill]
+    out += [Variant(VariantKind.PREFIX_CACHE)] if keys.prefix_cache else []
+    out += [Variant(VariantKind.NEEDLE)] if keys.needle else []
+    return tuple(out)
+
+
+def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], line_of) -> InvarianceConfig:
+    """`[invariance]`, checked against the named arms' engines (built, not started): each variant
+    must be one the arm's kind can serve, each chunk within its context where that is known.
+    `arms` builds the gate's arm engines by role."""
+    path = getattr(line_of, "path", None)
+    if not isinstance(table, dict):
+        raise ConfigError("[invariance] must be a table", path=path, line=line_of("invariance"))
+    keys = parse_options(InvarianceKeys, table, where="invariance", line_of=line_of)
+    variants = _variants(keys)
+    if not variants:
+        raise ConfigError("[invariance] names no variant: give batch, concurrency, chunked_prefill, "
+                          "prefix_cache or needle", path=path, line=line_of("invariance"))
+    for arm in keys.arms:
+        build = arms.get(arm)
+        _check_arm(arm, build() if build is not None else None, variants, line_of)
+    return InvarianceConfig(tuple(keys.arms), variants, keys.repeats, keys.policy, keys.seed,
+                            max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX))
+
+
+def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], line_of) -> None:
+    path = getattr(line_of, "path", None)
+    if engine is None:
+        raise ConfigError(f"[invariance] arms names {arm!r}, and the gate has no [{arm}] table"
+                          f"{did_you_mean(arm, ARMS)}", path=path, line=line_of("arms"))
+    if not engine.measurable:
+        raise ConfigError(f"[invariance] the [{arm}] arm is a stored run (kind = {engine.kind!r}): it serves "
+                          "nothing, so it has no variant to run; drop it from arms", path=path, line=line_of("arms"))
+    for v in variants:
+        if SERVING[v.kind] not in engine.servings:
+            can = ", ".join(sorted(k for k, s in SERVING.items() if s in engine.servings)) or "none"
+            raise ConfigError(f"[invariance] {v.kind} cannot run on the [{arm}] arm: a {engine.kind!r} engine "
+                              f"cannot serve it (its variants: {can})", path=path, line=line_of(str(v.kind)))
+    context = engine.speed_settings().get("max_context")
+    for v in variants:
+        if v.kind == VariantKind.CHUNKED_PREFILL and isinstance(context, int) and v.size is not None \
+                and v.size > context:
+            raise ConfigError(f"[invariance] chunked_prefill {v.size} is beyond the [{arm}] arm's context of "
+                              f"{context} tokens", path=path, line=line_of("chunked_prefill"))

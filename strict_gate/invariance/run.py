@@ -1,0 +1,126 @@
+"""Run the [invariance] variants of each named arm into <report dir>/invariance/<arm>/<variant>/.
+
+Per arm, one engine at a time: the arm's engine runs its own batch-1 run and every variant it
+serves as it is (batches, requests in flight, needles, the prefix cache when it is on), then
+each prefill chunk size gets an engine of its own (for vLLM a new engine; for a command
+engine the same binary, started afresh), and so does a prefix cache the arm had turned off.
+Engine start-up is timed apart, so a variant's cost is its serving time over the batch-1
+run's. Runs go through the gate's own runner (`run`, gate/arm.py's run_arm): same run format,
+same audit; a run that fails keeps its prompts and makes its variant incomplete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from strict_gate.core.engine_log import engine_log
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import EngineError, IncompleteRunError
+from strict_gate.invariance.config import BASELINE, InvarianceConfig, Variant, VariantKind
+from strict_gate.invariance.variants import VariantEngine
+from strict_gate.invariance.verdict import InvarianceResult, VariantResult, judge_variant, not_run
+from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import Run
+
+# run an engine over the prompts into a run directory: (engine, prompts, out dir, progress label)
+RunArm = Callable[[Engine, Sequence[PromptInput], Path, str], Run]
+
+
+def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
+    if repeats == 1 or v is BASELINE:
+        return [out / v.name]
+    return [out / f"{v.name}.r{k}" for k in range(1, repeats + 1)]
+
+
+class _Arm:
+    """One arm's variants: its engines in turn, its batch-1 run, the runs of each variant."""
+
+    def __init__(self, arm: str, inv: InvarianceConfig, inputs: Sequence[PromptInput], out: Path, run: RunArm,
+                 band: float):
+        self.arm, self.inv, self.inputs, self.out, self.run, self.band = arm, inv, inputs, out, run, band
+        self.baseline: Run | None = None
+        self.baseline_s: float | None = None
+        self.results: list[VariantResult] = []
+
+    def serve(self, engine: Engine, variants: Sequence[Variant]) -> None:
+        """Start `engine`, run the variants on it, stop it; a start failure leaves them not run."""
+        first = _dirs(self.out, variants[0], self.inv.repeats)[0]
+        first.mkdir(parents=True, exist_ok=True)
+        if engine.writes_log:
+            engine.set_log_path(first / "engine.log")
+        try:
+            with engine.scoped_env(), engine_log(first / "engine.log", engine.log_libraries):
+                engine.start()
+        except Exception as e:
+            why = f"the {engine.kind} engine did not start: {type(e).__name__}: {e}"
+            lost = self.inv.variants if BASELINE in variants else variants  # no batch-1 run: none can be judged
+            self.results += [not_run(v.name, self.arm, why) for v in lost]
+            engine.close()
+            return
+        try:
+            for v in variants:
+                self._variant(engine, v)
+        finally:
+            with engine_log(first / "engine.log", engine.log_libraries):
+                engine.close()
+
+    def _variant(self, engine: Engine, v: Variant) -> None:
+        if v is not BASELINE and self.baseline is None:
+            return  # the batch-1 run failed: the variant was marked not run
+        runs, problems = [], []
+        t0 = time.perf_counter()
+        for k, out in enumerate(_dirs(self.out, v, self.inv.repeats), start=1):
+            label = f"{self.arm} {v.name}" + (f" ({k}/{self.inv.repeats})" if self.inv.repeats > 1 and v is not BASELINE
+                                             else "")
+            variant = VariantEngine(engine, v, needle_max=self.inv.needle_max, seed=self.inv.seed)
+            try:
+                runs.append(self.run(variant, self.inputs, out, label))
+            except (EngineError, IncompleteRunError) as e:
+                problems.append(f"{self.arm} {v.name} engine failed: {e}")
+                runs.append(load_run(out, allow_incomplete=True))
+        seconds = time.perf_counter() - t0
+        if v is BASELINE:
+            self.baseline, self.baseline_s = runs[0], seconds
+            if problems:  # nothing can be compared with a batch-1 run that failed
+                self.baseline = None
+                self.results += [not_run(x.name, self.arm, f"the batch-1 run failed: {problems[0]}")
+                                 for x in self.inv.variants]
+            return
+        assert self.baseline is not None  # checked on entry
+        self.results.append(judge_variant(v.name, self.arm, self.baseline, runs, policy=self.inv.policy,
+                                          band=self.band, problems=problems, seconds=seconds,
+                                          baseline_seconds=self.baseline_s))
+
+
+def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, list[Variant]]]:
+    """Which engine serves which variants, in the order they run (the base engine first)."""
+    cache = base.with_prefix_cache() if any(v.kind == VariantKind.PREFIX_CACHE for v in variants) else base
+    own = [v for v in variants if v.kind != VariantKind.CHUNKED_PREFILL
+           and not (v.kind == VariantKind.PREFIX_CACHE and cache is not base)]
+    plan: list[tuple[Engine, list[Variant]]] = [(base, [BASELINE, *own])]
+    plan += [(base.with_prefill_chunk(v.size or 0), [v]) for v in variants if v.kind == VariantKind.CHUNKED_PREFILL]
+    if cache is not base:
+        plan.append((cache, [v for v in variants if v.kind == VariantKind.PREFIX_CACHE]))
+    return plan
+
+
+def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engine]], inputs: Sequence[PromptInput],
+                   out_dir: Path, run: RunArm, *, band: float) -> InvarianceResult:
+    """Every arm of `inv.arms`: its batch-1 run, then its variants, each judged against it."""
+    results: list[VariantResult] = []
+    baselines = {}
+    for arm in inv.arms:
+        a = _Arm(arm, inv, inputs, out_dir / arm, run, band)
+        base = builders[arm]()
+        for engine, variants in _engines(base, inv.variants):
+            if a.baseline is None and BASELINE not in variants:
+                break  # the batch-1 run failed: every variant was marked not run
+            a.serve(engine, variants)
+        results += a.results
+        if a.baseline is not None:
+            baselines[arm] = a.baseline.path
+    order = {v.name: i for i, v in enumerate(inv.variants)}
+    results.sort(key=lambda r: (inv.arms.index(r.arm), order.get(r.name, len(order))))
+    return InvarianceResult(inv.policy, band, inv.to_json(), tuple(results), baselines)

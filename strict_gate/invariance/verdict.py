@@ -1,0 +1,201 @@
+"""The invariance verdict: each variant's runs against the arm's own batch-1 run, by the gate's
+comparator, and the verdict of them all under the [invariance] policy.
+
+A prompt that moved is classified from both runs' margins, as the gate classifies a candidate
+against its reference: a flip inside the band is a batch-variant near-tie (the reduction order
+changed and two almost-equal logits swapped), beyond it a real batch dependence. `distinct
+outputs` counts the token sequences one prompt had over the batch-1 run and the variant's
+repeats. A variant whose run failed, or any prompt missing or errored, is incomplete: never a
+pass. Under the informational policy (the default) the figures are reported and the exit code
+stays the token verdict's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from strict_gate.errors import ExitCode
+from strict_gate.invariance.config import InvariancePolicy
+from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status, compare_runs
+from strict_gate.runs.records import Run
+
+# how far a prompt moved: its worst status over a variant's repeats is the one reported
+_RANK = {Status.MATCH: 0, Status.NEAR_TIE: 1, Status.DIVERGENT: 2, Status.LENGTH_MISMATCH: 2,
+         Status.NOT_GREEDY: 3, Status.TOKENIZATION_MISMATCH: 3, Status.MISSING: 4, Status.ERROR: 4}
+LABELS = {Status.NEAR_TIE: "batch-variant near-tie", Status.DIVERGENT: "batch dependence"}
+
+
+class VariantVerdict(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCOMPLETE = "incomplete"
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A prompt whose tokens differ from the batch-1 run's in one of the variant's runs."""
+
+    id: str
+    run: int  # 1-based: which of the variant's repeats
+    status: Status
+    position: int | None
+    baseline_token: int | None
+    variant_token: int | None
+    baseline_gap: float | None  # lp_base(base token) - lp_base(variant token)
+    variant_gap: float | None
+    reason: str
+    baseline_tokens: tuple[int, ...] = ()  # both sequences, for the report's agreement strip
+    variant_tokens: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.status, str(self.status))
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "run": self.run, "status": self.status.value, "label": self.label,
+                "position": self.position, "baseline_token": self.baseline_token,
+                "variant_token": self.variant_token, "baseline_gap": self.baseline_gap,
+                "variant_gap": self.variant_gap, "reason": self.reason,
+                "baseline_tokens": list(self.baseline_tokens), "variant_tokens": list(self.variant_tokens)}
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    name: str
+    arm: str
+    runs: tuple[str, ...]  # the variant's run directories
+    prompts_total: int
+    prompts_exact: int  # equal to the batch-1 run in every repeat
+    positions_total: int
+    positions_matched: int  # the fewest matched over the repeats, per prompt
+    distinct_outputs: int  # most token sequences one prompt had (batch-1 run and repeats); 1: none moved
+    prompts_distinct: int  # prompts with more than one
+    divergences: tuple[Moved, ...]
+    verdict: VariantVerdict
+    problems: tuple[str, ...] = ()
+    seconds: float | None = None  # wall clock of the variant's runs (engine start excluded)
+    baseline_seconds: float | None = None
+
+    @property
+    def cost(self) -> float | None:
+        """The variant's time over the batch-1 run's (all repeats together)."""
+        if self.seconds is None or not self.baseline_seconds:
+            return None
+        return self.seconds / self.baseline_seconds
+
+    @property
+    def near_ties(self) -> int:
+        return sum(1 for m in self.divergences if m.status == Status.NEAR_TIE)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "arm": self.arm, "verdict": self.verdict.value, "runs": list(self.runs),
+                "prompts_total": self.prompts_total, "prompts_exact": self.prompts_exact,
+                "positions_total": self.positions_total, "positions_matched": self.positions_matched,
+                "distinct_outputs": self.distinct_outputs, "prompts_distinct": self.prompts_distinct,
+                "near_ties": self.near_ties, "divergences": [m.to_json() for m in self.divergences],
+                "problems": list(self.problems),
+                "seconds": None if self.seconds is None else round(self.seconds, 3),
+                "baseline_seconds": None if self.baseline_seconds is None else round(self.baseline_seconds, 3),
+                "cost": None if self.cost is None else round(self.cost, 3)}
+
+
+@dataclass(frozen=True)
+class InvarianceResult:
+    policy: InvariancePolicy
+    band: float
+    config: dict
+    variants: tuple[VariantResult, ...]
+    baselines: dict  # arm -> its batch-1 run directory
+    problems: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> VariantVerdict:
+        kinds = {v.verdict for v in self.variants}
+        if self.problems or not self.variants or VariantVerdict.INCOMPLETE in kinds:
+            return VariantVerdict.INCOMPLETE
+        return VariantVerdict.FAIL if VariantVerdict.FAIL in kinds else VariantVerdict.PASS
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass or informational, 5 a variant moved, 3 a variant not run (never a pass)."""
+        if self.policy == InvariancePolicy.INFORMATIONAL:
+            return ExitCode.PASS
+        return {VariantVerdict.PASS: ExitCode.PASS, VariantVerdict.FAIL: ExitCode.NOT_INVARIANT}.get(
+            self.verdict, ExitCode.ENGINE_FAILURE)
+
+    @property
+    def verdict_line(self) -> str:
+        moved = [v.name if len({x.arm for x in self.variants}) == 1 else f"{v.arm}:{v.name}"
+                 for v in self.variants if v.verdict != VariantVerdict.PASS]
+        head = {VariantVerdict.PASS: "INVARIANT", VariantVerdict.FAIL: "NOT INVARIANT",
+                VariantVerdict.INCOMPLETE: "INVARIANCE INCOMPLETE"}[self.verdict]
+        tail = f" ({', '.join(moved)})" if moved else ""
+        note = " (informational: the exit code is the token verdict's)" \
+            if self.policy == InvariancePolicy.INFORMATIONAL else ""
+        return f"{head}{tail}, policy {self.policy.value}{note}"
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict.value, "policy": self.policy.value, "band": self.band,
+                "exit_code": int(self.exit_code), "config": self.config, "baselines": self.baselines,
+                "problems": list(self.problems), "variants": [v.to_json() for v in self.variants]}
+
+
+def _tokens(run: Run, pid: str) -> tuple[int, ...]:
+    rec = run.records.get(pid)
+    return () if rec is None or rec.error is not None else tuple(rec.token_ids)
+
+
+def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run]) -> Moved:
+    d = p.first_divergence
+    return Moved(p.id, k, p.status, d.position if d else None, d.reference_token if d else None,
+                 d.candidate_token if d else None, d.reference_gap if d else None,
+                 d.candidate_gap if d else None, d.reason if d else p.detail,
+                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id))
+
+
+def _fails(status: Status, policy: InvariancePolicy) -> bool:
+    allowed = (Status.MATCH, Status.NEAR_TIE) if policy == InvariancePolicy.NEAR_TIE else (Status.MATCH,)
+    return status not in allowed
+
+
+def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, policy: InvariancePolicy,
+                  band: float, problems: Sequence[str] = (), seconds: float | None = None,
+                  baseline_seconds: float | None = None) -> VariantResult:
+    """Every run of the variant against the batch-1 run, prompt by prompt, its worst run reported."""
+    ids = list(baseline.manifest.prompt_ids or baseline.records)
+    worst: dict[str, tuple[PromptComparison, int]] = {}
+    matched: dict[str, int] = {}
+    width: dict[str, int] = {}
+    for k, run in enumerate(runs, start=1):
+        for p in compare_runs(baseline.records, run.records, band=band, prompt_ids=ids).prompts:
+            if p.id not in worst or _RANK[p.status] > _RANK[worst[p.id][0].status]:
+                worst[p.id] = (p, k)
+            matched[p.id] = min(matched.get(p.id, p.matched_positions), p.matched_positions)
+            width[p.id] = max(width.get(p.id, 0), p.positions)
+    distinct = {pid: len({tuple(r.records[pid].token_ids) for r in (baseline, *runs)
+                          if pid in r.records and r.records[pid].error is None}) for pid in ids}
+    problems = list(problems)  # the runner's: an engine failure, said once
+    for label, run in (("batch-1 run", baseline), *((f"run {k}", r) for k, r in enumerate(runs, start=1))):
+        if not run.complete and not any(run.manifest.error and run.manifest.error in p for p in problems):
+            problems.append(f"{name} {label} is {run.manifest.status}: {run.manifest.error or 'not finished'}")
+    statuses = [p.status for p, _ in worst.values()]
+    if problems or not runs or any(s in UNCOMPARED for s in statuses):
+        verdict = VariantVerdict.INCOMPLETE
+    else:
+        verdict = VariantVerdict.FAIL if any(_fails(s, policy) for s in statuses) else VariantVerdict.PASS
+    return VariantResult(
+        name=name, arm=arm, runs=tuple(r.path for r in runs), prompts_total=len(ids),
+        prompts_exact=sum(1 for s in statuses if s == Status.MATCH) if runs else 0,
+        positions_total=sum(width.values()), positions_matched=sum(matched.values()),
+        distinct_outputs=max(distinct.values(), default=0),
+        prompts_distinct=sum(1 for n in distinct.values() if n > 1),
+        divergences=tuple(_moved(p, k, baseline, runs) for p, k in worst.values() if p.status != Status.MATCH),
+        verdict=verdict, problems=tuple(problems), seconds=seconds, baseline_seconds=baseline_seconds,
+    )
+
+
+def not_run(name: str, arm: str, why: str) -> VariantResult:
+    """A variant that could not run at all (its engine never started, its baseline failed)."""
+    return VariantResult(name, arm, (), 0, 0, 0, 0, 0, 0, (), VariantVerdict.INCOMPLETE, (why,))

@@ -1,0 +1,82 @@
+"""Night to night for the [invariance] variants: a variant that held last night and moves
+tonight (fewer prompts equal to the arm's batch-1 run, or a verdict that got worse).
+
+Read from report.json's `invariance.variants[]` (no engine, no torch). A variant only one night
+ran is listed as added or removed, never as a regression; a report without the object has no
+variants to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strict_gate.errors import InputError
+
+_ORDER = {"pass": 0, "fail": 1, "incomplete": 2}
+
+
+@dataclass(frozen=True)
+class VariantChange:
+    arm: str
+    name: str
+    old: dict | None  # {"verdict", "prompts_exact", "prompts_total"}; None: not run last night
+    new: dict | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm} {self.name}"
+
+    @property
+    def started_moving(self) -> bool:
+        """Both nights ran it, and tonight fewer prompts held, or its verdict is worse."""
+        if self.old is None or self.new is None:
+            return False
+        return (self.new["prompts_exact"] < self.old["prompts_exact"]
+                or _ORDER[self.new["verdict"]] > _ORDER[self.old["verdict"]])
+
+    def to_json(self) -> dict:
+        return {"arm": self.arm, "name": self.name, "old": self.old, "new": self.new,
+                "started_moving": self.started_moving}
+
+
+def _variants(report: dict, path: str) -> dict[tuple[str, str], dict]:
+    inv = report.get("invariance")
+    if inv is None:
+        return {}
+    rows = inv.get("variants") if isinstance(inv, dict) else None
+    if not isinstance(rows, list):
+        raise InputError('"invariance" needs a "variants" list', path=path)
+    out = {}
+    for i, v in enumerate(rows):
+        ok = (isinstance(v, dict) and isinstance(v.get("arm"), str) and isinstance(v.get("name"), str)
+              and v.get("verdict") in _ORDER
+              and all(isinstance(v.get(k), int) and not isinstance(v.get(k), bool)
+                      for k in ("prompts_exact", "prompts_total")))
+        if not ok:
+            raise InputError(f"invariance.variants[{i}] needs arm, name, verdict ({', '.join(_ORDER)}), "
+                             "prompts_exact and prompts_total", path=path)
+        out[(v["arm"], v["name"])] = {k: v[k] for k in ("verdict", "prompts_exact", "prompts_total")}
+    return out
+
+
+def variant_changes(old: dict, new: dict, *, old_path: str = "old", new_path: str = "new") -> tuple[VariantChange, ...]:
+    """Every variant whose figures differ between the nights, or that only one night ran."""
+    a, b = _variants(old, old_path), _variants(new, new_path)
+    keys = list(dict.fromkeys([*a, *b]))
+    return tuple(VariantChange(arm, name, a.get((arm, name)), b.get((arm, name)))
+                 for arm, name in keys if a.get((arm, name)) != b.get((arm, name)))
+
+
+def markdown_lines(changes: tuple[VariantChange, ...]) -> list[str]:
+    from strict_gate.report.text import md
+
+    if not changes:
+        return []
+
+    def cell(x: dict | None) -> str:
+        return "not run" if x is None else f"{x['verdict']}, {x['prompts_exact']}/{x['prompts_total']} exact"
+
+    out = ["### Invariance variants", "", "| variant | last night | tonight | |", "|---|---|---|---|"]
+    out += [f"| {md(c.label)} | {cell(c.old)} | {cell(c.new)} | {'started to move' if c.started_moving else ''} |"
+            for c in changes]
+    return [*out, ""]

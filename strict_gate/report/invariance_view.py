@@ -1,0 +1,178 @@
+"""The invariance variants in every format: a variants x figures table (md, console), one
+agreement strip per moved prompt and variant (html), one test case per variant (JUnit), and
+the files of `strict-gate invariance` on its own (invariance.json last, .md, .html, junit.xml).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from strict_gate.core.redact import scrub_obj
+from strict_gate.invariance.config import InvariancePolicy
+from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResult, VariantVerdict
+from strict_gate.judge.compare import UNCOMPARED, Status
+from strict_gate.report.html_prompt import escape
+from strict_gate.report.text import md, visible
+from strict_gate.runs.records import now_iso, write_text_atomic
+
+INVARIANCE_SCHEMA = "strict-gate/invariance@1"
+FILES = {"json": "invariance.json", "md": "invariance.md", "html": "invariance.html", "junit": "junit.xml"}
+MOVED_CAP = 20  # moved prompts listed per variant (all are in the JSON)
+HEAD = ("variant", "arm", "verdict", "prompts exact", "positions", "near-tie", "divergent", "distinct outputs", "cost")
+
+
+def of(r) -> InvarianceResult | None:
+    """A GateResult's invariance verdict, when the gate ran [invariance]."""
+    inv = getattr(r, "invariance", None)
+    return inv if isinstance(inv, InvarianceResult) else None
+
+
+def _cost(v: VariantResult) -> str:
+    return "–" if v.cost is None else f"{v.cost:.2f}x"
+
+
+def row(v: VariantResult) -> tuple[str, ...]:
+    """One variant's figures, as every table prints them."""
+    divergent = sum(1 for m in v.divergences if m.status not in (Status.NEAR_TIE, *UNCOMPARED))
+    return (v.name, v.arm, v.verdict.value, f"{v.prompts_exact}/{v.prompts_total}",
+            f"{v.positions_matched}/{v.positions_total}", str(v.near_ties), str(divergent),
+            f"{v.distinct_outputs} ({v.prompts_distinct} prompts)" if v.prompts_distinct else str(v.distinct_outputs),
+            _cost(v))
+
+
+def _why(m: Moved) -> str:
+    gaps = ", ".join(f"{k} gap {x:.4f}" for k, x in (("batch-1", m.baseline_gap), ("variant", m.variant_gap))
+                     if x is not None)
+    if m.position is None:  # not compared: missing, errored, another tokenization
+        return f"{m.label}: {m.reason}"
+    return f"{m.label} at position {m.position}" + (f" ({gaps})" if gaps else "")
+
+
+def markdown_section(inv: InvarianceResult) -> list[str]:
+    out = ["## Invariance", "", f"**{md(inv.verdict_line)}**: each variant's runs against the arm's own batch-1 "
+           f"run, by the gate's comparator (band {inv.band} nats). Cost: the variant's serving time over the "
+           "batch-1 run's (engine start-up excluded).", ""]
+    out += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    out += ["| " + " | ".join(md(c) for c in row(v)) + " |" for v in inv.variants]
+    out.append("")
+    for v in inv.variants:
+        if v.divergences or v.problems:
+            out += [f"### {md(v.arm)} {md(v.name)}", ""]
+            out += [f"- problem: {md(p)}" for p in v.problems]
+            out += [f"- `{md(m.id)}` (run {m.run}): {md(_why(m))}" for m in v.divergences[:MOVED_CAP]]
+            if len(v.divergences) > MOVED_CAP:
+                out.append(f"- {len(v.divergences) - MOVED_CAP} more in the JSON")
+            out.append("")
+    out += [f"- problem: {md(p)}" for p in inv.problems]
+    return out
+
+
+_STYLE = {VariantVerdict.PASS: "bold green", VariantVerdict.FAIL: "bold red", VariantVerdict.INCOMPLETE: "bold yellow"}
+
+
+def console_table(inv: InvarianceResult) -> Table:
+    t = Table(title=Text("invariance", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    one_arm = len({v.arm for v in inv.variants}) <= 1  # then the arm is said once, in the title
+    if one_arm and inv.variants:
+        t.title = Text(f"invariance ({inv.variants[0].arm})", no_wrap=True)
+    for h in HEAD:
+        if not (one_arm and h == "arm"):
+            t.add_column(h, no_wrap=h in ("variant", "verdict", "cost"))
+    for v in inv.variants:
+        cells = [Text(visible(c)) for i, c in enumerate(row(v)) if not (one_arm and i == 1)]
+        cells[1 if one_arm else 2].stylize(_STYLE[v.verdict])
+        t.add_row(*cells)
+    return t
+
+
+def print_invariance(inv: InvarianceResult, console: Console) -> None:
+    """The variants table, then the invariance verdict on its own line and what moved first."""
+    console.print(console_table(inv))
+    console.print(Text.assemble((inv.verdict.value.upper(), _STYLE[inv.verdict]), f"  {visible(inv.verdict_line)}"))
+    for v in inv.variants:
+        for p in v.problems[:2]:
+            console.print(Text(visible(f"  {v.arm} {v.name}: {p}")))
+        for m in v.divergences[:3]:
+            console.print(Text(visible(f"  {v.arm} {v.name}: {m.id}: {_why(m)}")))
+
+
+def _strip(m: Moved) -> str:
+    """One cell per position: equal before the first divergence, the flip, then after it."""
+    a, b = m.baseline_tokens, m.variant_tokens
+    cells = []
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        cls = "m" if m.position is None or i < m.position else (
+            ("t" if m.status == Status.NEAR_TIE else "d") if i == m.position else "a")
+        title = f"{i}: batch-1 {x}" + ("" if x == y else f" · variant {y}")
+        cells.append(f"<i class='{cls}' title='{escape(title)}'></i>")
+    return f"<span class='strip'>{''.join(cells)}</span>"
+
+
+def html_section(inv: InvarianceResult) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in HEAD)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row(v)) + "</tr>" for v in inv.variants)
+    strips = []
+    for v in inv.variants:
+        items = "".join(f"<li>{_strip(m)} <code>{escape(m.id)}</code> {escape(_why(m))}</li>"
+                        for m in v.divergences[:MOVED_CAP])
+        probs = "".join(f"<li>problem: {escape(p)}</li>" for p in v.problems)
+        if items or probs:
+            strips.append(f"<h3>{escape(v.arm)} {escape(v.name)}</h3><ul>{probs}{items}</ul>")
+    return (f"<h2 id='invariance'>Invariance</h2><p class='speedv {escape(inv.verdict.value)}'>"
+            f"{escape(inv.verdict_line)}</p><p class='none'>Each variant against the arm's own batch-1 run; one "
+            f"strip per prompt that moved (hover a cell for the tokens).</p><table class='speed'><tr>{head}</tr>"
+            f"{rows}</table>{''.join(strips)}")
+
+
+def junit_cases(suite: ET.Element, inv: InvarianceResult, cls: str) -> None:
+    """One case per variant: a failure when it moved, an error when it did not run; under the
+    informational policy both pass with the figures in system-out (it changes no exit code)."""
+    for v in inv.variants:
+        case = ET.SubElement(suite, "testcase", classname=cls, name=visible(f"invariance {v.arm} {v.name}"))
+        why = visible("\n".join([*v.problems, *(f"{m.id}: {_why(m)}" for m in v.divergences)]) or v.verdict.value,
+                      keep_newlines=True)
+        if inv.policy != InvariancePolicy.INFORMATIONAL and v.verdict == VariantVerdict.FAIL:
+            ET.SubElement(case, "failure", message=visible(f"{v.name} moved")).text = why
+        elif inv.policy != InvariancePolicy.INFORMATIONAL and v.verdict == VariantVerdict.INCOMPLETE:
+            ET.SubElement(case, "error", message=visible(f"{v.name} incomplete")).text = why
+        ET.SubElement(case, "system-out").text = visible(" | ".join(row(v)))
+
+
+def _junit(inv: InvarianceResult, name: str) -> str:
+    cls = visible(f"strict-gate.{name}")
+    suite = ET.Element("testsuite", name=cls)
+    junit_cases(suite, inv, cls)
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_invariance_reports(inv: InvarianceResult, out_dir: Path, *, name: str) -> dict[str, Path]:
+    """`strict-gate invariance`'s files; invariance.json last, so its presence means the set is whole."""
+    from strict_gate.report import strict_json
+    from strict_gate.report.html import CSS
+
+    inv = scrub_obj(inv)
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>strict-gate invariance: "
+            f"{escape(name)}</title><style>{CSS}</style></head><body><main>{html_section(inv)}</main></body></html>\n")
+    texts = {"md": "\n".join([f"# {md(name)}: invariance", "", *markdown_section(inv)]) + "\n",
+             "html": page, "junit": _junit(inv, name)}
+    written = {}
+    for fmt, text in texts.items():
+        written[fmt] = out_dir / FILES[fmt]
+        write_text_atomic(written[fmt], visible(text, keep_newlines=True))
+    doc = {"schema": INVARIANCE_SCHEMA, "name": name, "created": now_iso(), "invariance": inv.to_json()}
+    written["json"] = out_dir / FILES["json"]
+    write_text_atomic(written["json"], json.dumps(strict_json(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    return written

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
+
+    python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
+
+It reads every request already waiting on stdin before it answers (so requests the gate keeps
+in flight really are served together), and answers a group in reverse order (so the gate must
+match replies by id). Token i of a prompt is a function of the prompt alone:
+(sum(ids) * 31 + 7 * i) % 1000 + 1 + S, its logprob -0.1, the runner-up (token + 1) G nats below
+(S: --shift, 0 by default; another S is another engine at batch 1 already).
+
+Modes (what makes the tokens move, or the protocol break):
+  invariant   nothing: the tokens never depend on how the prompt was served
+  in_flight   token 2 is the runner-up when more than one request is served together
+  chunk       token 2 is the runner-up when a "prefill_chunk" shorter than the prompt is asked for
+  cache       token 2 is the runner-up when the prompt's prefix was served before (a cache hit)
+  stray_id    answers the second request of a group with an id that was never sent
+  extra       answers the first request of a group twice (more replies than requests)
+  refuse      declares max_in_flight but, given more than one request at once, never answers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+
+VOCAB = 1000
+
+
+def send(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def tokens(req: dict, moved: bool, gap: float, shift: int = 0) -> dict:
+    ids = req["prompt_token_ids"]
+    k = max(1, req.get("top_logprobs", 1))
+    toks, tops = [], []
+    for i in range(req["max_tokens"]):
+        best = (sum(ids) * 31 + 7 * i) % VOCAB + 1 + shift
+        runner = best + 1
+        chosen = runner if moved and i == 2 else best
+        other = best if chosen == runner else runner
+        top = [[chosen, -0.1], [other, -0.1 - gap]] + [[VOCAB + 10 + j, -9.0 - j] for j in range(max(0, k - 2))]
+        toks.append(chosen)
+        tops.append(top[:k] if k >= 2 else top[:1])
+    return {"id": req["id"], "token_ids": toks, "finish_reason": "length", "top_logprobs": tops}
+
+
+class Lines:
+    """stdin's lines read from the descriptor itself: a buffered reader would hold lines that
+    select() no longer sees, and the group in flight would look like one request."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def _fill(self, timeout: float | None) -> None:
+        if select.select([self.fd], [], [], timeout)[0]:
+            data = os.read(self.fd, 65536)
+            self.buf += data
+            self.eof = not data
+
+    def group(self) -> list[dict] | None:
+        """Block for one request, then take every request already waiting (what is in flight)."""
+        while b"\n" not in self.buf and not self.eof:
+            self._fill(None)
+        while not self.eof:
+            before = len(self.buf)
+            self._fill(0.05)
+            if len(self.buf) == before:
+                break
+        if b"\n" not in self.buf:
+            return None
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def drain(self) -> None:
+        while not self.eof:
+            self._fill(None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="invariant")
+    ap.add_argument("--max-in-flight", type=int, default=8)
+    ap.add_argument("--gap", type=float, default=3.0)
+    ap.add_argument("--shift", type=int, default=0)
+    ap.add_argument("--no-chunk", action="store_true")
+    ap.add_argument("--no-cache", action="store_true")
+    args = ap.parse_args()
+    caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"])
+    send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
+          "max_in_flight": args.max_in_flight, "prefix_cache": not args.no_cache, "pid": os.getpid()})
+    seen: set[tuple[int, ...]] = set()
+    stdin = Lines(sys.stdin.fileno())
+    while True:
+        group = stdin.group()
+        if group is None:
+            return 0
+        if any(r.get("op") == "shutdown" for r in group):
+            return 0
+        if args.mode == "refuse" and len(group) > 1:
+            stdin.drain()
+            return 0
+        replies = []
+        for n, req in enumerate(group):
+            ids = tuple(req["prompt_token_ids"])
+            chunk = req.get("prefill_chunk")
+            moved = {"in_flight": len(group) > 1,
+                     "chunk": bool(chunk) and chunk < len(ids),
+                     "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
+            seen.add(ids)
+            reply = tokens(req, moved, args.gap, args.shift)
+            if args.mode == "stray_id" and n == 1:
+                reply["id"] = "never-sent"
+            replies.append(reply)
+            if args.mode == "extra" and n == 0 and len(group) > 1:
+                replies.append(dict(reply))
+        for reply in reversed(replies):
+            send(reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

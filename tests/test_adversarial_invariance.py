@@ -1,0 +1,171 @@
+"""Hostile and batch-dependent engines against [invariance], end to end through the CLI.
+
+Every engine is a real process (tests/engines/variant_engine.py) speaking the command protocol
+with `max_in_flight`, `prefill_chunk` and `prefix_cache`: one whose tokens change when more
+than one request is in flight, one whose tokens change with the prefill chunk, one with a
+prefix cache that changes them, and ones that break the in-flight rules (a reply for an id
+never sent, a second reply for one id, a declared max_in_flight it then does not serve). A
+batch-invariant engine passes. No mock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import write_gate
+
+HERE = Path(__file__).resolve().parent
+ENGINE = str(HERE / "engines" / "variant_engine.py")
+EVERY = {"batch": [1, 4], "concurrency": [3], "chunked_prefill": [0, 2], "prefix_cache": True, "needle": True}
+
+
+def _gate(tmp_path: Path, mode: str, invariance: dict, *, extra: tuple[str, ...] = (), **top) -> Path:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [3 + i, 11, 20 + 5 * i, 7, 2 + i]}) + "\n"
+                               for i in range(6)), encoding="utf-8")
+    arm = {"kind": "command", "command": ["python", ENGINE, "--mode", mode, *extra], "timeout_s": 5.0}
+    reference = {"kind": "command", "command": ["python", ENGINE]}
+    return write_gate(tmp_path, prompts=str(prompts), max_tokens=4, top_logprobs=2, output_dir=str(tmp_path / "out"),
+                      reference=reference, candidate=arm, invariance={"policy": "strict"} | invariance, **top)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "strict_gate.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=os.environ | {"COLUMNS": "200"})
+
+
+def _variants(tmp_path: Path, file: str = "invariance.json") -> dict[str, dict]:
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob(f"*/{file}")]
+    return {v["name"]: v for v in doc["invariance"]["variants"]}
+
+
+def test_a_batch_invariant_engine_passes_every_variant(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "invariant", EVERY | {"repeats": 2})))
+    assert p.returncode == 0, p.stdout + p.stderr
+    variants = _variants(tmp_path)
+    assert set(variants) == {"batch-1", "batch-4", "concurrency-3", "chunked_prefill-0", "chunked_prefill-2",
+                             "prefix_cache", "needle"}
+    assert all(v["verdict"] == "pass" and v["prompts_exact"] == 6 and v["distinct_outputs"] == 1
+               and len(v["runs"]) == 2 for v in variants.values())
+    assert "INVARIANT, policy strict" in p.stdout
+
+
+def test_tokens_that_move_with_requests_in_flight_fail_naming_the_variants(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "in_flight", EVERY)))
+    assert p.returncode == 5, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    moved = {n for n, x in v.items() if x["verdict"] == "fail"}
+    assert moved == {"batch-4", "concurrency-3", "needle"}
+    assert v["batch-1"]["verdict"] == v["chunked_prefill-2"]["verdict"] == v["prefix_cache"]["verdict"] == "pass"
+    d = v["concurrency-3"]["divergences"][0]
+    assert (d["position"], d["label"]) == (2, "batch dependence")  # a 3-nat flip: beyond the band
+    assert "NOT INVARIANT (batch-4, concurrency-3, needle)" in p.stdout
+
+
+def test_tokens_that_move_with_the_prefill_chunk_fail_naming_the_variant(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [0, 2, 64], "batch": [4]})))
+    assert p.returncode == 5, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    assert {n: x["verdict"] for n, x in v.items()} == {
+        "batch-4": "pass", "chunked_prefill-0": "pass", "chunked_prefill-2": "fail", "chunked_prefill-64": "pass"}
+    assert v["chunked_prefill-2"]["prompts_exact"] == 0
+
+
+def test_a_near_tie_flip_passes_the_near_tie_policy_only(tmp_path):
+    gate = _gate(tmp_path, "in_flight", {"batch": [4], "policy": "near-tie"}, extra=("--gap", "0.1"))
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _variants(tmp_path)["batch-4"]["divergences"][0]["label"] == "batch-variant near-tie"
+
+
+def test_tokens_that_move_on_a_prefix_cache_hit_fail(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "cache", {"prefix_cache": True})))
+    assert p.returncode == 5, p.stdout + p.stderr
+    assert _variants(tmp_path)["prefix_cache"]["verdict"] == "fail"
+
+
+@pytest.mark.parametrize(("mode", "rule"), [
+    ("stray_id", "a reply for id 'never-sent': no request with that id is in flight"),
+    ("extra", "it was answered already (more replies than requests)"),
+    ("refuse", "rule: an engine whose hello declares max_in_flight = 8 answers while that many are outstanding"),
+])
+def test_an_engine_that_breaks_the_in_flight_rules_fails_naming_the_rule(tmp_path, mode, rule):
+    p = _cli("invariance", str(_gate(tmp_path, mode, {"batch": [4]})))
+    assert p.returncode == 3, p.stdout + p.stderr
+    v = _variants(tmp_path)["batch-4"]
+    assert v["verdict"] == "incomplete" and any(rule in x for x in v["problems"]), v["problems"]
+    assert len(v["problems"]) == 1  # the engine failure, said once (not again as "the run failed")
+    (run,) = v["runs"]
+    manifest = json.loads((Path(run) / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and rule.split(":")[0] in manifest["error"]
+
+
+def test_a_variant_the_hello_does_not_declare_is_not_run(tmp_path):
+    """max_in_flight 1, no prefill_chunk capability, no prefix cache: the kind may serve the
+    variants, this binary does not; each is incomplete (exit 3), its reason named."""
+    gate = _gate(tmp_path, "invariant", {"batch": [4], "chunked_prefill": [2], "prefix_cache": True},
+                 extra=("--max-in-flight", "1", "--no-chunk", "--no-cache"))
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 3, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    for name, serving in (("batch-4", "batch"), ("chunked_prefill-2", "chunked_prefill"),
+                          ("prefix_cache", "prefix_cache")):
+        assert f"needs an engine that serves {serving}; this command engine, once started, serves none of them" \
+            in " ".join(v[name]["problems"]), v[name]["problems"]
+
+
+def test_in_a_gate_the_token_verdict_passes_and_invariance_exits_5(tmp_path):
+    """The gate's arms agree (both batch-1), the candidate moves at batch 4: exit 5, report.json
+    holds both verdicts, junit.xml a failing invariance case, report.md the table."""
+    p = _cli("gate", str(_gate(tmp_path, "in_flight", {"batch": [4]}, policy="strict")))
+    assert p.returncode == 5, p.stdout + p.stderr
+    (report,) = (tmp_path / "out").glob("*/report.json")
+    doc = json.loads(report.read_text())
+    assert doc["verdict"] == "pass" and doc["invariance"]["verdict"] == "fail"
+    assert doc["invariance"]["variants"][0]["name"] == "batch-4"
+    junit = (report.parent / "junit.xml").read_text()
+    assert 'name="invariance candidate batch-4"' in junit and "<failure" in junit
+    assert "## Invariance" in (report.parent / "report.md").read_text()
+    assert "<h2 id='invariance'>" in (report.parent / "report.html").read_text()
+    assert (report.parent / "invariance" / "candidate" / "batch-4" / "records.jsonl").exists()
+
+
+def test_in_a_gate_a_token_failure_wins(tmp_path):
+    """The candidate differs from the reference at batch 1 (policy strict) and moves at batch 4:
+    exit 1, the token verdict's, whatever invariance says."""
+    p = _cli("gate", str(_gate(tmp_path, "in_flight", {"batch": [4]}, extra=("--shift", "1"), policy="strict")))
+    assert p.returncode == 1, p.stdout + p.stderr
+    (report,) = (tmp_path / "out").glob("*/report.json")
+    doc = json.loads(report.read_text())
+    assert doc["verdict"] == "fail" and doc["invariance"]["verdict"] == "fail" and doc["invariance"]["exit_code"] == 5
+
+
+def test_a_bad_max_in_flight_in_the_hello_is_an_engine_failure(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "invariant", {"batch": [4]}, extra=("--max-in-flight", "0"))))
+    assert p.returncode == 3, p.stdout + p.stderr
+    (problem,) = _variants(tmp_path)["batch-4"]["problems"]
+    assert 'hello "max_in_flight" must be an integer >= 1, got 0' in problem
+
+
+def test_an_openai_server_under_concurrent_requests(fake_openai, tmp_path):
+    """A real HTTP server on 127.0.0.1 (the tests' fake, stopped after): concurrency 3 keeps
+    three requests in flight from the client (a sliding window; the server may serve them in
+    turn); its tokens depend on the prompt alone: pass."""
+    fast = {"retries": 0, "request_timeout_s": 10.0}
+    url = fake_openai().url
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [1, 2 + i, 3]}) + "\n" for i in range(7)))
+    gate = write_gate(tmp_path, prompts=str(prompts), max_tokens=2, top_logprobs=2, output_dir=str(tmp_path / "out"),
+                      reference={"kind": "openai", "base_url": url, **fast},
+                      candidate={"kind": "openai", "base_url": url, **fast},
+                      invariance={"concurrency": [3], "batch": [4], "policy": "strict"})
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 0, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    assert v["concurrency-3"]["verdict"] == v["batch-4"]["verdict"] == "pass"
+    assert v["concurrency-3"]["prompts_exact"] == 7
