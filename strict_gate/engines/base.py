@@ -46,7 +46,7 @@ class Engine(ABC):
 
     kind: ClassVar[str]
     Options: ClassVar[type]
-    can_score: ClassVar[bool] = False  # supports teacher-forced score()
+    can_score: bool = False  # supports teacher-forced score(); an instance may narrow it (command, openai)
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log

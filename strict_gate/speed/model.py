@@ -82,6 +82,7 @@ class Ratio:
     def of(cls, candidate: Figure, reference: Figure) -> Ratio:
         if not candidate.samples or not reference.samples or not reference.median:
             return cls(None, None)
+        assert candidate.spread and reference.spread and candidate.median is not None  # both have samples
         (clo, chi), (rlo, rhi) = candidate.spread, reference.spread
         lo = clo / rhi if rhi > 0 else math.inf
         hi = chi / rlo if rlo > 0 else math.inf
@@ -106,7 +107,7 @@ class ArmFigures:
         return getattr(self, name.value)
 
     def to_json(self) -> dict:
-        out = {f.value: self.figure(f).to_json() for f in FigureName}
+        out: dict[str, object] = {f.value: self.figure(f).to_json() for f in FigureName}
         out["tokens"] = self.tokens
         out["self_reported"] = self.self_reported
         return out
