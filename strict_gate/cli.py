@@ -214,7 +214,9 @@ def bench(
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log
     outcome = run_bench(cfg, output_dir=output_dir, interleave=interleave,
                         on_rung=lambda role, rung: status.print(f"{role}: rung {rung}"))
-    print_speed(build(outcome.result.to_json(), cfg.speed_reference.kind), console)  # as the gate's reports word it
+    view = build(outcome.result.to_json(), cfg.speed_reference.kind)
+    assert view is not None  # a bench result is its speed
+    print_speed(view, console)  # as the gate's reports word it
     console.print(f"wrote {visible(str(outcome.path))}")
     raise typer.Exit(outcome.result.verdict.exit_code)
 
@@ -620,4 +622,4 @@ def main() -> None:  # pragma: no cover - console entry for `python -m strict_ga
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

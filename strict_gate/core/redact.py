@@ -112,8 +112,8 @@ def scrub_obj(obj: Any) -> Any:
         items = {scrub_obj(k): scrub_obj(v) for k, v in obj.items()}
         return obj if all(k in obj and obj[k] is v for k, v in items.items()) else items
     if isinstance(obj, (list, tuple)):
-        items = [scrub_obj(v) for v in obj]
-        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
+        values = [scrub_obj(v) for v in obj]
+        return obj if all(a is b for a, b in zip(values, obj)) else type(obj)(values)
     return obj
 
 

@@ -81,7 +81,7 @@ class Engine(ABC):
 
     kind: ClassVar[str]
     Options: ClassVar[type]
-    can_score: ClassVar[bool] = False  # supports teacher-forced score()
+    can_score: bool = False  # supports teacher-forced score(); an instance may narrow it (command, openai)
     in_process: ClassVar[bool] = True  # runs in the gate's process (env is applied to os.environ)
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
@@ -91,11 +91,11 @@ class Engine(ABC):
     streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives
     can_batch: ClassVar[bool] = False  # generate_batch() serves several sequences at once
     # Localisation (strict_gate/localize): activations at canonical points along the depth.
-    can_dump: ClassVar[bool] = False  # dump() writes activations
-    can_graft: ClassVar[bool] = False  # dump() honours DumpRequest.graft
+    can_dump: bool = False  # dump() writes activations
+    can_graft: bool = False  # dump() honours DumpRequest.graft
     # The invariance variants: the ways this kind may serve. An engine that learns its own at
     # start (a command engine's hello) narrows `servings` on the instance then.
-    servings: ClassVar[frozenset[Serving]] = frozenset()
+    servings: frozenset[Serving] = frozenset()
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options

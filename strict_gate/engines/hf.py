@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import (
     find_tokenizer_json,
@@ -30,6 +31,9 @@ from strict_gate.engines.base import (
 )
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,11 @@ class HFEngine(Engine):
     def __init__(self, options: HFOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
         self.model_path = resolve_model(options.model, self.base_dir)
-        self._tok = None
-        self._model = None
-        self._torch = None
+        self._tok: PreTrainedTokenizerBase | None = None
+        # torch and the model are imported and loaded by start() (never at import: --help stays light);
+        # torch's and transformers' stubs are partial, so these stay unchecked
+        self._model: Any = None
+        self._torch: Any = None
 
     # -- loading
     def _tokenizer(self):
@@ -227,6 +233,7 @@ class HFEngine(Engine):
                 if top is None:
                     pairs = [(tok, chosen[b][s])]
                 else:
+                    assert top_ids is not None and top_lps is not None  # set with top
                     pairs = list(zip(top_ids[b][s], top_lps[b][s]))
                     if tok not in top_ids[b][s]:
                         pairs.append((tok, chosen[b][s]))

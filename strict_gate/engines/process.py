@@ -174,6 +174,7 @@ def open_log(path: str | Path | None, prefix: str, header: str) -> tuple[CappedL
     if is_temp:
         fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
         os.close(fd)
+    assert path is not None  # given, or the temp file's
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     log = CappedLog(open(path, "a+b"))  # noqa: SIM115 (the log outlives this call: close_log closes it)

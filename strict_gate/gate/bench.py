@@ -136,6 +136,7 @@ class SpeedSession:
             arm_rungs = {role: a.rungs.get(rung.name) for role, a in self.arms.items()}
             over = {role: r.over_context for role, r in arm_rungs.items() if r is not None and r.over_context}
             if over:
+                assert rung.prompt_tokens is not None  # only a sized rung is longer than a context
                 dropped.append(f"rung {rung.name} dropped: {rung.prompt_tokens + rung.max_tokens} tokens exceed "
                                + ", ".join(f"the {role}'s max context ({n})" for role, n in over.items()))
                 continue
@@ -180,6 +181,7 @@ class SpeedSession:
 def stand_in_note(cfg: GateConfig) -> tuple[str, ...]:
     if cfg.speed_reference is cfg.reference:
         return ()
+    assert cfg.rescorer is not None  # the only stand-in
     return (f"the reference is a recorded baseline: the [rescorer] ({cfg.rescorer.kind}, same model) "
             "was timed as the speed reference",)
 

@@ -184,7 +184,7 @@ def parse_gate_config(
     if require_candidate and keys.candidate is None:
         raise ConfigError("needs a [candidate] table", path=path)
     prompts = Path(keys.prompts)
-    arms = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
+    arms: dict[str, ArmConfig] = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
     speed = _speed(data["speed"], arms, lines) if "speed" in data else None
     localize = parse_localize(data["localize"], lines.finder("localize"),
@@ -231,11 +231,11 @@ def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig
 
     line_of.path = lines.path  # type: ignore[attr-defined]
     speed = parse_speed(table, line_of)
-    where = {"path": lines.path, "line": line_of("speed")}
+    line = line_of("speed")
     cand = arms.get("candidate")
     if cand is not None and not cand.engine_type.measurable:
         raise ConfigError("[speed] times live engines, and the [candidate] is a stored run (kind = \"recorded\"): "
-                          "point [candidate] at a live engine, or drop [speed]", **where)
+                          "point [candidate] at a live engine, or drop [speed]", path=lines.path, line=line)
     ref, rescorer = arms["reference"], arms.get("rescorer")
     if not ref.engine_type.measurable:
         model = getattr(ref.options, "model", None)
@@ -244,7 +244,7 @@ def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig
             raise ConfigError(
                 "[speed] times live engines, and the [reference] is a stored baseline (kind = \"recorded\"): "
                 "point [reference] at a live engine, or give the gate a live [rescorer] with the same "
-                "`model` as the recorded reference's `model` (it then stands in as the speed reference)", **where)
+                "`model` as the recorded reference's `model` (it then stands in as the speed reference)", path=lines.path, line=line)
     return speed
 
 

@@ -92,6 +92,7 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
         kept = {role: len(prior[role].records) for role in ROLES}
         return ResumeOutcome(GateOutcome(result, report.path), kept, dict.fromkeys(ROLES, 0), True)
     reference = cfg.reference.build()
+    assert cfg.candidate is not None  # load_gate_config requires one
     candidate = cfg.candidate.build()
     if "reference" not in done:
         reference.check_compatible(ps.sha256, spec.sampling)

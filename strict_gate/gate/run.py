@@ -17,6 +17,7 @@ from pathlib import Path
 from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.recorded import RecordedEngine
 from strict_gate.errors import EngineError, IncompleteRunError, InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
@@ -162,7 +163,10 @@ def run_gate(
     ensure_writable_dir(output_dir or cfg.output_dir)
     given = engines or {}
     reference = given.get("reference") or cfg.reference.build()
-    candidate = given.get("candidate") or cfg.candidate.build()
+    candidate = given.get("candidate")
+    if candidate is None:
+        assert cfg.candidate is not None  # load_gate_config requires one for a gate
+        candidate = cfg.candidate.build()
     reference.check_compatible(ps.sha256, spec.sampling)
     report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
     try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
@@ -273,6 +277,7 @@ def _candidate_phase(g: _Gate, engines: Lifetimes, problems: list[str],
         timed_run(g.speed, "candidate", g.candidate, cand_run, g.report.arm("candidate").path)
     drift = None
     if g.cfg.drift and g.reference.replays_run:
+        assert isinstance(g.reference, RecordedEngine)  # the engine that replays a run
         drift = _drift_pass(g, g.reference.run.records, notes)
     engines.close(g.candidate)
     return cand_run, drift

@@ -211,7 +211,7 @@ def compare_prompt(
     rlen = len(ref.token_ids) if ref is not None and ref.error is None else 0
     clen = len(cand.token_ids) if cand is not None and cand.error is None else 0
 
-    def bare(status: str, detail: str) -> PromptComparison:
+    def bare(status: Status, detail: str) -> PromptComparison:
         return PromptComparison(pid, status, None, 0, 0, rlen, clen, detail)
 
     if ref is None or cand is None:

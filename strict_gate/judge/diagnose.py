@@ -99,6 +99,7 @@ def _gap(step: ScoredStep) -> float | None:
 def diagnose_prompt(
     pc: PromptComparison, ref: Record, cand: Record, steps: list[ScoredStep], band: float
 ) -> Diagnosis:
+    assert pc.first_divergence is not None  # only a diverged prompt is diagnosed
     d = pc.first_divergence.position
     scored = tuple(
         ScoredPosition(position=i, token=s.token_id, gap=_gap(s), reference_argmax=s.argmax)

@@ -94,7 +94,7 @@ def apply_policy(
     return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
 
 
-def _require_samples(comparison: Comparison, reference: dict[str, Record]) -> None:
+def _require_samples(comparison: Comparison, reference: Mapping[str, Record]) -> None:
     """Policy distributional compares with the reference's K samples: without them it is bad input."""
     lacking = [p.id for p in comparison.prompts if reference.get(p.id) is not None and reference[p.id].samples is None]
     if lacking:
@@ -113,8 +113,8 @@ def _rule(policy: Policy, rec: Record | None) -> Policy:
     return Policy.DISTRIBUTIONAL if _samples_agree(rec) is False else Policy.STRICT
 
 
-def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: dict[str, Record],
-                    candidate: dict[str, Record]) -> PromptVerdict:
+def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, Record],
+                    candidate: Mapping[str, Record]) -> PromptVerdict:
     if pc.status in UNCOMPARED:
         return PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}")
     if pc.status == Status.TOKENIZATION_MISMATCH:
@@ -140,6 +140,7 @@ def _diverged(pc: PromptComparison, rule: Policy) -> PromptVerdict:
     """A prompt whose tokens differ: it passes only as a near-tie under policy near-tie."""
     d = pc.first_divergence
     if pc.status == Status.NEAR_TIE and rule == Policy.NEAR_TIE:
+        assert d is not None  # a near-tie has its divergence
         return PromptVerdict(pc.id, True, rule, f"near-tie at position {d.position}: {d.reason}")
     where = f" at position {d.position}" if d else ""
     why = f": {d.reason}" if d else ""
@@ -148,7 +149,7 @@ def _diverged(pc: PromptComparison, rule: Policy) -> PromptVerdict:
 
 
 def _auto_notes(comparison: Comparison, verdicts: tuple[PromptVerdict, ...],
-                reference: dict[str, Record]) -> tuple[str, ...]:
+                reference: Mapping[str, Record]) -> tuple[str, ...]:
     """What policy auto could not measure (prompts without samples) and where it went distributional."""
     notes: list[str] = []
     unsampled = sum(1 for pc in comparison.prompts if _samples_agree(reference.get(pc.id)) is None)

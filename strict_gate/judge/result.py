@@ -47,11 +47,11 @@ def arm_wall_clock(records: Mapping[str, Record]) -> ArmWallClock | None:
     timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
     if not timed:
         return None
-    ttfts = [r.timing.ttft_s for r in timed if r.timing.ttft_s is not None]
+    ttfts = [r.timing.ttft_s for r in timed if r.timing and r.timing.ttft_s is not None]
     return ArmWallClock(
         prompts=len(timed),
         tokens=sum(len(r.token_ids) for r in timed),
-        seconds=sum(r.timing.total_s for r in timed),
+        seconds=sum(r.timing.total_s for r in timed if r.timing and r.timing.total_s),
         median_ttft_s=statistics.median(ttfts) if ttfts else None,
     )
 

@@ -11,7 +11,7 @@ dump per arm; the directory is removed unless `keep`.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +49,7 @@ def target(pid: str, ref: Record, divergence: int, n: int) -> Target:
     return Target(pid, ids, tuple(range(max(0, at - n + 1), at + 1)))
 
 
-def targets(comparison: Comparison, ref_records: dict[str, Record], *, n: int, statuses: Sequence[Status],
+def targets(comparison: Comparison, ref_records: Mapping[str, Record], *, n: int, statuses: Sequence[Status],
             only: str | None = None) -> list[Target]:
     out = []
     for p in comparison.prompts:

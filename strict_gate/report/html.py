@@ -76,7 +76,7 @@ def _drift_note(r: GateResult, p) -> str:
 
 
 def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
-    rows = []
+    rows: list[str] = []
     for p in bad:
         d = p.first_divergence
         ref, cand = r.reference_records.get(p.id), r.candidate_records.get(p.id)
@@ -156,7 +156,7 @@ def render(r: GateResult) -> str:
     gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))
     matching = [p for p in r.comparison.prompts if p.status == Status.MATCH]
     drift = to_json(r).get("drift")
-    per_prompt = drift.get("prompts") if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
+    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
     details = [
         detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
                reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,

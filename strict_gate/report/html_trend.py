@@ -44,7 +44,7 @@ def drift_section(drift: object) -> str:
     """The gate's drift totals (report.json's "drift", without its per-prompt part)."""
     if not isinstance(drift, dict):
         return ""
-    totals = drift.get("totals") if isinstance(drift.get("totals"), dict) else {
+    totals = drift["totals"] if isinstance(drift.get("totals"), dict) else {
         k: v for k, v in drift.items() if k != "prompts"}
     rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in flat_figures(totals))
     if not rows:

@@ -107,6 +107,7 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     first = next((p for p in r.comparison.prompts if p.first_divergence is not None), None)
     if first is not None:
         d = first.first_divergence
+        assert d is not None  # first was picked for it
         out.append(
             f"| first divergence | {md(first.id)} at position {d.position}: "
             f"candidate {md(show_token(dec, d.candidate_token))} vs reference {md(show_token(dec, d.reference_token))} |"

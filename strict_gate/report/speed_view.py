@@ -286,8 +286,9 @@ def _value(x: object) -> str:
 
 
 def _num(x: object) -> float | None:
-    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-    return float(x) if ok else None
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return float(x)
+    return None
 
 
 def _dict(x: object) -> dict:

@@ -83,7 +83,7 @@ class StepTable:
         return self.ids == chosen[:, None]
 
 
-def _first(mask: np.ndarray) -> int | None:
+def _first(mask: np.typing.ArrayLike) -> int | None:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else None
 

@@ -64,8 +64,8 @@ class _Columns:
     """One run's records as columns, before they become Record objects."""
 
     raws: list[_Record]  # the small per-record fields (top_logprobs dropped)
-    lines: list[int]  # the file line of each record
-    table: StepTable | None  # every record's steps, concatenated in record order
+    lines: list[int | None]  # the file line of each record (None: not known)
+    table: StepTable  # every record's steps, concatenated in record order
     has_top: np.ndarray  # (records,) bool: the record carries top_logprobs
 
 

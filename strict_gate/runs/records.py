@@ -64,7 +64,7 @@ class TopSteps(Sequence[TopK]):
     def __len__(self) -> int:
         return len(self.width)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
         w = int(self.width[i])
@@ -225,7 +225,7 @@ class Manifest:
         return list(ids) if isinstance(ids, list) else None
 
     def to_json(self) -> dict:
-        out = {
+        out: dict[str, object] = {
             "schema": self.schema,
             "status": self.status,
             "engine": self.engine.to_json(),

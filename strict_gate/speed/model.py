@@ -116,7 +116,7 @@ class ArmFigures:
         return getattr(self, name.value)
 
     def to_json(self) -> dict:
-        out = {f.value: self.figure(f).to_json() for f in FigureName}
+        out: dict[str, object] = {f.value: self.figure(f).to_json() for f in FigureName}
         out["tokens"] = self.tokens
         out["self_reported"] = self.self_reported
         return out

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Argv, Checked, Seconds
@@ -28,6 +29,9 @@ from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class CommandEngine(EngineProcess, Engine):
         self._reader: threading.Thread | None = None
         self._log_file = None
         self._log_used: str | None = None
-        self._tok = None
+        self._tok: Tokenizer | None = None
         self._seq = 0
         self.max_in_flight = 1  # the hello's "max_in_flight"
         self.prefill_chunk: int | None = None  # sent as "prefill_chunk" (with_prefill_chunk)
@@ -84,6 +88,7 @@ class CommandEngine(EngineProcess, Engine):
         return os.path.abspath(p) if p.exists() else arg
 
     def _find_tokenizer(self) -> str:
+        assert self.options.tokenizer is not None  # called only when it is set
         path = find_tokenizer_json(self.options.tokenizer, self.base_dir)
         if path is None:
             raise ConfigError(
@@ -241,7 +246,7 @@ class CommandEngine(EngineProcess, Engine):
         self._seq += 1
         rid = f"score-{self._seq}"
         label = f"score request {rid!r} ({len(prompt_ids)} prompt + {len(continuation_ids)} continuation ids)"
-        req = {
+        req: dict[str, Any] = {
             "op": "score",
             "id": rid,
             "prompt_token_ids": list(prompt_ids),

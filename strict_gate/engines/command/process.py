@@ -19,8 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from strict_gate.core.engine_log import CappedLog
 from strict_gate.core.redact import scrub
+from strict_gate.engines.base import Serving
 from strict_gate.engines.command.inflight import hello_servings
 from strict_gate.engines.process import (
     close_log,
@@ -32,6 +35,9 @@ from strict_gate.engines.process import (
     wait_exit,
 )
 from strict_gate.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    from strict_gate.engines.command.engine import CommandOptions
 
 PROTOCOL = "strict-gate/engine@1"
 QUOTE_CHARS = 200  # how much of a bad line an error quotes
@@ -55,6 +61,26 @@ class EngineProcess:
     """The process half of CommandEngine: needs self.argv, env, cwd, base_dir, options
     (timeout_s, startup_timeout_s, log) and log_path; sets self.hello and self.can_score."""
 
+    # What the subclass (CommandEngine, via Engine.__init__) sets before start():
+    options: CommandOptions
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    base_dir: Path
+    log_path: str | Path | None
+    # What this half sets:
+    hello: dict | None
+    can_score: bool
+    can_dump: bool
+    can_graft: bool
+    servings: frozenset[Serving]
+    _proc: subprocess.Popen | None
+    _pgid: int | None
+    _lines: queue.Queue | None  # stdout lines (bytes), then _EOF
+    _reader: threading.Thread | None
+    _log_file: CappedLog | None
+    _log_used: str | None
+
     # -- lifecycle
     @property
     def running(self) -> bool:
@@ -66,7 +92,7 @@ class EngineProcess:
         self._cleanup()  # a previous process that died: reap it and its group first
         log = self.options.log
         if log is not None:
-            log_path = Path(log) if os.path.isabs(log) else self.base_dir / log
+            log_path: str | Path | None = Path(log) if os.path.isabs(log) else self.base_dir / log
         else:
             log_path = self.log_path
         self._log_file, self._log_used, temp_log = open_log(
@@ -89,7 +115,7 @@ class EngineProcess:
                 why = f"{self.argv!r}: {e}"
             raise ConfigError(f"command: cannot run {why}") from None
         self._pgid = self._proc.pid
-        self.answered_ids = set()  # a new process: no reply had yet
+        self.answered_ids: set[str] = set()  # a new process: no reply had yet
         self._lines = queue.Queue()
         self._reader = threading.Thread(
             target=self._read_stdout, args=(self._proc.stdout, self._lines), daemon=True, name="strict-gate-command"
@@ -165,6 +191,7 @@ class EngineProcess:
                     self._write({"op": "shutdown"}, time.monotonic() + 1.0)
                 except (TimeoutError, OSError):
                     pass
+                assert self._proc.stdin is not None  # spawned with stdin=PIPE
                 try:
                     self._proc.stdin.close()
                 except OSError:
@@ -177,6 +204,7 @@ class EngineProcess:
         proc, pgid = self._proc, self._pgid
         if proc is None:
             return
+        assert pgid is not None  # set with _proc
         stop_group(proc, pgid, TERM_GRACE_S, KILL_WAIT_S)
         # The group is gone, so stdout is at EOF and the reader ends. Close stdout only after
         # it has: closing a buffered stream under a blocked reader could wait on its lock.
@@ -213,6 +241,7 @@ class EngineProcess:
     def _write(self, obj: dict, deadline: float) -> None:
         """Write one request line; a child that stops reading stdin cannot block us past deadline."""
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        assert self._proc is not None and self._proc.stdin is not None  # callers check running
         fd = self._proc.stdin.fileno()
         os.set_blocking(fd, False)
         view = memoryview(data)
@@ -231,6 +260,7 @@ class EngineProcess:
 
     def _next_line(self, deadline: float, *, what: str, timeout_name: str, timeout: float) -> bytes:
         """The next non-blank stdout line, or an EngineError for a hang or an exit."""
+        assert self._lines is not None  # set by start()
         while True:
             try:
                 item = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -266,6 +296,7 @@ class EngineProcess:
 
     def _describe_exit(self) -> str:
         proc = self._proc
+        assert proc is not None  # only a started process has exited
         try:
             code = proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -364,6 +395,7 @@ class EngineProcess:
         self.start()
         log = Path(self._log_used) if self._log_used else None
         offset = log.stat().st_size if log is not None else 0
+        assert self._proc is not None  # start() raises or leaves it running
         try:
             if self._proc.stdin is not None:
                 self._proc.stdin.close()

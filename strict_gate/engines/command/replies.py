@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeGuard
 
 from strict_gate.engines.base import DumpReply
 from strict_gate.errors import InputError
@@ -23,7 +24,7 @@ class ReplyError(Exception):
     """A reply that breaks the protocol; the message says what, for the engine's authors."""
 
 
-def _is_number(x: object) -> bool:
+def _is_number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -114,6 +115,7 @@ def scored_steps(obj: dict, continuation_ids: Sequence[int], k: int) -> list[Sco
                 f'"steps"[{i}].top must be a non-empty list of [token_id, logprob] pairs, logprobs finite '
                 f"and <= 0, got {step.get('top')!r}"
             )
+        assert isinstance(top, list)  # ok says so
         if len(top) > k + 1:
             raise ReplyError(f'"steps"[{i}].top has {len(top)} pairs for top_logprobs = {k} (at most k + 1)')
         if len({p[0] for p in top}) != len(top):

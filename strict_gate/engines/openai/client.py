@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from http.client import HTTPException
+from typing import SupportsFloat
 
 from strict_gate.core.redact import register
 from strict_gate.engines.base import PromptInput
@@ -83,7 +84,7 @@ def token_id(s: object) -> int | None:
     return None
 
 
-def logprob_value(v: object) -> float:
+def logprob_value(v: SupportsFloat | str) -> float:
     lp = float(v)  # json reads -Infinity as -inf; vLLM clamps to -9999.0
     if math.isnan(lp):
         raise ValueError("NaN logprob")
@@ -256,7 +257,7 @@ def parse_completion(p: PromptInput, choice: dict, timing: Timing) -> Record:
     if server_ids is not None and not (isinstance(server_ids, list) and all(isinstance(t, int) for t in server_ids)):
         raise EngineError(f"openai: prompt {p.id!r}: token_ids in the answer is not a list of integers")
     if as_ids:
-        gen = parsed
+        gen = [t for t in parsed if t is not None]  # as_ids: every one is an id
         if server_ids is not None and list(server_ids) != gen:
             raise EngineError(
                 f"openai: prompt {p.id!r}: the server's token_ids {server_ids} disagree with its "
@@ -329,7 +330,7 @@ def parse_prompt_logprobs(plp: list, n_prompt: int, continuation_ids: Sequence[i
         logprob = None
         for key, val in entry.items():
             try:
-                tid = int(key)
+                tid: int | None = int(key)
             except ValueError:
                 tid = token_id(key)
             if tid is None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.core.options import Bound, Checked, NonEmptyList, PositiveInt, Seconds
@@ -38,6 +38,9 @@ from strict_gate.engines.openai.pool import ServerFailed, dispatch
 from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # Sent with every completion so that the server's greedy choice is the raw argmax, whatever
 # defaults the model's generation_config carries (vLLM's server applies them to requests).
@@ -90,7 +93,7 @@ class OpenAIEngine(Engine):
         self._context: int | None = None  # the model's context as the server states it, once started
         self._started = False
         self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
-        self._tok = None
+        self._tok: Tokenizer | None = None
         self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
         register(self._api_key)  # scrubbed from whatever is written, from now on
 
@@ -140,7 +143,7 @@ class OpenAIEngine(Engine):
         except BaseException:  # includes KeyboardInterrupt: never leave a server behind
             self.close()
             raise
-        launched = [s.process.startup_s for s in self.servers if s.process is not None]
+        launched = [s.process.startup_s for s in self.servers if s.process is not None and s.process.startup_s is not None]
         self.startup_s = max(launched) if launched else None
         self._started = True
 
@@ -304,7 +307,7 @@ class OpenAIEngine(Engine):
     def _died(self, s: Server, what: str) -> ServerFailed:
         s.failed = True
         code = s.process.returncode if s.process is not None else None
-        if code is not None:
+        if code is not None and s.process is not None:
             return ServerFailed(f"openai: {self._label(s)} exited with code {code} {what}{s.process.log_tail()}")
         return ServerFailed(f"openai: {self._label(s)} failed {what}")
 

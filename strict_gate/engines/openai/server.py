@@ -17,6 +17,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from strict_gate.core.engine_log import CappedLog
 from strict_gate.core.model_files import BUNDLED_PREFIX, resolve_model
 from strict_gate.core.redact import is_secret_name
 from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
@@ -53,7 +54,7 @@ class ServerProcess:
         self.log_path: str | Path | None = None
         self.startup_s: float | None = None  # seconds from launch to healthy
         self._proc: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: CappedLog | None = None
         self._t0 = 0.0
 
     @property
@@ -122,6 +123,8 @@ class ServerProcess:
     def log_tail(self) -> str:
         """The last lines of the log, as a suffix for an error message ('' when there are none)."""
         log_caught_up(self.pgid)
+        if self.log_path is None:  # not launched
+            return ""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)

@@ -62,6 +62,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
 from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
@@ -71,6 +72,9 @@ from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
 from strict_gate.engines.vllm.outputs import output_record, scored_steps
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs
 
@@ -181,8 +185,8 @@ class VLLMEngine(Engine):
         self.tokenizer_path = (
             resolve_model(options.tokenizer, self.base_dir) if options.tokenizer else self.model_path
         )
-        self._tok = None
-        self._llm = None
+        self._tok: PreTrainedTokenizerBase | None = None
+        self._llm: Any = None  # vllm.LLM, made by start() (vllm is never imported at module level)
         self._effective: dict | None = None
         self.start_s: float | None = None  # wall time of start() (load + warm-up)
         self.warmup_s: float | None = None
