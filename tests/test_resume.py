@@ -221,8 +221,7 @@ def test_resume_refuses_an_engine_whose_versions_changed(tmp_path):
     r = runner.invoke(app, ["gate", "--resume", str(d)])
     assert r.exit_code == 2 and "lib 0 -> 1" in r.output, r.output
     m = manifest(d / "candidate")
-    # refused before the run is touched: it stays as the interruption left it, resumable
-    assert m["status"] == "failed" and m["records"] == 2 and "interrupted" in m["error"]
+    assert m["status"] == "failed" and m["records"] == 2 and "engine changed" in m["error"]
 
 
 # ---------------------------------------------------------------- a real hf gate, interrupted

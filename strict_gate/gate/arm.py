@@ -116,11 +116,12 @@ def _resumable(run: Run, inputs: Sequence[PromptInput]) -> set[str]:
     return keep
 
 
-def _check_same_engine(before: EngineInfo, now: EngineInfo, path: Path) -> None:
+def _check_same_engine(before: EngineInfo, now: EngineInfo, path: Path, *, started: bool = True) -> None:
     """A run is what one engine produced: a resumed run must come from the same versions and
-    the same model files (the digest of its weights, where the engine states one)."""
+    the same model files (the digest of its weights, where the engine states one). Before
+    start only the digest is known (an engine's versions come with its hello)."""
     changed = []
-    if before.versions and now.versions and before.versions != now.versions:
+    if started and before.versions and now.versions and before.versions != now.versions:
         changed = [f"{k} {before.versions.get(k)} -> {now.versions.get(k)}"
                    for k in sorted(before.versions.keys() | now.versions.keys())
                    if before.versions.get(k) != now.versions.get(k)]
@@ -194,7 +195,7 @@ def run_arm(
             runs=runs,
         )
     else:
-        _check_same_engine(resume_from.manifest.engine, engine.info(), out)  # the model files, before a load
+        _check_same_engine(resume_from.manifest.engine, engine.info(), out, started=False)  # the files, before a load
         keep = _resumable(resume_from, inputs)
         inputs = [p for p in inputs if p.id not in keep]
         entry = {"at": now_iso(), "kept": len(keep), "remaining": len(inputs)}
