@@ -23,7 +23,7 @@ from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
-from strict_gate.gate.state import GateState, record_verdicts, report_lock, write_gate_state
+from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
@@ -36,7 +36,7 @@ from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Record, Run, RunStatus, Sampling, write_text_atomic
+from strict_gate.runs.records import Record, Run, Sampling, write_text_atomic
 from strict_gate.runs.stream import RunRecords, open_run
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
@@ -187,20 +187,6 @@ def run_gate(
         result = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
                            owned=set(ROLES) - set(given), progress=progress)
     return GateOutcome(result, report.path)
-
-
-def interrupted(report: ReportDir) -> GateInterrupted:
-    """What a Ctrl-C left: the report directory and the arms' runs it closed as failed."""
-    failed = []
-    for role in ROLES:
-        d = report.arm(role)
-        try:
-            status = load_run(d.path, allow_incomplete=True).manifest.status if d.manifest.exists() else None
-        except InputError:
-            status = None
-        if status == RunStatus.FAILED:
-            failed.append(str(d.path))
-    return GateInterrupted(str(report.path), tuple(failed))
 
 
 @dataclass(frozen=True)
@@ -406,14 +392,6 @@ def _drift_pass(g: _Gate, ref_records: Mapping[str, Record], notes: list[str]) -
         drift = measure_drift(ref_records, g.ps.ids, score, k=k, band=g.spec.band,
                               scored_by=f"{candidate.kind} {candidate.info().model}")
     return replace(drift, seconds={"start": t1 - t0, "score": time.perf_counter() - t1})
-
-
-def verdicts(result: GateResult) -> dict[str, str]:
-    """Every verdict a gate gives, by name: what a resume of the finished gate says again."""
-    out = {"tokens": str(result.verdict.verdict)}
-    if result.speed is not None:
-        out["speed"] = str(result.speed.verdict.kind)
-    return out
 
 
 def _write_phase(result: GateResult, g: _Gate) -> GateResult:

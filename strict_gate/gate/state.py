@@ -27,13 +27,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from strict_gate.core.redact import is_secret_name
-from strict_gate.errors import ConfigError, InputError
+from strict_gate.errors import ConfigError, GateInterrupted, InputError
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import ConfigRef, GateSpec
+from strict_gate.report import GateResult
 from strict_gate.runs.layout import ReportDir, ReportFile
 from strict_gate.runs.prompts import PromptSet
-from strict_gate.runs.records import now_iso, write_json_atomic
+from strict_gate.runs.reader import read_manifest
+from strict_gate.runs.records import RunStatus, now_iso, write_json_atomic
 
 STATE_SCHEMA = "strict-gate/gate-state@2"
 PROMPT_SHA = "prompt set sha256"
@@ -208,3 +210,25 @@ def check_unchanged(state: GateState, cfg: GateConfig, ps: PromptSet) -> None:
                 "with (start a new gate for a new config)",
                 path=cfg.path,
             )
+
+
+def verdicts(result: GateResult) -> dict[str, str]:
+    """Every verdict a gate gives, by name: what a resume of the finished gate says again."""
+    out = {"tokens": str(result.verdict.verdict)}
+    if result.speed is not None:
+        out["speed"] = str(result.speed.verdict.kind)
+    return out
+
+
+def interrupted(report: ReportDir) -> GateInterrupted:
+    """What a Ctrl-C left: the report directory and the arms' runs it closed as failed."""
+    failed = []
+    for role in ("candidate", "reference"):
+        d = report.arm(role)
+        try:
+            status = read_manifest(d.path).status if d.manifest.exists() else None
+        except InputError:
+            status = None
+        if status == RunStatus.FAILED:
+            failed.append(str(d.path))
+    return GateInterrupted(str(report.path), tuple(failed))
