@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -70,13 +71,26 @@ def _fail_cleanly(fn):
             message = visible(scrub(str(e)), keep_newlines=True)
             err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
                 signal.signal(sig, signal.SIG_IGN)
-            err.print("interrupted: the run directories written so far are marked failed")
+            _say_interrupted(e)
             raise typer.Exit(ExitCode.ENGINE_FAILURE) from None
 
     return wrapper
+
+
+def _say_interrupted(e: KeyboardInterrupt) -> None:
+    """Which runs were closed as failed and, for a gate, the command that continues it."""
+    from strict_gate.errors import GateInterrupted
+    from strict_gate.report.text import visible
+
+    if not isinstance(e, GateInterrupted):
+        err.print("interrupted: the run directories written so far are marked failed")
+        return
+    failed = ", ".join(visible(f) for f in e.failed) or "none (no arm had started)"
+    err.print(f"interrupted: runs marked failed: {failed}", soft_wrap=True)
+    err.print(f"continue with: strict-gate gate --resume {shlex.quote(visible(e.report_dir))}", soft_wrap=True)
 
 
 def _progress():
@@ -113,11 +127,11 @@ def _progress():
     return progress, hook
 
 
-def _finish(result, report_dir: Path | None) -> None:
+def _finish(result, report_dir: Path | None, exit_code: int | None = None) -> None:
     from strict_gate.report.console import print_result
 
     print_result(result, console, report_dir=str(report_dir) if report_dir else None)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(result.exit_code if exit_code is None else exit_code)
 
 
 def _summarise(result, summary: Path | None) -> None:
@@ -173,7 +187,7 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
             resumed = resume_gate(resume, progress=hook)
         err.print(resumed.describe())
         _summarise(resumed.outcome.result, summary)
-        return _finish(resumed.outcome.result, resumed.outcome.report_dir)
+        return _finish(resumed.outcome.result, resumed.outcome.report_dir, resumed.exit_code)
     from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.run import run_gate
 
@@ -273,7 +287,7 @@ def run(
             with progress:
                 result = run_arm(
                     engine, inputs, Sampling(max_tokens, top_logprobs), staged,
-                    prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)),
+                    prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)), strict=True,
                 )
         finally:
             engine.close()

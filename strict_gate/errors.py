@@ -58,3 +58,13 @@ class IncompleteRunError(StrictGateError):
     """A run directory that was not finished (the writer died before closing it)."""
 
     exit_code = ExitCode.ENGINE_FAILURE
+
+
+class GateInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, SIGHUP) during a gate, after its arms' runs were closed: where it
+    stopped, so the CLI can name the runs marked failed and say how to continue."""
+
+    def __init__(self, report_dir: str, failed: tuple[str, ...]):
+        super().__init__(report_dir)
+        self.report_dir = report_dir
+        self.failed = failed

@@ -21,6 +21,7 @@ from strict_gate.gate.config import load_gate_config
 from strict_gate.gate.run import run_gate
 from strict_gate.runs.prompts import load_prompts
 from strict_gate.runs.reader import load_run
+from strict_gate.runs.seal import next_seal
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
@@ -76,6 +77,16 @@ def manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+def reseal(run_dir: Path, lines: list[str], role: str) -> None:
+    """Write records.seal for `lines` as the gate's RunWriter would (the key from gate-state.json)."""
+    prev = json.loads((run_dir.parent / "gate-state.json").read_text())["seal_key"] + ":" + role
+    seals = []
+    for line in lines:
+        prev = next_seal(prev, line.encode())
+        seals.append(prev + "\n")
+    (run_dir / "records.seal").write_text("".join(seals))
+
+
 def set_versions(run_dir: Path, versions: dict) -> None:
     m = manifest(run_dir)
     m["engine"]["versions"] = versions
@@ -117,8 +128,10 @@ def test_killed_run_drops_its_torn_tail_and_error_records(tmp_path):
     lines = (run / "records.jsonl").read_text().splitlines(keepends=True)
     err = json.loads(lines[1])
     err.update(token_ids=[], finish_reason=None, top_logprobs=None, error="engine said no")
-    (run / "records.jsonl.partial").write_text(lines[0] + json.dumps(err) + "\n" + lines[2] + lines[3][:40])
+    whole = [lines[0], json.dumps(err) + "\n", lines[2]]
+    (run / "records.jsonl.partial").write_text("".join(whole) + lines[3][:40])
     (run / "records.jsonl").unlink()
+    reseal(run, whole, "reference")  # as the gate's writer seals the lines it wrote
     m = manifest(run)
     m["status"] = "running"
     (run / "manifest.json").write_text(json.dumps(m))

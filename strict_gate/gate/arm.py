@@ -15,8 +15,8 @@ from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.errors import ConfigError, EngineError, InputError, StrictGateError
-from strict_gate.runs.audit import audit_record, vocab_size
+from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError
+from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, audit_record, greedy_violation, vocab_size
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.reader import load_run
@@ -116,13 +116,37 @@ def _resumable(run: Run, inputs: Sequence[PromptInput]) -> set[str]:
     return keep
 
 
-def _check_same_versions(before: EngineInfo, now: EngineInfo, path: str) -> None:
-    """A run is what one engine produced: a resumed run must come from the same versions."""
-    if before.versions and now.versions and before.versions != now.versions:
-        changed = sorted(k for k in before.versions.keys() | now.versions.keys()
-                         if before.versions.get(k) != now.versions.get(k))
-        what = ", ".join(f"{k} {before.versions.get(k)} -> {now.versions.get(k)}" for k in changed)
-        raise ConfigError(f"the engine changed since this run was interrupted ({what}); start a new gate", path=path)
+def _check_same_engine(before: EngineInfo, now: EngineInfo, path: Path, *, started: bool = True) -> None:
+    """A run is what one engine produced: a resumed run must come from the same versions and
+    the same model files (the digest of its weights, where the engine states one). Before
+    start only the digest is known (an engine's versions come with its hello)."""
+    changed = []
+    if started and before.versions and now.versions and before.versions != now.versions:
+        changed = [f"{k} {before.versions.get(k)} -> {now.versions.get(k)}"
+                   for k in sorted(before.versions.keys() | now.versions.keys())
+                   if before.versions.get(k) != now.versions.get(k)]
+    was, digest = before.options.get("model_digest"), now.options.get("model_digest")
+    if was != digest and (was or digest):
+        changed.append(f"model_digest {was} -> {digest}")
+    if changed:
+        raise ConfigError(f"the {path.name} arm's engine changed since this run was interrupted "
+                          f"({', '.join(changed)}); start a new gate", path=str(path))
+
+
+def finished_run(run: Run, ids: Sequence[str]) -> bool:
+    """Complete, with a valid non-error record for every prompt: nothing left to generate."""
+    return run.complete and all(i in run.records and run.records[i].error is None for i in ids)
+
+
+def unclean(run: Run, tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> list[str]:
+    """The prompts of a run that errored or were not decoded greedily, in words."""
+    out = []
+    for rec in run.records.values():
+        if rec.error is not None:
+            out.append(f"{rec.id!r} errored")
+        elif (v := greedy_violation(rec, tolerance)) is not None:
+            out.append(f"{rec.id!r} is not greedy at position {v.position}")
+    return out
 
 
 def _never_started(writer: RunWriter, engine: Engine, e: Exception) -> EngineError:
@@ -143,13 +167,17 @@ def run_arm(
     runs: int = 1,
     on_record: OnRecord | None = None,
     resume_from: Run | None = None,
+    seal_key: str | None = None,
+    strict: bool = False,
 ) -> Run:
     """Generate every prompt (K times when runs > 1) and write the run directory.
 
     `resume_from` (the interrupted run in out_dir) keeps the prompts it already did and
     generates only the rest, appending to it; with nothing left the engine is not started.
     On an engine failure the run is closed as failed with the prompt it died on and the
-    records done so far, and the EngineError propagates (exit 3).
+    records done so far, and the EngineError propagates (exit 3). `seal_key` seals each
+    record line (a gate's arm, runs/seal.py). `strict` (`strict-gate run`) closes a run with
+    errored or non-greedy prompts as failed, records kept, and raises IncompleteRunError.
     """
     out = Path(out_dir)
     if engine.writes_log:
@@ -167,11 +195,12 @@ def run_arm(
             runs=runs,
         )
     else:
+        _check_same_engine(resume_from.manifest.engine, engine.info(), out, started=False)  # the files, before a load
         keep = _resumable(resume_from, inputs)
         inputs = [p for p in inputs if p.id not in keep]
         entry = {"at": now_iso(), "kept": len(keep), "remaining": len(inputs)}
         manifest = replace(resume_from.manifest, resumed=(*resume_from.manifest.resumed, entry))
-    writer = RunWriter(out, manifest, keep=keep)
+    writer = RunWriter(out, manifest, keep=keep, seal_key=seal_key)
     pending = [p.id for p in inputs]  # pending[0] is the prompt in flight when an engine dies
     current = pending[0] if pending else None
     started = False
@@ -183,8 +212,8 @@ def run_arm(
                 # Describe the engine again once started: versions and server facts are known now.
                 info = engine.info()
                 if resume_from is not None:
-                    _check_same_versions(resume_from.manifest.engine, info, str(out))
-                writer.manifest = replace(writer.manifest, engine=info)
+                    _check_same_engine(resume_from.manifest.engine, info, out)
+                writer.describe(info)
                 vocab = vocab_size(info)
                 for rec, seconds in _generate(engine, inputs, sampling, runs):
                     problem = None if rec.error is not None else audit_record(rec, sampling.max_tokens, vocab)
@@ -212,8 +241,14 @@ def run_arm(
         writer.fail(f"{type(e).__name__}: {e}", failed_prompt=current)
         raise EngineError(f"{engine.kind} engine failed on prompt {current!r}: {type(e).__name__}: {e}") from e
     extra = {}
-    if runs > 1:
+    if runs > 1 or strict:
         done = load_run(out, allow_incomplete=True)
-        extra["determinism"] = determinism_summary(list(done.records.values()))
+        bad = unclean(done) if strict else []
+        if bad:
+            msg = f"{len(bad)} prompt(s) without a valid greedy record: {', '.join(bad[:5])}"
+            writer.fail(msg)
+            raise IncompleteRunError(f"{msg}; the run is marked failed, its records kept", path=str(out))
+        if runs > 1:
+            extra["determinism"] = determinism_summary(list(done.records.values()))
     writer.finish(**extra)
     return load_run(out)

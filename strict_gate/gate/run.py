@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -18,13 +18,13 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.recorded import RecordedEngine
-from strict_gate.errors import EngineError, IncompleteRunError, InputError
-from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
+from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError, InputError
+from strict_gate.gate.arm import OnRecord, finished_run, prompt_inputs, run_arm
 from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
-from strict_gate.gate.state import write_gate_state
+from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
@@ -102,12 +102,22 @@ def compare_run_dirs(
     assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
     comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
                                  greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP)
-    result = judge(spec, ref, cand, comparison=comparison)
+    result = judge(spec, ref, cand, comparison=comparison,
+                   problems=_unheld(ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys()))
     if out is not None:
         from strict_gate.report import write_reports
 
         write_reports(result, Path(out))
     return result
+
+
+def _unheld(count: object, prompt_ids: list[str] | None, held: Collection[str]) -> list[str]:
+    """Prompts the set declares (by count, when it names no ids) that neither run holds: missing,
+    so the comparison is incomplete, never a pass."""
+    if prompt_ids is not None or not isinstance(count, int) or count <= len(held):
+        return []
+    return [f"the prompt set declares {count} prompts and the runs hold {len(held)}: {count - len(held)} missing "
+            "from both (the manifests name no ids)"]
 
 
 def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
@@ -169,16 +179,17 @@ def run_gate(
         candidate = cfg.candidate.build()
     reference.check_compatible(ps.sha256, spec.sampling)
     report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
-    try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
-        with engine_log(report.arm("reference").engine_log, reference.log_libraries):
-            inputs = prompt_inputs(ps, reference)
-    except BaseException:
-        shutil.rmtree(report.path, ignore_errors=True)  # bad input: no half-made report directory
-        raise
-    write_text_atomic(report.gate_toml, redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
-    write_gate_state(report, cfg, ps, spec)  # what `gate --resume` needs
-    result = play_gate(cfg, spec, ps, inputs, report, reference=reference, candidate=candidate,
-                       owned=set(ROLES) - set(given), progress=progress)
+    with report_lock(report):
+        try:  # the reference's tokenizer may log on loading: into its run directory's engine.log
+            with engine_log(report.arm("reference").engine_log, reference.log_libraries):
+                inputs = prompt_inputs(ps, reference)
+        except BaseException:
+            shutil.rmtree(report.path, ignore_errors=True)  # bad input: no half-made report directory
+            raise
+        write_text_atomic(report.gate_toml, redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
+        state = write_gate_state(report, cfg, ps, spec)  # what `gate --resume` needs
+        result = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
+                           owned=set(ROLES) - set(given), progress=progress)
     return GateOutcome(result, report.path)
 
 
@@ -191,6 +202,7 @@ class _Gate:
     ps: PromptSet
     inputs: list[PromptInput]
     report: ReportDir
+    state: GateState  # its seal key; the verdicts are added to it when the gate finishes
     progress: ProgressHook | None
     prior: Mapping[str, Run]  # the runs an interrupted gate left, by role
     reference: Engine
@@ -202,9 +214,10 @@ class _Gate:
         return self.reference if role == "reference" else self.candidate
 
     def done(self, role: str) -> Run | None:
-        """The run an interrupted gate had finished for this arm (its engine is not started)."""
+        """The run an interrupted gate had finished for this arm (its engine is not started); one
+        with an error reply, or a prompt missing, is continued: those prompts are generated again."""
         run = self.prior.get(role)
-        return run if run is not None and run.complete else None
+        return run if run is not None and finished_run(run, self.ps.ids) else None
 
 
 def play_gate(
@@ -213,6 +226,7 @@ def play_gate(
     ps: PromptSet,
     inputs: list[PromptInput],
     report: ReportDir,
+    state: GateState,
     *,
     reference: Engine,
     candidate: Engine,
@@ -225,10 +239,22 @@ def play_gate(
     `prior` holds the runs an interrupted gate left: a complete one is kept as it is (its
     engine is not started), an unfinished one is continued. Engines in `owned` are closed."""
     speed, speed_ref = gate_speed(cfg, inputs, reference, candidate, lambda: build_rescorer(cfg, report.path))
-    g = _Gate(cfg, spec, ps, inputs, report, progress, prior or {}, reference, candidate, speed, speed_ref)
+    g = _Gate(cfg, spec, ps, inputs, report, state, progress, prior or {}, reference, candidate, speed, speed_ref)
+    try:
+        result = _play(g, owned)
+    except GateInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise interrupted(report) from None
+    return _write_phase(result, g)
+
+
+def _play(g: _Gate, owned: set[str]) -> GateResult:
+    """The phases up to the verdict, the engines closed on the way out."""
     problems: list[str] = []  # arm failures, in words
     drift_notes: list[str] = []
-    with Lifetimes(report) as engines:
+    spec, reference = g.spec, g.reference
+    with Lifetimes(g.report) as engines:
         for role in ("reference", "candidate"):  # closed on the way out in the other order
             if role in owned:
                 engines.own(role, g.engine(role))
@@ -236,15 +262,14 @@ def play_gate(
         ref_run = _arm_phase(g, "reference", problems)
         comparison = compare(spec, ref_run, cand_run)  # once: the rescorer is chosen on it too
         rescorer = _rescorer(g, ref_run, comparison)
-        extras = [e for e in (rescorer, speed_ref) if e is not None and e is not reference]  # the gate built them
+        extras = [e for e in (rescorer, g.speed_ref) if e is not None and e is not reference]  # the gate built them
         engines.own("reference", *extras)
         result = _rescore_phase(g, ref_run, cand_run, comparison, rescorer, problems)
         result = _speed_phase(g, ref_run, result)
         engines.close(*extras)
         result = _drift_phase(g, engines, ref_run, result, drift, drift_notes)
         result = _localize_phase(g, result, owned)
-    result = _invariance_phase(g, result)
-    return _write_phase(result, report)
+    return _invariance_phase(g, result)
 
 
 def _arm_phase(g: _Gate, role: str, problems: list[str]) -> Run:
@@ -262,7 +287,8 @@ def _arm_phase(g: _Gate, role: str, problems: list[str]) -> Run:
         on_record = g.progress(f"{role} (resumed, {len(g.inputs) - left} kept)" if prior else role, left)
     try:
         return run_arm(g.engine(role), g.inputs, g.spec.sampling, out, prompt_set=g.ps,
-                       runs=g.cfg.reference.runs if role == "reference" else 1, on_record=on_record, resume_from=prior)
+                       runs=g.cfg.reference.runs if role == "reference" else 1, on_record=on_record, resume_from=prior,
+                       seal_key=g.state.arm_key(role))
     except (EngineError, IncompleteRunError) as e:
         problems.append(f"{role} engine failed: {e}")
         return load_run(out, allow_incomplete=True)
@@ -398,13 +424,16 @@ def _invariance_phase(g: _Gate, result: GateResult) -> GateResult:
         scrub_tree(g.report.path)
 
 
-def _write_phase(result: GateResult, report: ReportDir) -> GateResult:
-    """The baseline's staleness and the trend join the result; the reports are written, and
-    tonight is appended to the output directory's history."""
+def _write_phase(result: GateResult, g: _Gate) -> GateResult:
+    """The baseline's staleness and the trend join the result; the verdicts are sealed into the
+    gate state, the reports are written (report.json last), and tonight is appended to the
+    output directory's history."""
     from strict_gate.report import write_reports
 
+    report = g.report
     result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)),
                                  report.path)
+    record_verdicts(report, g.state, verdicts(result), result.exit_code)
     write_reports(result, report.path)
     append_history(report.path.parent, night)
     return result

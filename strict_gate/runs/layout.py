@@ -3,7 +3,8 @@
 A report directory (`<output_dir>/<gate>-<time>/`; `strict-gate bench` writes `<output_dir>/<gate>/`):
 
     gate.toml               the gate's config, secrets redacted (what --resume and diagnose re-read)
-    gate-state.json         what `gate --resume` needs, written before any arm runs
+    gate-state.json         what `gate --resume` needs, written before any arm runs; sealed
+    gate.lock               held (flock) by the gate or resume working in the directory
     candidate/ reference/   the arms' run directories
     rescorer.log            a [rescorer] process's output
     report.md report.html junit.xml
@@ -16,6 +17,7 @@ A run directory:
     manifest.json           the engine, prompt set, sampling and status
     records.jsonl.partial   the records while the run is running
     records.jsonl           the records of a finished run
+    records.seal            a gate's running hash per record line (runs/seal.py)
     engine.log              the engine's own output (an in-process library's, a process's)
 """
 
@@ -30,12 +32,14 @@ class RunFile(StrEnum):
     MANIFEST = "manifest.json"
     RECORDS = "records.jsonl"
     PARTIAL = "records.jsonl.partial"
+    SEAL = "records.seal"
     ENGINE_LOG = "engine.log"
 
 
 class ReportFile(StrEnum):
     GATE_TOML = "gate.toml"
     STATE = "gate-state.json"
+    LOCK = "gate.lock"
     JSON = "report.json"
     MARKDOWN = "report.md"
     HTML = "report.html"
@@ -72,6 +76,10 @@ class RunDir:
     def engine_log(self) -> Path:
         return self.path / RunFile.ENGINE_LOG
 
+    @property
+    def seal(self) -> Path:
+        return self.path / RunFile.SEAL
+
 
 @dataclass(frozen=True)
 class ReportDir:
@@ -93,6 +101,10 @@ class ReportDir:
     @property
     def state(self) -> Path:
         return self.path / ReportFile.STATE
+
+    @property
+    def lock(self) -> Path:
+        return self.path / ReportFile.LOCK
 
     @property
     def report_json(self) -> Path:

@@ -19,13 +19,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import jsonlines
 import numpy as np
 
 from strict_gate.core.files import new_temp_file
 from strict_gate.core.redact import redact_env, scrub, scrub_json
 from strict_gate.errors import InputError
 from strict_gate.runs.layout import RunDir
+from strict_gate.runs.seal import next_seal, record_lines
 
 RUN_SCHEMA = "strict-gate/run@1"
 FINISH_REASONS = ("stop", "length")
@@ -300,16 +300,26 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _chain(key: str, lines: Sequence[bytes]) -> list[str]:
+    out, prev = [], key
+    for line in lines:
+        prev = next_seal(prev, line)
+        out.append(prev)
+    return out
+
+
 class RunWriter:
     """Writes a run directory incrementally. Use as a context manager or call finish()/fail().
 
     `keep` continues an interrupted run in place (`strict-gate gate --resume`): the stored
     records of those prompts stay byte for byte, every other stored line (an error record,
     a torn tail) is dropped, and new records are appended after them. Without `keep` the
-    directory's old records are removed.
+    directory's old records are removed. `seal_key` (a gate's arm) keeps records.seal, a
+    running hash per line (runs/seal.py), written after each record line.
     """
 
-    def __init__(self, directory: str | Path, manifest: Manifest, *, keep: Collection[str] = ()):
+    def __init__(self, directory: str | Path, manifest: Manifest, *, keep: Collection[str] = (),
+                 seal_key: str | None = None):
         self.dir = Path(directory)
         self.files = RunDir(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -323,8 +333,15 @@ class RunWriter:
         write_text_atomic(self.files.partial, "".join(kept))
         self.files.records.unlink(missing_ok=True)
         self._f = open(self.files.partial, "a", encoding="utf-8")  # noqa: SIM115 (held for the run; close() closes it)
-        # flush=True: each finished prompt is on disk before the next one starts.
-        self._lines = jsonlines.Writer(self._f, flush=True, dumps=_dumps)
+        self._seal = None
+        self._seal_last = ""
+        if seal_key is not None:  # the kept lines' chain, from the bytes now on disk
+            seals = _chain(seal_key, record_lines(self.files.partial))
+            self._seal_last = seals[-1] if seals else seal_key
+            write_text_atomic(self.files.seal, "".join(f"{d}\n" for d in seals))
+            self._seal = open(self.files.seal, "a", encoding="ascii")  # noqa: SIM115 (closed by close())
+        else:
+            self.files.seal.unlink(missing_ok=True)
         self._count = len(kept)
         self._closed = False
 
@@ -345,15 +362,29 @@ class RunWriter:
             raise InputError(f"records of {sorted(keep)[:5]} vanished while resuming the run", path=str(source))
         return lines
 
+    def describe(self, engine: EngineInfo) -> None:
+        """The engine as it described itself once started (its hello): on disk before the
+        first record, so a run killed at any point names the versions that made it."""
+        self.manifest = replace(self.manifest, engine=engine)
+        write_json_atomic(self.files.manifest, self.manifest.to_json())
+
     def add(self, record: Record) -> None:
-        self._lines.write(scrub_json(record.to_json()))
+        # Each finished prompt is on disk (and sealed) before the next one starts.
+        line = _dumps(scrub_json(record.to_json())) + "\n"
+        self._f.write(line)
+        self._f.flush()
+        if self._seal is not None:
+            self._seal_last = next_seal(self._seal_last, line.encode("utf-8"))
+            self._seal.write(self._seal_last + "\n")
+            self._seal.flush()
         self._count += 1
 
     def _close(self, **changes) -> Manifest:
         if self._closed:
             return self.manifest
-        self._lines.close()
         self._f.close()
+        if self._seal is not None:
+            self._seal.close()
         os.replace(self.files.partial, self.files.records)
         self.manifest = replace(self.manifest, records=self._count, finished=now_iso(), **changes)
         write_json_atomic(self.files.manifest, self.manifest.to_json())
