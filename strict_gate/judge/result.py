@@ -105,6 +105,8 @@ def _div_json(d: Divergence | None) -> dict | None:
         "reason": d.reason,
         "reference_top": None if d.reference_top is None else [list(p) for p in d.reference_top],
         "candidate_top": None if d.candidate_top is None else [list(p) for p in d.candidate_top],
+        "reference_rescored": None if d.reference_rescored is None else d.reference_rescored.to_json(),
+        "candidate_rescored": None if d.candidate_rescored is None else d.candidate_rescored.to_json(),
     }
 
 

@@ -195,7 +195,7 @@ def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
     return (
         f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
         f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
-        f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
+        f"| {_gap(d.shown_gaps()[0])} | {_gap(d.shown_gaps()[1])} "
         f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
     )
 
