@@ -18,10 +18,13 @@ from xml.etree import ElementTree
 
 import pytest
 from helpers import write_gate
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
+from strict_gate.judge.compare import Status
 from strict_gate.report.show import show
 
 # One scripted engine: `ref`, `cand` (can score) or `cand-noscore` (generate only). Every prompt
@@ -129,3 +132,30 @@ def test_a_candidate_that_cannot_score_stays_divergent_and_says_why(tmp_path):
 def test_every_policy_fails_closed_where_the_candidate_gap_stays_unknown(tmp_path, policy):
     code, out, _ = _run(tmp_path, "cand-noscore", policy)
     assert code == 1, out
+
+
+def _outside_top_k(rescored_gap: float | None, why: str = "no engine"):
+    """A near-tie flip at position 0 whose reference token is outside the candidate's top-2."""
+    from helpers import rec, step
+
+    from strict_gate.judge.compare import Rescored, compare_prompt, reclassify
+
+    ref = rec("a", [5], tops=[step((5, -0.60), (6, -0.62))])
+    cand = rec("a", [6], tops=[step((6, -2.0), (7, -2.01))])
+    pc = compare_prompt("a", ref, cand, band=0.5)
+    return reclassify(pc, 0.5, Rescored(0.02), Rescored(rescored_gap, None if rescored_gap is not None else why))
+
+
+@given(st.floats(min_value=-3, max_value=3, allow_nan=False))
+def test_a_re_scored_gap_makes_a_near_tie_by_its_size_only(g):
+    """The candidate's prefill may rank a tie the other way round (kda-recurrent's multi-011:
+    -0.0039 in bf16): a rounding, judged by its size; a large gap either way stays divergent."""
+    pc = _outside_top_k(g)
+    assert (pc.status == Status.NEAR_TIE) == (abs(g) <= 0.5 + 1e-9)
+
+
+def test_without_a_re_scored_gap_the_prompt_stays_divergent_and_says_which_and_why():
+    pc = _outside_top_k(None, "the candidate engine (recorded) cannot score")
+    assert pc.status == Status.DIVERGENT
+    assert pc.first_divergence.reason == ("candidate gap unknown: the reference's token is outside the candidate's "
+                                          "top-2, and the candidate engine (recorded) cannot score")

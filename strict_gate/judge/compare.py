@@ -176,12 +176,14 @@ def _value_problem(label: str, gap: float, band: float) -> str | None:
 def side_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float,
                  rescored: Rescored | None = None) -> str | None:
     """Why one side does not make a near-tie, or None when it does: every known measure of its
-    gap (decode-time, from its top-k; teacher-forced, re-scored) lies in [0, band], at least one
-    is known, and re-scoring did not put the other token outside its top-k."""
+    gap lies in [0, band] (decode-time, from its top-k; teacher-forced, re-scored, by its size:
+    a side's prefill may rank a tie the other way round than its decode did, a rounding, not a
+    greedy violation), at least one is known, and re-scoring did not put the other token
+    outside its top-k."""
     unknown = _unknown(label, gap, top, other)
     known = [] if gap is None or unknown is not None else [(f"{label} gap", gap)]
-    if rescored is not None and rescored.gap is not None:
-        known.append((f"{label} re-scored gap", rescored.gap))
+    if rescored is not None and rescored.gap is not None:  # its size: prefill may order a tie either way
+        known.append((f"{label} re-scored |gap|", abs(rescored.gap)))
     problems = [p for lab, g in known if (p := _value_problem(lab, g, band)) is not None]
     if rescored is not None and rescored.refutes:
         problems.append(str(rescored.why))
@@ -216,6 +218,8 @@ def classify(d: Divergence, band: float) -> tuple[Status, str]:
 def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
                candidate: Rescored | None) -> PromptComparison:
     """A divergent or near-tie prompt classified again with both sides' re-scored gaps."""
+    if pc.first_divergence is None:  # a diverged prompt always has one
+        return pc
     d = replace(pc.first_divergence, reference_rescored=reference, candidate_rescored=candidate)
     status, reason = classify(d, band)
     return replace(pc, status=status, first_divergence=replace(d, reason=reason))

@@ -21,7 +21,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from strict_gate.judge.compare import Comparison, PromptComparison, Rescored, Status, reclassify, with_prompts
+from strict_gate.judge.compare import (
+    Comparison,
+    Divergence,
+    PromptComparison,
+    Rescored,
+    Status,
+    reclassify,
+    with_prompts,
+)
 from strict_gate.runs.records import Record, ScoredStep
 
 DIAGNOSED = (Status.DIVERGENT, Status.NEAR_TIE)
@@ -97,7 +105,7 @@ def _gap(step: ScoredStep) -> float | None:
 def diagnose_prompt(
     pc: PromptComparison, ref: Record, cand: Record, steps: list[ScoredStep], band: float
 ) -> Diagnosis:
-    d = pc.first_divergence.position
+    d = _divergence(pc).position
     scored = tuple(
         ScoredPosition(position=i, token=s.token_id, gap=_gap(s), reference_argmax=s.argmax)
         for i, s in enumerate(steps)
@@ -110,7 +118,7 @@ def diagnose_prompt(
     return Diagnosis(
         id=pc.id,
         position=d,
-        decode_gap=pc.first_divergence.reference_gap,
+        decode_gap=_divergence(pc).reference_gap,
         rescored_gap=at.gap if at else None,
         rescored_argmax=at.reference_argmax if at else None,
         downstream_only=downstream,
@@ -121,9 +129,16 @@ def diagnose_prompt(
     )
 
 
+def _divergence(pc: PromptComparison) -> Divergence:
+    """A diverged prompt's first divergence (divergent and near-tie prompts always have one)."""
+    if pc.first_divergence is None:
+        raise ValueError(f"prompt {pc.id!r} ({pc.status}) has no divergence to re-score")
+    return pc.first_divergence
+
+
 def _head(pc: PromptComparison) -> str:
     """The diagnosis' first words: the prompt's classification (cross_check gives it both sides)."""
-    d = pc.first_divergence
+    d = _divergence(pc)
     word = "near-tie" if pc.status == Status.NEAR_TIE else "real divergence"
     return f"{word} at position {d.position} ({d.reason})"
 
@@ -169,7 +184,7 @@ def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis],
 
 def _candidate_gap(pc: PromptComparison, steps: Sequence[ScoredStep]) -> Rescored:
     """lp_C(c) - lp_C(r) at the divergence, from the candidate's scoring of the reference's tokens."""
-    d = pc.first_divergence
+    d = _divergence(pc)
     if len(steps) <= d.position:
         return Rescored(None, f"the candidate scored {len(steps)} of {d.position + 1} positions")
     step = steps[d.position]
@@ -196,7 +211,7 @@ def score_candidate(comparison: Comparison, reference: Mapping[str, Record], eng
         return {pc.id: Rescored(None, f"the candidate did not start: {type(e).__name__}: {e}") for pc in todo}
     out: dict[str, Rescored] = {}
     for pc in todo:
-        ref, d = reference[pc.id], pc.first_divergence.position
+        ref, d = reference[pc.id], _divergence(pc).position
         try:
             with engine.scoped_env():
                 steps = engine.score(ref.prompt_token_ids, ref.token_ids[: d + 1], k)
