@@ -105,6 +105,7 @@ def test_a_scoring_candidate_turns_an_off_top_k_divergence_into_one_near_tie(tmp
     for name, body in text.items():
         assert "real divergence" not in body and "| p0 | divergent" not in body, name
     assert "near-tie at position 1" in text["md"] and "near-tie at position 1" in text["html"]
+    assert "| p0 | 1 | 0.0500 | 0.0500 | 0.0600 | yes |" in text["md"]
     assert "p0  near_tie at position 1" in text["show"] and "candidate 0.06" in text["show"]
     assert not list(ElementTree.fromstring(text["junit"]).iter("failure"))
     (line,) = [x for x in out.splitlines() if x.lstrip().startswith("p0 ")]
