@@ -122,7 +122,7 @@ def test_a_short_or_empty_scoring_is_missing_not_zero():
     assert d.error and d.to_json() == {"id": "a", "error": d.error}
 
 
-def test_quantisation_drift_before_a_flip():
+def test_drift_beyond_half_precision_before_a_flip():
     tops = [step((1, -0.1), (2, -2.5)), step((3, -0.6), (4, -0.65))]
     refs = {"noisy": rec("noisy", [1, 3], tops=tops), "clean": rec("clean", [1, 3], tops=tops)}
     steps = {
@@ -133,7 +133,7 @@ def test_quantisation_drift_before_a_flip():
     d = d.with_divergences({"noisy": 0, "clean": 0})
     assert d.prompts["noisy"].drift_before_divergence == pytest.approx(0.01)
     assert d.prompts["clean"].drift_before_divergence == pytest.approx(1e-7, abs=1e-9)
-    assert DriftScale.of(0.01) == DriftScale.HALF_PRECISION and DriftScale.of(1e-7) == DriftScale.REDUCTION_ORDER
+    assert DriftScale.of(0.01) == DriftScale.HALF_PRECISION and DriftScale.of(1e-7) == DriftScale.FLOAT32_ROUNDING
     assert d.to_json()["prompts"]["noisy"]["max_abs_dlogprob_before_divergence"] == pytest.approx(0.01)
 
 

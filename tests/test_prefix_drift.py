@@ -35,14 +35,14 @@ def test_prefix_drift_is_the_largest_chosen_token_difference_before_the_flip():
     pc = compare_prompt("a", ref, cand, band=0.5)
     assert pc.status == Status.NEAR_TIE
     assert pc.prefix_drift == PrefixDrift(pytest.approx(0.28), 2)
-    assert pc.prefix_drift.scale == DriftScale.QUANTISATION
+    assert pc.prefix_drift.scale == DriftScale.BEYOND_HALF_PRECISION
     assert prefix_drift(ref, cand, 0) is None  # no matched position, no figure
     assert prefix_drift(ref, replace(cand, top_logprobs=None), 2) is None  # no logprobs, no figure
 
 
-@pytest.mark.parametrize("x, scale", [(3e-5, DriftScale.REDUCTION_ORDER), (1e-3, DriftScale.REDUCTION_ORDER),
+@pytest.mark.parametrize("x, scale", [(3e-5, DriftScale.FLOAT32_ROUNDING), (1e-3, DriftScale.FLOAT32_ROUNDING),
                                       (0.004, DriftScale.HALF_PRECISION), (0.05, DriftScale.HALF_PRECISION),
-                                      (0.28, DriftScale.QUANTISATION)])
+                                      (0.28, DriftScale.BEYOND_HALF_PRECISION)])
 def test_scales(x, scale):
     assert DriftScale.of(x) == scale
 
@@ -52,21 +52,41 @@ def test_every_report_says_the_scale_of_a_near_tie(tmp_path):
     ref = write_run(tmp_path / "ref", [r for r, _ in pairs.values()])
     cand = write_run(tmp_path / "cand", [c for _, c in pairs.values()])
     result = compare_run_dirs(ref, cand, policy="near-tie", out=tmp_path / "out")
-    q8 = "near-tie, with quantisation-level drift (max |Δlogprob| 0.28 at matched positions)"
-    fp16 = "near-tie, with half-precision-level drift (max |Δlogprob| 0.004 at matched positions)"
-    fp32 = "near-tie (reduction-order drift 3e-05)"
+    q8 = "near-tie (drift 0.28 at matched positions: beyond half precision)"
+    fp16 = "near-tie (drift 0.004 at matched positions: at half-precision level)"
+    fp32 = "near-tie (drift 3e-05 at matched positions: at float32 rounding level)"
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     by_id = {p["id"]: p for p in report["prompts"]}
     assert by_id["q8"]["label"] == q8 and by_id["fp16"]["label"] == fp16 and by_id["fp32"]["label"] == fp32
     assert by_id["q8"]["matched_drift"] == {"max_abs_dlogprob": pytest.approx(0.28), "positions": 2,
-                                            "scale": "quantisation-level"}
+                                            "scale": "beyond-half-precision"}
     assert by_id["q8"]["status"] == "near_tie"  # the status (and the verdict) do not change
     md = (tmp_path / "out" / "report.md").read_text()
     assert q8 in md and fp16 in md and fp32 in md
-    assert "2 of 3 near-tie(s) came with drift above float32 noise" in md
+    assert "2 of 3 near-tie(s) came with drift above float32 rounding level" in md
     html = (tmp_path / "out" / "report.html").read_text()
-    assert "quantisation-level drift (max |Δlogprob| 0.28" in html
+    assert q8 in html
     buf = io.StringIO()
     print_result(result, Console(file=buf, width=120))
     out = buf.getvalue()
-    assert "quantisation drift 0.28" in out and "reduction-order drift 3e-05" in out
+    assert "drift 0.28 beyond half precision" in out and "drift 3e-05 at float32 rounding level" in out
+
+
+def test_the_label_is_the_same_with_and_without_the_drift_pass(tmp_path):
+    """The drift pass's figure (it includes the divergence position) must not move the label:
+    on main a fp32-level tie read "half-precision" once `drift = true` was set."""
+    from strict_gate.judge.drift import DriftReport, PromptDrift, Stats
+    from strict_gate.judge.result import status_label, to_json
+
+    ref, cand = _pair("fp32", DRIFTS["fp32"])
+    result = compare_run_dirs(write_run(tmp_path / "ref", [ref]), write_run(tmp_path / "cand", [cand]),
+                              policy="near-tie")
+    none = Stats(None, None, None)
+    drift = DriftReport(band=0.5, k=2, positions=3, same_top1=2, abs_dlogprob=none, kl=none,
+                        min_reference_margin=None, positions_within_band=0,
+                        prompts={"fp32": PromptDrift("fp32", positions=3, drift_before_divergence=0.01)})
+    p = result.comparison.prompts[0]
+    with_pass = replace(result, drift=drift)
+    assert status_label(with_pass, p) == status_label(result, p) == (
+        "near-tie (drift 3e-05 at matched positions: at float32 rounding level)")
+    assert to_json(with_pass)["prompts"][0]["matched_drift"] == to_json(result)["prompts"][0]["matched_drift"]

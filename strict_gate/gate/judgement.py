@@ -7,6 +7,7 @@ gate builds its spec once (gate_spec) from the config and the command line.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
@@ -14,7 +15,7 @@ from strict_gate.engines.base import Engine
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.compare import Comparison, compare_runs
-from strict_gate.judge.diagnose import diagnose
+from strict_gate.judge.diagnose import cross_check, diagnose, score_candidate
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
@@ -51,18 +52,23 @@ def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
             if not run.complete and not any(p.startswith(label) for p in problems)]
 
 
+NOT_SCORED = "no candidate engine re-scored it"
+
+
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
           comparison: Comparison | None = None) -> GateResult:
-    """Judge two runs by the spec: compare them (unless the caller already has), apply the
-    policy, and (given a scoring engine) diagnose the divergences."""
+    """Judge two runs by the spec: compare them (unless the caller already has), (given a
+    scoring engine) diagnose the divergences and classify them again with the re-scored
+    reference side, and apply the policy. cross_judge adds the candidate's side."""
     problems = [*problems, *_unfinished(ref, cand, problems)]
     if comparison is None:
         comparison = compare(spec, ref, cand)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems))
     diagnoses = {}
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
             diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
+    comparison, diagnoses = cross_check(comparison, diagnoses, {}, not_scored=NOT_SCORED)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems))
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -84,3 +90,19 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,
         resumed={label: entries for label, entries in resumed.items() if entries},
     )
+
+
+def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candidate: Engine) -> GateResult:
+    """The verdict again, with the candidate's side of every diverged prompt re-scored where the
+    candidate can score (its gap on the common prefix), else stated unknown with the reason; an
+    unknown gap keeps a prompt divergent. The comparison is re-derived from the stored gaps, so
+    judging twice gives the same result."""
+    if candidate.can_score:
+        with engine_log(RunDir(Path(cand.path)).engine_log, candidate.log_libraries):
+            scores = score_candidate(result.comparison, ref.records, candidate, spec.sampling.top_logprobs)
+        why = NOT_SCORED
+    else:
+        scores, why = {}, f"the candidate engine ({candidate.kind}) cannot score"
+    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, not_scored=why)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems)
+    return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

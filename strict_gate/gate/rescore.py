@@ -19,7 +19,7 @@ import msgspec
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
-from strict_gate.gate.judgement import judge
+from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.run import GateOutcome, build_rescorer
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
@@ -60,7 +60,8 @@ def _scorer(cfg: GateConfig, report_dir: Path) -> tuple[Engine, bool]:
 
 
 def rediagnose(report_dir: str | Path) -> GateOutcome:
-    """Re-score a finished gate's divergent prompts and rewrite its reports in place.
+    """Re-score a finished gate's divergent prompts (the reference's side, then the candidate's
+    where it can score) and rewrite its reports in place.
 
     The scoring engine starts only if something diverged. Raises InputError when the
     directory is not a gate report, ConfigError when no engine can score."""
@@ -89,6 +90,13 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
             result = replace(result, rescorer=engine.info())
     finally:
         engine.close()
+    if cfg.candidate is None:
+        raise InputError("the report's gate.toml has no [candidate]", path=str(cfg_path))
+    candidate = cfg.candidate.build()  # the candidate's side, once the reference is stopped
+    try:
+        result = cross_judge(spec, ref, cand, result, candidate)
+    finally:
+        candidate.close()
     result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
     write_reports(result, report_dir)
     return GateOutcome(result, report_dir)

@@ -22,7 +22,7 @@ from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError,
 from strict_gate.gate.arm import OnRecord, finished_run, prompt_inputs, run_arm
 from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
-from strict_gate.gate.judgement import compare, gate_spec, judge
+from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
@@ -267,6 +267,7 @@ def _play(g: _Gate, owned: set[str]) -> GateResult:
         result = _rescore_phase(g, ref_run, cand_run, comparison, rescorer, problems)
         result = _speed_phase(g, ref_run, result)
         engines.close(*extras)
+        result = _cross_phase(g, engines, ref_run, cand_run, result)
         result = _drift_phase(g, engines, ref_run, result, drift, drift_notes)
         result = _localize_phase(g, result, owned)
     return _invariance_phase(g, result)
@@ -340,6 +341,22 @@ def _rescore_phase(g: _Gate, ref_run: Run, cand_run: Run, comparison: Comparison
         result = replace(result, notes=(*result.notes, (
             "teacher-forced diagnosis skipped: the reference cannot re-score (a stored run or a failed arm); "
             "add a [rescorer] engine to the gate config, or run `strict-gate diagnose REPORT_DIR`")))
+    return result
+
+
+def _cross_phase(g: _Gate, engines: Lifetimes, ref_run: Run, cand_run: Run, result: GateResult) -> GateResult:
+    """The candidate's side of each divergence: the candidate, restarted once the reference is
+    stopped (one engine at a time), scores the reference's tokens up to the divergence, and
+    each diverged prompt is classified once from both sides. A candidate that cannot score
+    leaves its gap unknown, said in the reason, and the prompt divergent."""
+    if not g.cfg.diagnose or not any(p.status in DIVERGED for p in result.comparison.prompts):
+        return result
+    if g.candidate.can_score:
+        engines.close(g.reference)
+        engines.reopen(g.candidate)
+    result = cross_judge(g.spec, ref_run, cand_run, result, g.candidate)
+    if not (g.cfg.drift and not g.reference.replays_run):  # else the drift pass scores on it next
+        engines.close(g.candidate)
     return result
 
 

@@ -48,6 +48,20 @@ def check_band(band: float) -> float:
 
 
 @dataclass(frozen=True)
+class Rescored:
+    """One side's teacher-forced gap at a divergence (on the common prefix), or why there is none.
+    `refutes`: the side was re-scored and the other token fell outside its top-k, which is a real
+    divergence, not a missing figure."""
+
+    gap: float | None
+    why: str | None = None
+    refutes: bool = False
+
+    def to_json(self) -> dict:
+        return {"gap": self.gap, "why": self.why, "refutes": self.refutes}
+
+
+@dataclass(frozen=True)
 class Divergence:
     """The first position where the two sequences differ."""
 
@@ -60,6 +74,14 @@ class Divergence:
     reason: str  # why it is (or is not) a near-tie, in words
     reference_top: TopK | None = None
     candidate_top: TopK | None = None
+    reference_rescored: Rescored | None = None  # the teacher-forced gap, when the divergence was re-scored
+    candidate_rescored: Rescored | None = None
+
+    def shown_gaps(self) -> tuple[float | None, float | None]:
+        """Each side's gap for a table cell: the decode-time one, else the re-scored one."""
+        return tuple(g if g is not None else (r.gap if r is not None else None)  # type: ignore[return-value]
+                     for g, r in ((self.reference_gap, self.reference_rescored),
+                                  (self.candidate_gap, self.candidate_rescored)))
 
 
 @dataclass(frozen=True)
@@ -128,53 +150,101 @@ def _step(rec: Record, i: int) -> TopK | None:
     return rec.top_logprobs[i]
 
 
-def _gap_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float) -> str | None:
-    """Why one side's gap does not make a near-tie, or None when it does (0 <= gap <= band)."""
+def _unknown(label: str, gap: float | None, top: TopK | None, other: str) -> str | None:
+    """Why one side's decode-time gap is not known, or None when it is."""
     if top is None:
         return f"the {label} run has no logprobs at this step"
     if gap is None:
         return f"the {other} token is outside the {label}'s top-{len(top)}"
-    if not math.isfinite(gap):
-        return f"{label} gap {gap} is not a finite number"
-    if gap < 0:
-        return (f"{label} gap {gap:.6g} < 0: the {label}'s own logprobs rank the other token higher, "
-                "so its choice was not its own argmax")
-    if gap > band + BAND_EPS:
-        g, b = fmt_vs(gap, band)
-        return f"{label} gap {g} > band {b}"
     return None
 
 
+def _value_problem(label: str, gap: float, band: float) -> str | None:
+    """Why a known gap does not make a near-tie, or None when 0 <= gap <= band."""
+    if not math.isfinite(gap):
+        return f"{label} {gap} is not a finite number"
+    if gap < 0:
+        side = label.split()[0]
+        return (f"{label} {gap:.6g} < 0: the {side}'s own logprobs rank the other token higher, "
+                "so its choice was not its own argmax")
+    if gap > band + BAND_EPS:
+        g, b = fmt_vs(gap, band)
+        return f"{label} {g} > band {b}"
+    return None
+
+
+def side_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float,
+                 rescored: Rescored | None = None) -> str | None:
+    """Why one side does not make a near-tie, or None when it does: every known measure of its
+    gap lies in [0, band] (decode-time, from its top-k; teacher-forced, re-scored, by its size:
+    a side's prefill may rank a tie the other way round than its decode did, a rounding, not a
+    greedy violation), at least one is known, and re-scoring did not put the other token
+    outside its top-k."""
+    unknown = _unknown(label, gap, top, other)
+    known = [] if gap is None or unknown is not None else [(f"{label} gap", gap)]
+    if rescored is not None and rescored.gap is not None:  # its size: prefill may order a tie either way
+        known.append((f"{label} re-scored |gap|", abs(rescored.gap)))
+    problems = [p for lab, g in known if (p := _value_problem(lab, g, band)) is not None]
+    if rescored is not None and rescored.refutes:
+        problems.append(str(rescored.why))
+    if problems:
+        return "; ".join(problems)
+    if known:
+        return None
+    why = f", and {rescored.why}" if rescored is not None and rescored.why else ""
+    return f"{label} gap unknown: {unknown}{why}"
+
+
+def classify(d: Divergence, band: float) -> tuple[Status, str]:
+    """The one classification of a divergence, from both sides and every gap known of each:
+    near_tie iff neither side has a problem; otherwise divergent, with every reason."""
+    reasons = [
+        p
+        for p in (
+            side_problem("reference", d.reference_gap, d.reference_top, "candidate's", band, d.reference_rescored),
+            side_problem("candidate", d.candidate_gap, d.candidate_top, "reference's", band, d.candidate_rescored),
+        )
+        if p is not None
+    ]
+    if reasons:
+        return Status.DIVERGENT, "; ".join(reasons)
+    rescored = [f"{side} {r.gap:.4g}" for side, r in (("reference", d.reference_rescored),
+                                                       ("candidate", d.candidate_rescored))
+                if r is not None and r.gap is not None]
+    return Status.NEAR_TIE, f"both gaps within [0, band {band:g}]" + (
+        f" (re-scored: {', '.join(rescored)})" if rescored else "")
+
+
+def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
+               candidate: Rescored | None) -> PromptComparison:
+    """A divergent or near-tie prompt classified again with both sides' re-scored gaps."""
+    if pc.first_divergence is None:  # a diverged prompt always has one
+        return pc
+    d = replace(pc.first_divergence, reference_rescored=reference, candidate_rescored=candidate)
+    status, reason = classify(d, band)
+    return replace(pc, status=status, first_divergence=replace(d, reason=reason))
+
+
 def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple[Status, Divergence]:
-    """near_tie iff both gaps exist, are finite and lie in [0, band]; otherwise divergent, with the reason."""
+    """near_tie iff both decode-time gaps exist, are finite and lie in [0, band]; otherwise
+    divergent, with the reason (re-scoring may add the gaps that are missing: reclassify)."""
     r, c = ref.token_ids[d], cand.token_ids[d]
     rtop, ctop = _step(ref, d), _step(cand, d)
     lr_r, lr_c = _lp(rtop, r), _lp(rtop, c)
     lc_c, lc_r = _lp(ctop, c), _lp(ctop, r)
-    ref_gap = lr_r - lr_c if lr_r is not None and lr_c is not None else None
-    cand_gap = lc_c - lc_r if lc_c is not None and lc_r is not None else None
-    reasons = [
-        p
-        for p in (
-            _gap_problem("reference", ref_gap, rtop, "candidate's", band),
-            _gap_problem("candidate", cand_gap, ctop, "reference's", band),
-        )
-        if p is not None
-    ]
-    status = Status.DIVERGENT if reasons else Status.NEAR_TIE
-    reason = "; ".join(reasons) if reasons else f"both gaps within [0, band {band:g}]"
     div = Divergence(
         position=d,
         reference_token=r,
         candidate_token=c,
-        reference_gap=ref_gap,
-        candidate_gap=cand_gap,
+        reference_gap=lr_r - lr_c if lr_r is not None and lr_c is not None else None,
+        candidate_gap=lc_c - lc_r if lc_c is not None and lc_r is not None else None,
         reference_margin=_margin(rtop),
-        reason=reason,
+        reason="",
         reference_top=rtop,
         candidate_top=ctop,
     )
-    return status, div
+    status, reason = classify(div, band)
+    return status, replace(div, reason=reason)
 
 
 def _not_greedy(pid: str, ref: Record, cand: Record, tolerance: float, rlen: int, clen: int) -> PromptComparison | None:
@@ -258,6 +328,13 @@ def compare_prompt(
                                 prefix_drift=prefix_drift(ref, cand, common))
     status, div = classify_divergence(ref, cand, d, band)
     return PromptComparison(pid, status, div, matched, d, rlen, clen, prefix_drift=prefix_drift(ref, cand, d))
+
+
+def with_prompts(comparison: Comparison, prompts: Iterable[PromptComparison]) -> Comparison:
+    """The same comparison with some prompts classified again, and its summary recounted."""
+    by_id = {p.id: p for p in prompts}
+    kept = tuple(by_id.get(p.id, p) for p in comparison.prompts)
+    return replace(comparison, prompts=kept, summary=summarize(kept))
 
 
 def summarize(prompts: Iterable[PromptComparison]) -> Summary:

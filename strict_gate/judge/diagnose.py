@@ -1,5 +1,11 @@
 """Teacher-forced re-scoring: is a divergence a near-tie, and is the rest downstream of it?
 
+Both sides are re-scored where they can be: the reference scores the candidate's tokens
+(below), and a candidate that can score scores the reference's tokens up to and including
+the divergence (score_candidate), so the candidate's gap is known even where the reference's
+token fell outside its decode top-k. cross_check then classifies each diverged prompt once,
+from both sides (judge/compare.py's classify): the status and the diagnosis cannot disagree.
+
 The reference engine scores prompt + the CANDIDATE's tokens. Per position from the first
 divergence: gap = max(0, lp_ref(argmax) - lp_ref(candidate token)) given the candidate's
 own prefix. Gap 0 everywhere after the flip means every later token is what the reference
@@ -12,10 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from strict_gate.judge.compare import Comparison, PromptComparison, Status
+from strict_gate.judge.compare import (
+    Comparison,
+    Divergence,
+    PromptComparison,
+    Rescored,
+    Status,
+    reclassify,
+    with_prompts,
+)
 from strict_gate.runs.records import Record, ScoredStep
 
 DIAGNOSED = (Status.DIVERGENT, Status.NEAR_TIE)
@@ -41,17 +55,18 @@ class Diagnosis:
     steps: tuple[ScoredPosition, ...]
     verdict: str  # one line for a reviewer
     error: str | None = None
-    near_tie: bool = False  # the re-scored gap at the divergence is within the band
+    near_tie: bool = False  # the prompt's one classification (both sides, cross_check) is a near-tie
+    candidate: Rescored | None = None  # the candidate's re-scored gap at the divergence, or why none
 
     @property
     def short(self) -> str:
         """A few words for the console table."""
         if self.error is not None:
             return "re-scoring failed"
-        if self.rescored_gap is None:
-            head = "real: outside top-k"
-        else:
-            head = f"{'near-tie' if self.near_tie else 'real'} (gap {self.rescored_gap:.3f})"
+        c = self.candidate
+        cand = "C unknown" if c is None or c.gap is None else f"C {c.gap:.3f}"
+        ref = "R outside top-k" if self.rescored_gap is None else f"R {self.rescored_gap:.3f}"
+        head = f"{'near-tie' if self.near_tie else 'real'} ({ref}, {cand})"
         if self.downstream_only:
             return head + ", rest downstream"
         return head + f", later error at {self.later_errors[0]}"
@@ -67,6 +82,7 @@ class Diagnosis:
             "later_errors": list(self.later_errors),
             "verdict": self.verdict,
             "near_tie": self.near_tie,
+            "candidate_rescored": None if self.candidate is None else self.candidate.to_json(),
             "error": self.error,
             "steps": [
                 {"position": s.position, "token": s.token, "gap": s.gap, "reference_argmax": s.reference_argmax}
@@ -99,8 +115,7 @@ def _gap(step: ScoredStep) -> float | None:
 def diagnose_prompt(
     pc: PromptComparison, ref: Record, cand: Record, steps: list[ScoredStep], band: float
 ) -> Diagnosis:
-    assert pc.first_divergence is not None  # only a diverged prompt is diagnosed
-    d = pc.first_divergence.position
+    d = _divergence(pc).position
     scored = tuple(
         ScoredPosition(position=i, token=s.token_id, gap=_gap(s), reference_argmax=s.argmax)
         for i, s in enumerate(steps)
@@ -109,26 +124,11 @@ def diagnose_prompt(
     at = scored[0] if scored else None
     later = tuple(s.position for s in scored[1:] if s.gap is None or s.gap > 0)
     downstream = not later
-    if at is None:
-        verdict = "nothing to re-score"
-    elif at.gap is None:
-        verdict = (
-            f"real divergence: the candidate's token at position {d} is outside the reference's top-k "
-            "on the candidate's own prefix"
-        )
-    elif at.gap <= band:
-        verdict = f"near-tie at position {d} (re-scored gap {at.gap:.4f} nats <= {band})"
-    else:
-        verdict = f"real divergence at position {d} (re-scored gap {at.gap:.4f} nats > {band})"
-    if at is not None:
-        if downstream:
-            verdict += "; every later token is the reference's argmax on the candidate's prefix (downstream of the flip)"
-        else:
-            verdict += f"; independent later error(s) at position(s) {', '.join(map(str, later[:10]))}"
+    verdict = "nothing to re-score" if at is None else _head(pc) + _tail(later)
     return Diagnosis(
         id=pc.id,
         position=d,
-        decode_gap=pc.first_divergence.reference_gap,
+        decode_gap=_divergence(pc).reference_gap,
         rescored_gap=at.gap if at else None,
         rescored_argmax=at.reference_argmax if at else None,
         downstream_only=downstream,
@@ -137,6 +137,99 @@ def diagnose_prompt(
         verdict=verdict,
         near_tie=at is not None and at.gap is not None and at.gap <= band,
     )
+
+
+def _divergence(pc: PromptComparison) -> Divergence:
+    """A diverged prompt's first divergence (divergent and near-tie prompts always have one)."""
+    if pc.first_divergence is None:
+        raise ValueError(f"prompt {pc.id!r} ({pc.status}) has no divergence to re-score")
+    return pc.first_divergence
+
+
+def _head(pc: PromptComparison) -> str:
+    """The diagnosis' first words: the prompt's classification (cross_check gives it both sides)."""
+    d = _divergence(pc)
+    word = "near-tie" if pc.status == Status.NEAR_TIE else "real divergence"
+    return f"{word} at position {d.position} ({d.reason})"
+
+
+def _tail(later: tuple[int, ...]) -> str:
+    if not later:
+        return "; every later token is the reference's argmax on the candidate's prefix (downstream of the flip)"
+    return f"; independent later error(s) at position(s) {', '.join(map(str, later[:10]))}"
+
+
+def _reference_side(dg: Diagnosis | None) -> Rescored:
+    if dg is None:
+        return Rescored(None, "the reference did not re-score it")
+    if dg.error is not None:
+        return Rescored(None, f"the reference's re-scoring failed: {dg.error}")
+    if not dg.steps:
+        return Rescored(None, "the reference re-scored nothing at this position")
+    if dg.rescored_gap is None:
+        return Rescored(None, "the candidate's token is outside the reference's top-k on re-scoring", refutes=True)
+    return Rescored(dg.rescored_gap)
+
+
+def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis],
+                candidate: Mapping[str, Rescored], *, not_scored: str) -> tuple[Comparison, dict[str, Diagnosis]]:
+    """Classify every diverged prompt once, from both sides' re-scored gaps (`candidate`: the
+    candidate's, by prompt; a prompt without one is unknown on that side because of `not_scored`),
+    and rewrite each diagnosis to say that classification."""
+    changed, out = [], dict(diagnoses)
+    for pc in comparison.prompts:
+        if pc.status not in DIAGNOSED:
+            continue
+        cand = candidate.get(pc.id, Rescored(None, not_scored))
+        new = reclassify(pc, comparison.band, _reference_side(diagnoses.get(pc.id)), cand)
+        changed.append(new)
+        dg = diagnoses.get(pc.id)
+        if dg is not None and dg.error is None and dg.steps:
+            out[pc.id] = replace(dg, near_tie=new.status == Status.NEAR_TIE, candidate=cand,
+                                 verdict=_head(new) + _tail(dg.later_errors))
+        elif dg is not None:
+            out[pc.id] = replace(dg, candidate=cand)
+    return with_prompts(comparison, changed), out
+
+
+def _candidate_gap(pc: PromptComparison, steps: Sequence[ScoredStep]) -> Rescored:
+    """lp_C(c) - lp_C(r) at the divergence, from the candidate's scoring of the reference's tokens."""
+    d = _divergence(pc)
+    if len(steps) <= d.position:
+        return Rescored(None, f"the candidate scored {len(steps)} of {d.position + 1} positions")
+    step = steps[d.position]
+    lp_r = step.logprob if step.logprob is not None else next((v for t, v in step.top if t == step.token_id), None)
+    lp_c = next((v for t, v in step.top if t == d.candidate_token), None)
+    if lp_r is None:
+        return Rescored(None, "the reference's token is outside the candidate's top-k on re-scoring", refutes=True)
+    if lp_c is None:
+        return Rescored(None, "the candidate's own token is outside its top-k on re-scoring", refutes=True)
+    return Rescored(lp_c - lp_r)
+
+
+def score_candidate(comparison: Comparison, reference: Mapping[str, Record], engine: Scorer,
+                    k: int) -> dict[str, Rescored]:
+    """Teacher-force each diverged prompt's reference tokens, up to and including the divergence,
+    through the candidate: its gap there on the common prefix. A failure is a stated unknown."""
+    todo = [pc for pc in comparison.prompts if pc.status in DIAGNOSED]
+    if not todo:
+        return {}
+    try:
+        with engine.scoped_env():
+            engine.start()
+    except Exception as e:  # an unknown gap keeps the prompt divergent: fail closed
+        return {pc.id: Rescored(None, f"the candidate did not start: {type(e).__name__}: {e}") for pc in todo}
+    out: dict[str, Rescored] = {}
+    for pc in todo:
+        ref, d = reference[pc.id], _divergence(pc).position
+        try:
+            with engine.scoped_env():
+                steps = engine.score(ref.prompt_token_ids, ref.token_ids[: d + 1], k)
+        except Exception as e:
+            out[pc.id] = Rescored(None, f"the candidate's re-scoring failed: {type(e).__name__}: {e}")
+            continue
+        out[pc.id] = _candidate_gap(pc, steps)
+    return out
 
 
 class Scorer(Protocol):

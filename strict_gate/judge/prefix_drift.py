@@ -1,16 +1,18 @@
 """How far two arms already disagreed before they flipped a token: the scale of a near-tie.
 
-A near-tie between two float32 builds is a reduction-order accident (|Δ logprob| ~1e-5 at the
-positions both arms chose alike); the same label on a Q8_0 build hides that every logprob
-was already off by ~0.3 nats, so the "tie" says little about correctness. Both arms report
+A near-tie with |Δ logprob| ~1e-5 at the positions both arms chose alike is a rounding
+accident; the same label with drift ~0.3 nats hides that every logprob was
+already off, so the "tie" says little about correctness. Both arms report
 the chosen token's logprob at every position, so the positions before the first divergence
 (the matched prefix, same context, same token) give that scale in every run with logprobs,
-without teacher forcing. A gate with `drift = true` also has the candidate's teacher-forced
-logprob of the reference's token up to the flip (strict_gate.judge.drift); the larger figure wins.
+without teacher forcing, so the label is the same with and without `drift = true` (whose
+teacher-forced figures stay in the drift section).
 
-The thresholds are orders of magnitude, measured on one machine: a float32 build drifts by
-about 3e-5, float16 by about 4e-3, bf16 and 8-bit quantisation by 0.1-0.3 nats. Kernels,
-hardware and model depth move these figures; the scale names the order, not the format.
+The scale names a magnitude, never a cause: the gate cannot know why two arms drift (a
+bf16 build can drift like an 8-bit one, an int8 one like float16), so the labels say how
+large the drift is against two yardsticks measured on one machine: float32 rounding (a
+float32 build drifts by about 3e-5) and half precision (float16 by about 4e-3; bf16 and
+8-bit builds by 0.1-0.3 nats). Kernels, hardware and model depth move these figures.
 """
 
 from __future__ import annotations
@@ -20,22 +22,31 @@ from enum import StrEnum
 
 from strict_gate.runs.records import Record
 
-REDUCTION_ORDER_MAX = 1e-3  # nats: float32 reduction-order noise sits far below (3e-5 measured)
+FLOAT32_ROUNDING_MAX = 1e-3  # nats: float32 rounding noise sits far below (3e-5 measured)
 HALF_PRECISION_MAX = 0.05  # nats: float16 rounding sits below (4e-3); bf16 and Q8_0 above (0.2-0.3)
 
 
 class DriftScale(StrEnum):
-    REDUCTION_ORDER = "reduction-order"
+    """A magnitude band of |Δ logprob|; the value is how report.json spells it."""
+
+    FLOAT32_ROUNDING = "float32-rounding-level"
     HALF_PRECISION = "half-precision-level"
-    QUANTISATION = "quantisation-level"
+    BEYOND_HALF_PRECISION = "beyond-half-precision"
 
     @classmethod
     def of(cls, max_abs_dlogprob: float) -> DriftScale:
-        if max_abs_dlogprob <= REDUCTION_ORDER_MAX:
-            return cls.REDUCTION_ORDER
+        if max_abs_dlogprob <= FLOAT32_ROUNDING_MAX:
+            return cls.FLOAT32_ROUNDING
         if max_abs_dlogprob <= HALF_PRECISION_MAX:
             return cls.HALF_PRECISION
-        return cls.QUANTISATION
+        return cls.BEYOND_HALF_PRECISION
+
+    @property
+    def words(self) -> str:
+        """"at float32 rounding level", "at half-precision level", "beyond half precision"."""
+        return {DriftScale.FLOAT32_ROUNDING: "at float32 rounding level",
+                DriftScale.HALF_PRECISION: "at half-precision level",
+                DriftScale.BEYOND_HALF_PRECISION: "beyond half precision"}[self]
 
 
 @dataclass(frozen=True)
@@ -50,22 +61,13 @@ class PrefixDrift:
         return DriftScale.of(self.max_abs_dlogprob)
 
     def near_tie_label(self) -> str:
-        """"near-tie (reduction-order drift 3e-05)" or "near-tie, with quantisation-level drift
-        (max |Δlogprob| 0.28 at matched positions)"."""
-        x = f"{self.max_abs_dlogprob:.2g}"
-        if self.scale == DriftScale.REDUCTION_ORDER:
-            return f"near-tie ({self.scale} drift {x})"
-        return f"near-tie, with {self.scale} drift (max |Δlogprob| {x} at matched positions)"
+        """"near-tie (drift 3e-05 at matched positions: at float32 rounding level)": the same
+        words at every scale, a magnitude and no cause."""
+        return f"near-tie (drift {self.max_abs_dlogprob:.2g} at matched positions: {self.scale.words})"
 
     def short(self) -> str:
         """A few words for the console's narrow column."""
-        return f"{self.scale.removesuffix('-level')} drift {self.max_abs_dlogprob:.2g}"
-
-    def widened(self, other: float | None) -> PrefixDrift:
-        """The same, with another measure of the same positions (the drift pass's): the larger."""
-        if other is None or other <= self.max_abs_dlogprob:
-            return self
-        return PrefixDrift(other, self.positions)
+        return f"drift {self.max_abs_dlogprob:.2g} {self.scale.words}"
 
     def to_json(self) -> dict:
         return {"max_abs_dlogprob": self.max_abs_dlogprob, "positions": self.positions, "scale": str(self.scale)}

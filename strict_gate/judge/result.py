@@ -124,22 +124,21 @@ def _div_json(d: Divergence | None) -> dict | None:
         "reason": d.reason,
         "reference_top": None if d.reference_top is None else [list(p) for p in d.reference_top],
         "candidate_top": None if d.candidate_top is None else [list(p) for p in d.candidate_top],
+        "reference_rescored": None if d.reference_rescored is None else d.reference_rescored.to_json(),
+        "candidate_rescored": None if d.candidate_rescored is None else d.candidate_rescored.to_json(),
     }
 
 
 def matched_drift(r: GateResult, p: PromptComparison) -> PrefixDrift | None:
-    """|Δ logprob| at a prompt's matched positions before its first divergence: from both
-    runs' own logprobs, widened by the drift pass's teacher-forced figure where there is one."""
-    dp = r.drift.prompts.get(p.id) if r.drift is not None else None
-    extra = dp.drift_before_divergence if dp is not None else None
-    if p.prefix_drift is not None:
-        return p.prefix_drift.widened(extra)
-    return PrefixDrift(extra, p.prefix_length + 1) if extra is not None else None
+    """|Δ logprob| at a prompt's matched positions before its first divergence, from both runs'
+    own logprobs only: the same figure with and without the drift pass (whose teacher-forced
+    figure includes the divergence position and is reported in the drift section)."""
+    return p.prefix_drift
 
 
 def status_label(r: GateResult, p: PromptComparison) -> str:
-    """A near-tie says the scale of the drift its arms already had: a tie between float32
-    builds and a tie between a quantised build and the reference are different news."""
+    """A near-tie says the magnitude of the drift its arms already had: a tie at float32
+    rounding level and a tie beyond half precision are different news."""
     pd = matched_drift(r, p) if p.status == Status.NEAR_TIE else None
     return pd.near_tie_label() if pd is not None else str(p.status)
 

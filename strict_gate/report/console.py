@@ -26,7 +26,7 @@ ROWS = 40
 
 
 def _gaps(d) -> str:
-    return " ".join("n/a" if x is None else f"{x:.3f}" for x in (d.reference_gap, d.candidate_gap))
+    return " ".join("n/a" if x is None else f"{x:.3f}" for x in d.shown_gaps())
 
 
 def why(r: GateResult, p, dg) -> str:
@@ -41,7 +41,9 @@ def _why(p, dg) -> str:
     if dg is not None:
         if dg.error is not None:
             return "re-score failed"
-        head = "off top-k" if dg.rescored_gap is None else ("tie" if dg.near_tie else "real")
+        reason = p.first_divergence.reason
+        head = ("tie" if dg.near_tie else "gap unknown" if "gap unknown" in reason
+                else "off top-k" if dg.rescored_gap is None else "real")
         return head + ("; rest follows" if dg.downstream_only else f"; again at {dg.later_errors[0]}")
     d = p.first_divergence
     reason = d.reason if d is not None else p.detail

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from strict_gate.judge.compare import Status
 from strict_gate.judge.drift import DriftReport, PromptDrift, Stats
-from strict_gate.judge.prefix_drift import HALF_PRECISION_MAX, REDUCTION_ORDER_MAX, DriftScale
+from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, HALF_PRECISION_MAX, DriftScale
 from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report.text import md
 
@@ -72,17 +72,17 @@ def markdown_section(r: GateResult) -> list[str]:
 
 
 def near_tie_scales(r: GateResult) -> list[str]:
-    """How many near-ties came with drift above float32 noise, and the thresholds."""
+    """How many near-ties came with drift above float32 rounding level, and the thresholds."""
     scales = [pd.scale for p in r.comparison.prompts
               if p.status == Status.NEAR_TIE and (pd := matched_drift(r, p)) is not None]
-    above = [s for s in scales if s != DriftScale.REDUCTION_ORDER]
+    above = [s for s in scales if s != DriftScale.FLOAT32_ROUNDING]
     if not above:
         return []
-    n_q = sum(1 for s in above if s == DriftScale.QUANTISATION)
+    n_q = sum(1 for s in above if s == DriftScale.BEYOND_HALF_PRECISION)
     return [
-        f"{len(above)} of {len(scales)} near-tie(s) came with drift above float32 noise at their matched positions "
-        f"({n_q} quantisation-level: max |Δ logprob| > {HALF_PRECISION_MAX:g} nats; the rest half-precision-level: "
-        f"> {REDUCTION_ORDER_MAX:g}). Such a tie says the arms already disagreed everywhere; the thresholds are "
+        f"{len(above)} of {len(scales)} near-tie(s) came with drift above float32 rounding level at their matched "
+        f"positions ({n_q} beyond half precision: max |Δ logprob| > {HALF_PRECISION_MAX:g} nats; the rest at "
+        f"half-precision level: > {FLOAT32_ROUNDING_MAX:g}). Such a tie says the arms already disagreed everywhere; the thresholds are "
         "orders of magnitude and depend on the hardware (docs/drift.md).",
         "",
     ]

@@ -84,8 +84,8 @@ def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
         rows.append(
             f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span>{_drift_note(r, p)}</td>"
             f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
-            f"<td>{'' if d is None else d.position}</td><td>{'' if d is None else num(d.reference_gap)}</td>"
-            f"<td>{'' if d is None else num(d.candidate_gap)}</td><td>{p.matched_positions}/{p.positions}</td>"
+            f"<td>{'' if d is None else d.position}</td><td>{'' if d is None else num(d.shown_gaps()[0])}</td>"
+            f"<td>{'' if d is None else num(d.shown_gaps()[1])}</td><td>{p.matched_positions}/{p.positions}</td>"
             f"<td>{escape(r.diagnoses[p.id].short if p.id in r.diagnoses else reasons.get(p.id, ''))}</td></tr>"
         )
     return ("<h2>Prompts that do not match</h2><p class='legend'>One cell per position: "

@@ -120,8 +120,8 @@ def detail(
     if d is not None:
         parts.append(
             f"<p class='gaps'>reference {escape(_tok(dec, d.reference_token))} vs candidate "
-            f"{escape(_tok(dec, d.candidate_token))}: reference gap <b>{num(d.reference_gap)}</b>, candidate gap "
-            f"<b>{num(d.candidate_gap)}</b>, reference margin {num(d.reference_margin)} nats</p>"
+            f"{escape(_tok(dec, d.candidate_token))}: reference gap <b>{num(d.shown_gaps()[0])}</b>, candidate gap "
+            f"<b>{num(d.shown_gaps()[1])}</b>, reference margin {num(d.reference_margin)} nats</p>"
         )
         parts.append("<div class='tops'>"
                      + topk_table("reference", d.reference_top, d.reference_token, d.candidate_token, dec)

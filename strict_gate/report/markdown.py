@@ -210,7 +210,7 @@ def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
     return (
         f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
         f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
-        f"| {_gap(d.reference_gap)} | {_gap(d.candidate_gap)} "
+        f"| {_gap(d.shown_gaps()[0])} | {_gap(d.shown_gaps()[1])} "
         f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
     )
 
@@ -222,16 +222,20 @@ def _diagnosis(r: GateResult) -> list[str]:
     out = ["## Teacher-forced diagnosis", ""]
     out.append(
         f"{md(r.rescored_by or 'The reference engine')} re-scored each divergent prompt on the candidate's "
-        "own tokens (teacher forcing): gap = lp(argmax) − lp(candidate token) given the candidate's prefix."
+        "own tokens (teacher forcing): gap = lp(argmax) − lp(candidate token) given the candidate's prefix; "
+        "a candidate that can score re-scored the reference's tokens up to the divergence (its gap "
+        "lp(candidate token) − lp(reference token)). The diagnosis is the prompt's one classification, from both."
     )
     out.append("")
-    out.append("| prompt | pos | decode gap | re-scored gap | rest downstream? | diagnosis |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| prompt | pos | decode gap | re-scored gap | candidate re-scored gap | rest downstream? | diagnosis |")
+    out.append("|---|---|---|---|---|---|---|")
     for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
         rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
+        cand = "unknown" if dg.candidate is None or dg.candidate.gap is None else _gap(dg.candidate.gap)
         later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
         text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
-        out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {later} | {md(text)} |")
+        out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {cand} | {later} "
+                   f"| {md(text)} |")
     out.append("")
     out += _more(len(r.diagnoses) - MD_ROWS, "diagnosed prompts")
     return out
