@@ -106,10 +106,11 @@ def test_a_matching_prompt_or_a_report_without_divergence_exits_2(report_dir, tm
     assert out.returncode == 2 and "report.json is missing" in out.stdout + out.stderr
 
 
-def test_kda_recurrent_gate_names_a_kda_block_for_its_divergent_prompt(tmp_path):
-    """gates/kda-recurrent.toml as shipped (localize = true, bf16), on its one divergent prompt of
-    the battery (multi-006; benchmarks/README.md): the first point that differs, and grafted the
-    first that differs on its own, is a KDA attention block in every report format."""
+def test_kda_recurrent_gate_names_a_kda_block_for_its_flip(tmp_path):
+    """gates/kda-recurrent.toml as shipped (localize = "all", bf16), on the flip of the battery
+    that was divergent by its decode top-k alone (multi-006; a near-tie once both sides are
+    re-scored): the first point that differs, and grafted the first that differs on its own, is a
+    KDA attention block in every report format."""
     from dataclasses import replace
 
     line = next(x for x in (ROOT / "prompts/battery-128.jsonl").read_text(encoding="utf-8").splitlines()
