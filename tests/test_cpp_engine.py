@@ -273,16 +273,17 @@ def test_error_replies_keep_the_engine_serving(session):
 
 
 def test_an_error_reply_is_the_prompts_error_in_the_gate(binary, tmp_path):
-    """Through the gate's command side: the too-long prompt is recorded as an error, the engine
-    goes on with the next prompt."""
+    """Through the gate's command side: a prompt the engine refuses (an id past its vocabulary; a
+    too-long prompt the gate now refuses itself, from the hello's max_context) is recorded as an
+    error, and the engine goes on with the next prompt."""
     eng = CommandEngine(CommandOptions(command=[str(binary), "--model", str(MODEL)]), base_dir=ROOT)
     eng.log_path = tmp_path / "engine.log"
-    prompts = [PromptInput("long", tuple([1] * 600)), PromptInput("prose-001", tuple(PROMPTS["prose-001"]))]
+    prompts = [PromptInput("bad-id", (1, 10**6)), PromptInput("prose-001", tuple(PROMPTS["prose-001"]))]
     try:
         recs = list(eng.generate(prompts, Sampling(max_tokens=4, top_logprobs=5)))
     finally:
         eng.close()
-    assert recs[0].error is not None and "max_position_embeddings" in recs[0].error
+    assert recs[0].error is not None and "not a token id below the vocabulary size" in recs[0].error
     assert recs[1].error is None and len(recs[1].token_ids) == 4
 
 
