@@ -137,13 +137,16 @@ def test_compare_memory_is_bounded(tmp_path):
     """200 x 512 x 20 (116 MB of JSONL): the peak RSS of a child process running compare and
     every report stays under PEAK_RSS_MB (imports alone take about 100 MB)."""
     ref, cand = scale.write_runs(tmp_path, 200, 512, 20)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork + exec, so a child of a large
+    # pytest process would report the parent's pages; VmHWM belongs to the child's own memory map.
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from pathlib import Path\n"
         "from strict_gate.gate.run import compare_run_dirs\n"
         "r = compare_run_dirs(sys.argv[1], sys.argv[2], out=Path(sys.argv[3]))\n"
         "assert r.comparison.summary.prompts_total == 200\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "print(int(hwm.split()[1]) // 1024)\n"
     )
     p = subprocess.run([sys.executable, "-c", code, str(ref), str(cand), str(tmp_path / "out")],
                        capture_output=True, text=True, check=True)
