@@ -25,7 +25,11 @@ def _first(out: Any) -> Any:
 
 def named_modules(model: Any) -> dict[str, Any]:
     """Canonical point -> module, for a *ForCausalLM whose decoder is `model.model`."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return decoder_modules(model.get_decoder() if hasattr(model, "get_decoder") else model.model)
+
+
+def decoder_modules(base: Any) -> dict[str, Any]:
+    """Canonical point -> module of a Llama-style decoder (transformers' and vLLM's share the names)."""
     found = {"embed": base.embed_tokens}
     for i, layer in enumerate(base.layers):
         found[f"layers.{i}"] = layer

@@ -17,27 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from strict_gate.engines.torch_dump import decoder_modules
+
 _STORE = "_strict_gate_dump"
-
-
-def _modules(model: Any) -> dict[str, Any]:
-    base = model.model
-    found = {"embed": base.embed_tokens}
-    for i, layer in enumerate(base.layers):
-        found[f"layers.{i}"] = layer
-        for point, attr in (("attn", "self_attn"), ("mlp", "mlp")):
-            if hasattr(layer, attr):
-                found[f"layers.{i}.{point}"] = getattr(layer, attr)
-    if getattr(base, "norm", None) is not None:
-        found["norm"] = base.norm
-    return found
 
 
 def install(model: Any, points: list[str] | None) -> list[str]:
     """In the worker: hooks that append each forward call's rows per point."""
     store: dict[str, list] = {}
     hooks = []
-    modules = _modules(model)
+    modules = decoder_modules(model.model)
 
     def keep(name: str):
         def hook(module, args, out):
