@@ -169,3 +169,29 @@ def test_an_openai_server_under_concurrent_requests(fake_openai, tmp_path):
     v = _variants(tmp_path)
     assert v["concurrency-3"]["verdict"] == v["batch-4"]["verdict"] == "pass"
     assert v["concurrency-3"]["prompts_exact"] == 7
+
+
+# ---------------------------------------------------------------------------- issue 26, item 19: the console table
+
+
+@pytest.mark.parametrize("arms", [("candidate",), ("candidate", "reference")])
+def test_the_console_table_never_cuts_a_figure_at_80_columns(arms):
+    """128 prompts of 128 tokens over three variants: was "128/…" and "409…" in every figure
+    column of an 80-column terminal. Rendering only: the figures are the ones a run of this size has."""
+    from rich.console import Console
+
+    from strict_gate.invariance.config import InvariancePolicy
+    from strict_gate.invariance.verdict import InvarianceResult, VariantResult, VariantVerdict
+    from strict_gate.report.invariance_view import print_invariance
+
+    variants = tuple(VariantResult(n, a, (), 128, 127, 16384, 16380, 2, 1, (), VariantVerdict.PASS, seconds=10.0,
+                                   baseline_seconds=5.0)
+                     for n in ("batch-32", "concurrency-8", "chunked_prefill-256") for a in arms)
+    console = Console(width=80, record=True)
+    print_invariance(InvarianceResult(InvariancePolicy.STRICT, 0.5, {}, variants, {}), console)
+    lines = console.export_text().splitlines()
+    rows = [ln for ln in lines if " pass " in ln]
+    assert len(rows) == len(variants), lines
+    for ln in rows:
+        assert "127/128" in ln and "16380/16384" in ln and "2 (1 prompts)" in ln and "2.00x" in ln, lines
+    assert "…" not in "".join(lines) and max(map(len, lines)) <= 80
