@@ -200,8 +200,16 @@ def test_all_equal_samples_are_not_certainty():
     """5 x 5 identical repetitions on both arms (a timer at its resolution): was a zero-width
     interval [1, 1] at 99 % that passed a bar of 1.0."""
     from strict_gate.speed.interval import ratio_interval
-    from strict_gate.speed.model import (ArmFigures, Figure, Method, Rung, RungResult, SpeedVerdictKind,
-                                         TokenCheck, judge_speed)
+    from strict_gate.speed.model import (
+        ArmFigures,
+        Figure,
+        Method,
+        Rung,
+        RungResult,
+        SpeedVerdictKind,
+        TokenCheck,
+        judge_speed,
+    )
 
     figs = ArmFigures(Figure((0.5,) * 5), Figure((20.0,) * 5), Figure((20.0,) * 5), tokens=4)
     rung = RungResult(Rung("8/4", 8, 4), figs, figs, token_check=TokenCheck(checked=1))
