@@ -198,7 +198,7 @@ def test_an_inverted_interval_of_an_underflowed_estimate_does_not_raise():
 
 def test_all_equal_samples_are_not_certainty():
     """5 x 5 identical repetitions on both arms (a timer at its resolution): was a zero-width
-    interval [1, 1] at 99 % that passed a bar of 1.0."""
+    interval [1, 1] at 96.8 % that passed a bar of 1.0."""
     from strict_gate.speed.interval import ratio_interval
     from strict_gate.speed.model import (
         ArmFigures,
