@@ -96,5 +96,5 @@ def prefill_decode(probe: Probe) -> Verdict:
         raise Failed(f"prefill (score) and decode (generate) compute differently: {detail}")
     if positions and gap == 0:
         detail += ("; every figure agrees bit for bit, so this check cannot tell the two paths apart: the engine "
-                   "computes them alike (a float64 toy), or its generate logprobs come from a prefill pass too")
+                   "computes them alike, or its generate logprobs come from a prefill pass too")
     return Status.PASS, detail
