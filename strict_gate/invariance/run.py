@@ -19,8 +19,8 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, IncompleteRunError
 from strict_gate.invariance.config import BASELINE, InvarianceConfig, Variant, VariantKind
-from strict_gate.invariance.variants import VariantEngine
-from strict_gate.invariance.verdict import InvarianceResult, VariantResult, judge_variant, not_run
+from strict_gate.invariance.variants import VariantEngine, unexercised
+from strict_gate.invariance.verdict import CAUSES, InvarianceResult, VariantResult, judge_variant, not_run
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run
 
@@ -91,7 +91,7 @@ class _Arm:
         assert self.baseline is not None  # checked on entry
         self.results.append(judge_variant(v.name, self.arm, self.baseline, runs, policy=self.inv.policy,
                                           band=self.band, problems=problems, seconds=seconds,
-                                          baseline_seconds=self.baseline_s))
+                                          baseline_seconds=self.baseline_s, cause=CAUSES.get(v.kind, "batch")))
 
 
 def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, list[Variant]]]:
@@ -111,14 +111,16 @@ def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engin
     """Every arm of `inv.arms`: its batch-1 run, then its variants, each judged against it."""
     results: list[VariantResult] = []
     baselines = {}
+    skipped = {v: why for v in inv.variants if (why := unexercised(v, inputs)) is not None}
     for arm in inv.arms:
         a = _Arm(arm, inv, inputs, out_dir / arm, run, band)
         base = builders[arm]()
-        for engine, variants in _engines(base, inv.variants):
+        for engine, variants in _engines(base, [v for v in inv.variants if v not in skipped]):
             if a.baseline is None and BASELINE not in variants:
                 break  # the batch-1 run failed: every variant was marked not run
             a.serve(engine, variants)
-        results += a.results
+        said = {r.name for r in a.results}
+        results += a.results + [not_run(v.name, arm, why) for v, why in skipped.items() if v.name not in said]
         if a.baseline is not None:
             baselines[arm] = a.baseline.path
     order = {v.name: i for i, v in enumerate(inv.variants)}

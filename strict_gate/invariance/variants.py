@@ -39,6 +39,23 @@ def needle_batches(prompts: Sequence[PromptInput], max_size: int, seed: int) -> 
     return out
 
 
+def unexercised(v: Variant, prompts: Sequence[PromptInput]) -> str | None:
+    """Why the variant, on this prompt set, cannot exercise what it names (None: it can). A batch
+    of 8 over one prompt serves batches of one; a chunk of 256 never splits a 40-token prompt: such
+    a run passes whatever the engine does, so it is incomplete, never a pass."""
+    n, longest = len(prompts), max((len(p.token_ids) for p in prompts), default=0)
+    if n < 2 and (v.kind == VariantKind.NEEDLE or (v.kind in (VariantKind.BATCH, VariantKind.CONCURRENCY)
+                                                     and (v.size or 1) > 1)):
+        return (f"{v.name} could not exercise what it names: the prompt set has {n} prompt"
+                f"{'' if n == 1 else 's'}, so every request was served alone")
+    if v.kind == VariantKind.CHUNKED_PREFILL and v.size and longest <= v.size:
+        return (f"{v.name} could not exercise what it names: no prompt is longer than {v.size} tokens (the "
+                f"longest has {longest}), so no prefill was split into chunks")
+    if v.kind == VariantKind.PREFIX_CACHE and longest < 2:
+        return f"{v.name} could not exercise what it names: no prompt has two tokens, so none shares a prefix"
+    return None
+
+
 class VariantEngine(Engine):
     """Delegates everything to `inner` but generate(), which serves the variant's way."""
 

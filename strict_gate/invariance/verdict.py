@@ -5,7 +5,8 @@ A prompt that moved is classified from both runs' margins, as the gate classifie
 against its reference: a flip inside the band is a batch-variant near-tie (the reduction order
 changed and two almost-equal logits swapped), beyond it a real batch dependence. `distinct
 outputs` counts the token sequences one prompt had over the batch-1 run and the variant's
-repeats. A variant whose run failed, or any prompt missing or errored, is incomplete: never a
+repeats. A variant whose run failed, that could not exercise what it names on the prompt set
+(variants.unexercised), or any prompt missing or errored, is incomplete: never a
 pass. Under the informational policy (the default) the figures are reported and the exit code
 stays the token verdict's.
 """
@@ -17,14 +18,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from strict_gate.errors import ExitCode
-from strict_gate.invariance.config import InvariancePolicy
+from strict_gate.invariance.config import InvariancePolicy, VariantKind
 from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status, compare_runs
 from strict_gate.runs.records import Run
 
 # how far a prompt moved: its worst status over a variant's repeats is the one reported
 _RANK = {Status.MATCH: 0, Status.NEAR_TIE: 1, Status.DIVERGENT: 2, Status.LENGTH_MISMATCH: 2,
          Status.NOT_GREEDY: 3, Status.TOKENIZATION_MISMATCH: 3, Status.MISSING: 4, Status.ERROR: 4}
-LABELS = {Status.NEAR_TIE: "batch-variant near-tie", Status.DIVERGENT: "batch dependence"}
+LABELS = {Status.NEAR_TIE: "{}-variant near-tie", Status.DIVERGENT: "{} dependence"}
+# what a variant varies, named in its labels ("batch" for the rest): a move under a prefill
+# chunk is no batch dependence
+CAUSES = {VariantKind.CHUNKED_PREFILL: "prefill-chunk", VariantKind.PREFIX_CACHE: "prefix-cache"}
 
 
 class VariantVerdict(StrEnum):
@@ -48,10 +52,11 @@ class Moved:
     reason: str
     baseline_tokens: tuple[int, ...] = ()  # both sequences, for the report's agreement strip
     variant_tokens: tuple[int, ...] = ()
+    cause: str = "batch"  # what the variant varied (CAUSES)
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.status, str(self.status))
+        return LABELS[self.status].format(self.cause) if self.status in LABELS else str(self.status)
 
     def to_json(self) -> dict:
         return {"id": self.id, "run": self.run, "status": self.status.value, "label": self.label,
@@ -147,12 +152,12 @@ def _tokens(run: Run, pid: str) -> tuple[int, ...]:
     return () if rec is None or rec.error is not None else tuple(rec.token_ids)
 
 
-def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run]) -> Moved:
+def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str) -> Moved:
     d = p.first_divergence
     return Moved(p.id, k, p.status, d.position if d else None, d.reference_token if d else None,
                  d.candidate_token if d else None, d.reference_gap if d else None,
                  d.candidate_gap if d else None, d.reason if d else p.detail,
-                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id))
+                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause)
 
 
 def _fails(status: Status, policy: InvariancePolicy) -> bool:
@@ -162,7 +167,7 @@ def _fails(status: Status, policy: InvariancePolicy) -> bool:
 
 def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, policy: InvariancePolicy,
                   band: float, problems: Sequence[str] = (), seconds: float | None = None,
-                  baseline_seconds: float | None = None) -> VariantResult:
+                  baseline_seconds: float | None = None, cause: str = "batch") -> VariantResult:
     """Every run of the variant against the batch-1 run, prompt by prompt, its worst run reported."""
     ids = list(baseline.manifest.prompt_ids or baseline.records)
     worst: dict[str, tuple[PromptComparison, int]] = {}
@@ -191,7 +196,7 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
         positions_total=sum(width.values()), positions_matched=sum(matched.values()),
         distinct_outputs=max(distinct.values(), default=0),
         prompts_distinct=sum(1 for n in distinct.values() if n > 1),
-        divergences=tuple(_moved(p, k, baseline, runs) for p, k in worst.values() if p.status != Status.MATCH),
+        divergences=tuple(_moved(p, k, baseline, runs, cause) for p, k in worst.values() if p.status != Status.MATCH),
         verdict=verdict, problems=tuple(problems), seconds=seconds, baseline_seconds=baseline_seconds,
     )
 

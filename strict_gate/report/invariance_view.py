@@ -78,15 +78,21 @@ _STYLE = {VariantVerdict.PASS: "bold green", VariantVerdict.FAIL: "bold red", Va
 
 
 def console_table(inv: InvarianceResult) -> Table:
-    t = Table(title=Text("invariance", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t = Table(title=Text("invariance", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
     one_arm = len({v.arm for v in inv.variants}) <= 1  # then the arm is said once, in the title
     if one_arm and inv.variants:
         t.title = Text(f"invariance ({inv.variants[0].arm})", no_wrap=True)
-    for h in HEAD:
-        if not (one_arm and h == "arm"):
-            t.add_column(h, no_wrap=h in ("variant", "verdict", "cost"))
-    for v in inv.variants:
-        cells = [Text(visible(c)) for i, c in enumerate(row(v)) if not (one_arm and i == 1)]
+    heads = [h for h in HEAD if not (one_arm and h == "arm")]
+    short = {"candidate": "cand", "reference": "ref"}  # the arm in few columns: the figures need them
+    rows = [[visible(short.get(c, c) if i == 1 else c) for i, c in enumerate(row(v)) if not (one_arm and i == 1)]
+            for v in inv.variants]
+    for k, h in enumerate(heads):
+        if h in ("variant", "arm"):  # a long name folds onto a second line where 80 columns are too few
+            t.add_column(h, overflow="fold", min_width=min(len(h), 9))
+        else:  # a figure is never cut ("128/…"): its column is fixed to its widest cell or header word
+            t.add_column(h, width=max([len(r[k]) for r in rows] + [len(w) for w in h.split()]))
+    for v, texts in zip(inv.variants, rows, strict=True):
+        cells = [Text(c, no_wrap=heads[k] not in ("variant", "arm")) for k, c in enumerate(texts)]
         cells[1 if one_arm else 2].stylize(_STYLE[v.verdict])
         t.add_row(*cells)
     return t
