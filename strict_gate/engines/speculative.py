@@ -54,6 +54,8 @@ def _positive(entry: Mapping, key: str, where: str, *, required: bool = False) -
 
 def read_speculation(entry: object, where: str) -> Speculation:
     """One `{ method = "ngram", num_speculative_tokens = 3 }`; ValueError says what is wrong."""
+    if isinstance(entry, Speculation):  # read already (a checked table is checked again when made)
+        return entry
     if not isinstance(entry, Mapping):
         raise ValueError(f'{where} must be a table such as {{ method = "ngram", num_speculative_tokens = 3 }}, '
                          f"got {entry!r}")
@@ -74,12 +76,9 @@ def read_speculation(entry: object, where: str) -> Speculation:
     return Speculation(method, k, hi, lo, model)
 
 
-def read_speculations(entries: list) -> tuple[Speculation, ...]:
-    """`speculative = [...]` of an [invariance] table: distinct configurations, at least one."""
-    if not entries:
-        raise ValueError("[invariance] speculative must list at least one configuration, e.g. "
-                         '[{ method = "ngram", num_speculative_tokens = 3 }]')
-    out = tuple(read_speculation(e, f"[invariance] speculative[{i}]") for i, e in enumerate(entries))
+def read_speculations(entries: list) -> list[Speculation]:
+    """`speculative = [...]` of an [invariance] table: distinct configurations."""
+    out = [read_speculation(e, f"[invariance] speculative[{i}]") for i, e in enumerate(entries)]
     names = [s.name for s in out]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

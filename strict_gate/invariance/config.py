@@ -97,7 +97,7 @@ class InvarianceKeys(Checked):
     chunked_prefill: Chunks = field(default_factory=list)
     prefix_cache: bool = False
     needle: bool = False
-    speculative: Annotated[tuple[Speculation, ...], Parse(read_speculations, takes=list)] = ()
+    speculative: Annotated[list[Speculation], Parse(read_speculations, takes=list)] = field(default_factory=list)
     repeats: PositiveInt = 1
     policy: Annotated[InvariancePolicy, Parse(check_invariance_policy, takes=str)] = InvariancePolicy.INFORMATIONAL
     seed: NonNegativeInt = 0

@@ -33,7 +33,8 @@ _RANK = {Status.MATCH: 0, Status.NEAR_TIE: 1, Status.DIVERGENT: 2, Status.LENGTH
          Status.NOT_GREEDY: 3, Status.TOKENIZATION_MISMATCH: 3, Status.MISSING: 4, Status.ERROR: 4}
 LABELS = {Status.NEAR_TIE: "batch-variant near-tie", Status.DIVERGENT: "batch dependence"}
 EXACT_LABELS = {Status.NEAR_TIE: "speculation flipped a near-tie (a lossless speculator flips none)",
-                Status.DIVERGENT: "speculation changed a token"}
+                Status.DIVERGENT: "speculation changed a token",
+                Status.NOT_GREEDY: "speculation emitted a token that is not its own argmax"}
 
 
 class VariantVerdict(StrEnum):

@@ -3,9 +3,10 @@
 Each step builds the candidate's checkout with the user's command and runs the gate against a
 stored reference (the config's recorded baseline, or the live reference run once before the
 bisection, into the bisect directory: vLLM is never reloaded), tokens only (no [speed], no
-drift, no teacher-forced diagnosis: nothing that loads another engine). The gate's exit code
-becomes git's: pass -> good (0), fail -> bad (1), an engine failure or incomplete gate, or a
-build that fails -> skip (125), bad input -> abort (128, the message kept). Both ends are
+drift, no teacher-forced diagnosis: nothing that loads another engine) plus the candidate's
+[invariance] variants. The gate's exit code becomes git's: pass -> good (0), fail or a variant
+that moved (5: a speculative run that changed a token) -> bad (1), an engine failure or
+incomplete gate, or a build that fails -> skip (125), bad input -> abort (128, the message kept). Both ends are
 tested first: a --good that fails or a --bad that passes is bad input, not a bisection.
 
 The repository is left as it was: `git bisect reset` (or a checkout of the original HEAD)
@@ -47,7 +48,9 @@ class StepVerdict(StrEnum):
 
 
 GIT_CODE = {StepVerdict.GOOD: 0, StepVerdict.BAD: 1, StepVerdict.SKIP: 125, StepVerdict.ABORT: 128}
-VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP}
+# 5: an [invariance] variant moved (a speculative run changed a token): as bad as a flip
+VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP,
+                   5: StepVerdict.BAD}
 
 
 @dataclass(frozen=True)
@@ -170,11 +173,16 @@ def _stored_reference(cfg: GateConfig, prompts: Path, out: Path) -> Path:
 
 
 def step_config(cfg: GateConfig, prompts: Path, reference: Path, out: Path) -> GateConfig:
-    """The gate each step runs: tokens only, against the stored reference."""
+    """The gate each step runs: tokens against the stored reference, and the candidate's own
+    [invariance] variants (a speculative variant among them): they run on the candidate alone,
+    and the reference is stored, so its variants are dropped."""
     recorded = ArmConfig("reference", "recorded", RecordedOptions(path=str(reference.resolve())),
                          base_dir=cfg.reference.base_dir)
+    inv = cfg.invariance
+    if inv is not None:
+        inv = replace(inv, arms=("candidate",)) if "candidate" in inv.arms else None
     return replace(cfg, prompts=prompts, reference=recorded, rescorer=None, diagnose=False, drift=False,
-                   speed=None, output_dir=out / "steps")
+                   speed=None, invariance=inv, output_dir=out / "steps")
 
 
 # ---------------------------------------------------------------------------- one step

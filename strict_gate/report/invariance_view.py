@@ -65,7 +65,7 @@ def speculation_row(v: VariantResult) -> tuple[str, ...]:
     equal = "equal" if v.prompts_exact == v.prompts_total and not v.problems else "MOVED" \
         if v.divergences else "incomplete"
     time = "–" if v.seconds is None or v.baseline_seconds is None else \
-        f"{v.seconds:.1f} s ({v.baseline_seconds:.1f} s, {_cost(v)})"
+        f"{v.seconds:.3g} s ({v.baseline_seconds:.3g} s, {_cost(v)})"
     return (v.name, v.arm, f"{equal}, {v.prompts_exact}/{v.prompts_total} exact", *_counts(v), time)
 
 
