@@ -63,13 +63,11 @@ def main() -> int:
     args = ap.parse_args()
     caps = ["generate"] + ([] if args.mode == "undeclared" else ["speculative"])
     send({"hello": "strict-gate/engine@1", "name": "spec-engine", "version": "1", "capabilities": caps})
-    served = 0
-    for line in sys.stdin:
+    for served, line in enumerate(sys.stdin, start=1):
         req = json.loads(line)
         if req.get("op") == "shutdown":
             return 0
         spec = req.get("speculative")
-        served += 1
         speculating = spec is not None and (args.mode != "some" or served % 2 == 0)
         out = reply(req, args.gap, flip=speculating and args.mode == "some")
         k = spec["num_speculative_tokens"] if spec else 3
