@@ -216,11 +216,11 @@ class Engine {
     const long long max_tokens = integer(req, "max_tokens", -1, 1), k = integer(req, "top_logprobs", 0, 0);
     const bool stream = flag(req, "stream");
     if (prompt.empty()) throw std::runtime_error("\"prompt_token_ids\" is empty");
-    // a rejected draft may write up to K positions past the last token kept
-    if (prompt.size() + max_tokens + sr.k > size_t(m_.c.max_pos))
+    // the plain rule: a draft is never longer than the tokens still to emit minus one, so a verify
+    // pass writes no position beyond the last one plain decoding would reach
+    if (prompt.size() + max_tokens - 1 > size_t(m_.c.max_pos))
       throw std::runtime_error(std::to_string(prompt.size()) + " prompt ids + max_tokens " + std::to_string(max_tokens) +
-                               " + K " + std::to_string(sr.k) + " do not fit max_position_embeddings " +
-                               std::to_string(m_.c.max_pos));
+                               " do not fit max_position_embeddings " + std::to_string(m_.c.max_pos));
     const std::set<long long> eos = request_eos(req);
     const auto t0 = std::chrono::steady_clock::now();
     double ttft = 0;
