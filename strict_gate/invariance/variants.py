@@ -3,7 +3,8 @@
 The gate's own runner (gate/arm.py's run_arm) drives it, so a variant's run is an ordinary run
 directory, written record by record and audited like any arm's. Only the way prompts reach
 the engine differs: one at a time (the batch-1 baseline, chunked prefill), in batches, with
-requests in flight, after a prompt that shares the prefix, or hidden in a batch of others.
+requests in flight, after a prompt that shares the prefix, or hidden in a batch of others; a
+speculative variant serves them one at a time, on an engine that drafts and verifies.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class VariantEngine(Engine):
             raise EngineError(f"the {self.variant.name} variant needs an engine that serves {needed}; this "
                               f"{inner.kind} engine, once started, serves {serves} (a command engine declares them "
                               "in its hello: docs/engine-protocol.md, section 5)")
-        if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL):
+        if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL, VariantKind.SPECULATIVE):
             for p in prompts:  # one prompt per call, whatever the arm's own `batch` says
                 yield from inner.generate([p], sampling)
         elif kind == VariantKind.BATCH:

@@ -52,7 +52,9 @@ class StepVerdict(StrEnum):
 
 
 GIT_CODE = {StepVerdict.GOOD: 0, StepVerdict.BAD: 1, StepVerdict.SKIP: 125, StepVerdict.ABORT: 128}
-VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP}
+# 5: an [invariance] variant moved (a speculative run changed a token): as bad as a flip
+VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP,
+                   5: StepVerdict.BAD}
 
 
 @dataclass(frozen=True)
