@@ -109,6 +109,10 @@ class Engine(ABC):
         """Checks of parsed options that need the engine's own knowledge, run when the config is
         read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""
 
+    def check_prompt_set(self, ps, arm: str) -> None:
+        """Refuse a prompt set this arm cannot be fed (ConfigError naming the file): a text-only
+        server needs every prompt's text. Any set fits by default."""
+
     def set_log_path(self, path: str | Path) -> None:
         """Where the engine's process output goes (the runner passes <run dir>/engine.log)."""
         self.log_path = path

@@ -19,6 +19,7 @@ from strict_gate.judge.diagnose import cross_check, diagnose, score_candidate
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
+from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Run, Sampling, now_iso
@@ -42,7 +43,7 @@ def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = N
 def compare(spec: GateSpec, ref: Run, cand: Run) -> Comparison:
     ids = spec.prompt_set.ids
     return compare_runs(ref.records, cand.records, band=spec.band, prompt_ids=None if ids is None else list(ids),
-                        greedy_tolerance=spec.greedy_tolerance)
+                        greedy_tolerance=spec.greedy_tolerance, decode=run_decoder(cand))
 
 
 def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
@@ -67,8 +68,10 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
             diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
-    comparison, diagnoses = cross_check(comparison, diagnoses, {}, not_scored=NOT_SCORED)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems))
+    comparison, diagnoses = cross_check(comparison, diagnoses, {},
+                                        not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
+                           diagnoses=diagnoses)
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -102,7 +105,8 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
             scores = score_candidate(result.comparison, ref.records, candidate, spec.sampling.top_logprobs)
         why = NOT_SCORED
     else:
-        scores, why = {}, f"the candidate engine ({candidate.kind}) cannot score"
+        scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
     comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, not_scored=why)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
+                           diagnoses=diagnoses)
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

@@ -31,6 +31,7 @@ from strict_gate.judge.history import append_history, with_history
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.staleness import baseline_staleness
+from strict_gate.judge.text_only import run_decoder
 from strict_gate.report import GateResult
 from strict_gate.runs.audit import check_comparable
 from strict_gate.runs.layout import ReportDir
@@ -101,7 +102,7 @@ def compare_run_dirs(
                     sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
     assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
     comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
-                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP)
+                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP, decode=run_decoder(cand))
     result = judge(spec, ref, cand, comparison=comparison,
                    problems=_unheld(ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys()))
     if out is not None:
@@ -178,6 +179,8 @@ def run_gate(
         assert cfg.candidate is not None  # load_gate_config requires one for a gate
         candidate = cfg.candidate.build()
     reference.check_compatible(ps.sha256, spec.sampling)
+    for role, engine in (("reference", reference), ("candidate", candidate)):
+        engine.check_prompt_set(ps, role)
     report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
     with report_lock(report):
         try:  # the reference's tokenizer may log on loading: into its run directory's engine.log

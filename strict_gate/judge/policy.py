@@ -5,6 +5,13 @@ near-tie        every prompt matches or diverges at a near-tie (both gaps within
 distributional  the candidate's tokens equal one of the reference's K captured samples
 auto            strict where the reference's samples agree (or none were captured),
                 distributional where the reference itself disagrees across runs
+near-tie-reference-only
+                ONE-SIDED, WEAKER: every prompt matches, or diverges where the reference's
+                re-scored gap is within the band at the first divergence and at every later
+                position (the reference teacher-forced on the candidate's tokens); the
+                candidate's own gap is never asked for. The bar for a text-only server, whose
+                own margin cannot be known (vllm.cpp's own gate is this rule). Every report
+                says so in its verdict line (ONE_SIDED).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from enum import StrEnum
 
 from strict_gate.errors import ConfigError, ExitCode
 from strict_gate.judge.compare import UNCOMPARED, Comparison, PromptComparison, Status
+from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.judge.one_sided import reference_only
 from strict_gate.runs.records import Record
 
 
@@ -25,6 +34,12 @@ class Policy(StrEnum):
     NEAR_TIE = "near-tie"
     DISTRIBUTIONAL = "distributional"
     AUTO = "auto"
+    NEAR_TIE_REFERENCE_ONLY = "near-tie-reference-only"
+
+    @property
+    def one_sided(self) -> bool:
+        """Judged from the reference's side alone: weaker than the two-sided near-tie."""
+        return self is Policy.NEAR_TIE_REFERENCE_ONLY
 
 
 class VerdictKind(StrEnum):
@@ -34,6 +49,8 @@ class VerdictKind(StrEnum):
 
 
 POLICIES = tuple(p.value for p in Policy)
+ONE_SIDED = ("one-sided and weaker: a divergence passes on the reference's re-scored gaps alone (within the band "
+             "at the first divergence and every later position); the candidate's own gap is not known")
 NAMED = 20  # failing (or uncompared) prompts named in a verdict's reasons
 
 
@@ -53,6 +70,11 @@ class Verdict:
     prompts: tuple[PromptVerdict, ...]
     reasons: tuple[str, ...]  # why it passed or failed, in words, most important first
     notes: tuple[str, ...] = ()
+
+    @property
+    def policy_words(self) -> str:
+        """The policy as a verdict line names it: a one-sided policy says that it is one."""
+        return f"{self.policy} ({ONE_SIDED})" if Policy(self.policy).one_sided else str(self.policy)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -80,16 +102,22 @@ def apply_policy(
     candidate: Mapping[str, Record],
     *,
     run_problems: tuple[str, ...] = (),
+    diagnoses: Mapping[str, Diagnosis] | None = None,
 ) -> Verdict:
     """Judge a comparison. run_problems (an arm that failed or stopped early) force incomplete:
-    a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge."""
+    a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge.
+    `diagnoses` (the reference's re-scoring) is what policy near-tie-reference-only judges by."""
     policy = check_policy(policy)
     if policy == Policy.DISTRIBUTIONAL:
         _require_samples(comparison, reference)
     verdicts = tuple(
-        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate) for pc in comparison.prompts
+        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, diagnoses or {},
+                        comparison.band)
+        for pc in comparison.prompts
     )
     notes = _auto_notes(comparison, verdicts, reference) if policy == Policy.AUTO else ()
+    if policy.one_sided:
+        notes = (f"policy {policy}: {ONE_SIDED}",)
     verdict, reasons = _outcome(comparison, verdicts, policy, run_problems)
     return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
 
@@ -114,7 +142,8 @@ def _rule(policy: Policy, rec: Record | None) -> Policy:
 
 
 def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, Record],
-                    candidate: Mapping[str, Record]) -> PromptVerdict:
+                    candidate: Mapping[str, Record], diagnoses: Mapping[str, Diagnosis], band: float
+                    ) -> PromptVerdict:
     if pc.status in UNCOMPARED:
         return PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}")
     if pc.status == Status.TOKENIZATION_MISMATCH:
@@ -124,7 +153,10 @@ def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, 
     if rule == Policy.DISTRIBUTIONAL:
         return _distributional(pc, rule, reference[pc.id], candidate[pc.id])
     if pc.status == Status.MATCH:
-        return PromptVerdict(pc.id, True, rule, "exact match")
+        return PromptVerdict(pc.id, True, rule, f"exact match ({pc.detail})" if pc.detail else "exact match")
+    if rule == Policy.NEAR_TIE_REFERENCE_ONLY and pc.status in (Status.DIVERGENT, Status.NEAR_TIE):
+        passed, why = reference_only(pc, diagnoses.get(pc.id), band)
+        return PromptVerdict(pc.id, passed, rule, why)
     return _diverged(pc, rule)
 
 

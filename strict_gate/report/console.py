@@ -136,7 +136,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     console.print(
         Text.assemble(
             (f"{v.verdict.upper()}", _STYLE[v.verdict]),
-            f"  policy {v.policy}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
+            f"  policy {v.policy_words}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
             f"positions {s.positions_matched}/{s.positions_total} (prefix {s.prefix_positions})"
             + (f"; {counts}" if counts else ""),
         )

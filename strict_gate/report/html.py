@@ -175,7 +175,7 @@ def render(r: GateResult) -> str:
     speed_line = ("" if speed is None else  # its own line: it never changes the token verdict
                   f"<p class='speedv {escape(speed.verdict)}'><a href='#speed'>{escape(speed.verdict_line)}</a></p>")
     headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
-                f"policy {escape(v.policy)}, band {v.band} nats")
+                f"policy {escape(v.policy_words)}, band {v.band} nats")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>strict-gate: {escape(r.name)}</title>
 <style>{CSS}</style></head><body>

@@ -11,6 +11,7 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
+from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult
 from strict_gate.report import invariance_view, speed_view
 from strict_gate.report.drift_view import junit_properties
@@ -30,6 +31,7 @@ def render(r: GateResult) -> str:
     for k, val in (
         ("verdict", r.verdict.verdict),
         ("policy", r.verdict.policy),
+        *((("policy_note", ONE_SIDED),) if Policy(r.verdict.policy).one_sided else ()),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
         *junit_properties(r.drift),

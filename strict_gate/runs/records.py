@@ -95,6 +95,27 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class TextReply:
+    """What a text-only server (an openai arm with `text_only = true`) answered for one prompt: its
+    text, and the counts it stated. The record's token_ids are that text tokenized in context by
+    the arm's tokenizer; the gate keeps the server's own figures so the judge can check them."""
+
+    text: str  # the completion text as the server returned it
+    usage_prompt_tokens: int | None = None  # usage.prompt_tokens: how many tokens the server fed
+    usage_completion_tokens: int | None = None  # usage.completion_tokens: how many it generated
+    server_prompt_token_ids: tuple[int, ...] | None = None  # its /tokenize of the prompt text, where it has one
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "usage_prompt_tokens": self.usage_prompt_tokens,
+            "usage_completion_tokens": self.usage_completion_tokens,
+            "server_prompt_token_ids": None if self.server_prompt_token_ids is None
+            else list(self.server_prompt_token_ids),
+        }
+
+
+@dataclass(frozen=True)
 class Record:
     """One prompt's greedy output. top_logprobs[i] is step i's top-k, logprob descending."""
 
@@ -106,6 +127,7 @@ class Record:
     samples: tuple[tuple[int, ...], ...] | None = None
     error: str | None = None
     timing: Timing | None = None
+    text_only: TextReply | None = None  # a text-only server's reply: no logprobs were claimed
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {
@@ -123,6 +145,8 @@ class Record:
             out["error"] = self.error
         if self.timing is not None:
             out["timing"] = self.timing.to_json()
+        if self.text_only is not None:  # absent on every other record: run@1 unchanged
+            out["text_only"] = self.text_only.to_json()
         return out
 
     def logprob_at(self, step: int, token: int) -> float | None:

@@ -1,0 +1,84 @@
+"""Judging a text-only record (a server that answers text: docs/engine-protocol.md).
+
+Such a record's token ids are the server's text tokenized in context by the arm's tokenizer,
+and it carries no logprobs. What the judge can still say:
+- whether the server read the prompt as the gate tokenized it: usage.prompt_tokens against the
+  prompt's ids (a server that ignored the prompt, or added or dropped a BOS, feeds another
+  count), and its /tokenize of the prompt text where it has one (prompt_problem);
+- whether the text equals the reference's text (text_level): the reference's ids decoded in
+  context by the same tokenizer. Equal text is a match, said as text-level, even where the
+  re-tokenization differs from the reference's own ids (a model may emit a token split that
+  the tokenizer would not produce from the text);
+- at a difference, where the first differing token is: the comparator's divergence, which the
+  reference re-scores on the candidate's prefix. The candidate's own gap stays unknown
+  (TEXT_ONLY), so a two-sided policy keeps it divergent; policy near-tie-reference-only
+  judges it from the reference's side alone (judge/policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from strict_gate.runs.records import Record, Run
+
+TEXT_ONLY = "text-only server"  # why a text-only candidate's own gap is unknown
+Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, continuation ids) -> text
+
+
+def prompt_problem(rec: Record) -> str | None:
+    """Why the server's own figures say it did not read the prompt the gate tokenized, or None."""
+    t = rec.text_only
+    if t is None:
+        return None
+    n = len(rec.prompt_token_ids)
+    if t.usage_prompt_tokens is not None and t.usage_prompt_tokens != n:
+        return (f"the server fed {t.usage_prompt_tokens} prompt tokens (usage.prompt_tokens) for a prompt of {n} "
+                f"ids: it {_guess(t.usage_prompt_tokens, n)}")
+    ids = t.server_prompt_token_ids
+    if ids is not None and tuple(ids) != tuple(rec.prompt_token_ids):
+        k = next((i for i, (a, b) in enumerate(zip(ids, rec.prompt_token_ids)) if a != b), min(len(ids), n))
+        return (f"the server's /tokenize of the prompt text differs from the prompt's ids at index {k} (server "
+                f"{list(ids[k:k + 3])}, {len(ids)} ids; gate {list(rec.prompt_token_ids[k:k + 3])}, {n} ids)")
+    return None
+
+
+def _guess(fed: int, n: int) -> str:
+    if fed == n + 1:
+        return "added a token, such as a second BOS"
+    if fed == n - 1:
+        return "dropped a token, such as the BOS"
+    if fed < n:
+        return "ignored or truncated the prompt"
+    return "tokenized the prompt otherwise"
+
+
+def text_level(ref: Record, cand: Record, decode: Decode | None) -> bool:
+    """The candidate's text equals the reference's ids decoded in context, with the same finish."""
+    if cand.text_only is None or decode is None or ref.finish_reason != cand.finish_reason:
+        return False
+    return decode(ref.prompt_token_ids, ref.token_ids) == cand.text_only.text
+
+
+def is_text_only(run: Run) -> bool:
+    """A run made by a text-only arm (its engine options say so)."""
+    return bool(run.manifest.engine.options.get("text_only"))
+
+
+def run_decoder(run: Run) -> Decode | None:
+    """Decoding in context with the text-only arm's tokenizer (named in its manifest), or None
+    when the run is not text-only or the tokenizer is not on this machine (then only equal ids
+    are a match)."""
+    path = run.manifest.engine.tokenizer
+    if not is_text_only(run) or not path or not Path(path).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(path)
+
+    def decode(prompt: Sequence[int], continuation: Sequence[int]) -> str | None:
+        head = tok.decode(list(prompt), skip_special_tokens=True)
+        full = tok.decode(list(prompt) + list(continuation), skip_special_tokens=True)
+        return full[len(head):] if full.startswith(head) else None
+
+    return decode
