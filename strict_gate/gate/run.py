@@ -178,9 +178,9 @@ def run_gate(
     if candidate is None:
         assert cfg.candidate is not None  # load_gate_config requires one for a gate
         candidate = cfg.candidate.build()
-    reference.check_compatible(ps.sha256, spec.sampling)
     for role, engine in (("reference", reference), ("candidate", candidate)):
-        engine.check_prompt_set(ps, role)
+        engine.check_prompt_set(ps, role)  # e.g. a text-only arm and a set of token ids
+    reference.check_compatible(ps.sha256, spec.sampling)
     report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
     with report_lock(report):
         try:  # the reference's tokenizer may log on loading: into its run directory's engine.log

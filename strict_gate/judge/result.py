@@ -157,6 +157,7 @@ def _prompt_json(p, v, r: GateResult) -> dict:
             "candidate_length": p.candidate_length,
             "first_divergence": None,
             "diagnosis": None,
+            **({"detail": p.detail} if p.detail else {}),  # a text-level match says so
         }
     return {
         "id": p.id,

@@ -28,29 +28,7 @@ Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, co
 
 def prompt_problem(rec: Record) -> str | None:
     """Why the server's own figures say it did not read the prompt the gate tokenized, or None."""
-    t = rec.text_only
-    if t is None:
-        return None
-    n = len(rec.prompt_token_ids)
-    if t.usage_prompt_tokens is not None and t.usage_prompt_tokens != n:
-        return (f"the server fed {t.usage_prompt_tokens} prompt tokens (usage.prompt_tokens) for a prompt of {n} "
-                f"ids: it {_guess(t.usage_prompt_tokens, n)}")
-    ids = t.server_prompt_token_ids
-    if ids is not None and tuple(ids) != tuple(rec.prompt_token_ids):
-        k = next((i for i, (a, b) in enumerate(zip(ids, rec.prompt_token_ids)) if a != b), min(len(ids), n))
-        return (f"the server's /tokenize of the prompt text differs from the prompt's ids at index {k} (server "
-                f"{list(ids[k:k + 3])}, {len(ids)} ids; gate {list(rec.prompt_token_ids[k:k + 3])}, {n} ids)")
-    return None
-
-
-def _guess(fed: int, n: int) -> str:
-    if fed == n + 1:
-        return "added a token, such as a second BOS"
-    if fed == n - 1:
-        return "dropped a token, such as the BOS"
-    if fed < n:
-        return "ignored or truncated the prompt"
-    return "tokenized the prompt otherwise"
+    return None if rec.text_only is None else rec.text_only.misread(rec.prompt_token_ids)
 
 
 def text_level(ref: Record, cand: Record, decode: Decode | None) -> bool:

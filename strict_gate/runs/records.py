@@ -114,6 +114,22 @@ class TextReply:
             else list(self.server_prompt_token_ids),
         }
 
+    def misread(self, prompt_ids: Sequence[int]) -> str | None:
+        """Why the server's own figures say it did not read the prompt as `prompt_ids`, or None:
+        usage.prompt_tokens off (a prompt ignored, a BOS added or dropped), its /tokenize other."""
+        n, fed = len(prompt_ids), self.usage_prompt_tokens
+        if fed is not None and fed != n:
+            how = ("added a token, such as a second BOS" if fed == n + 1 else
+                   "dropped a token, such as the BOS" if fed == n - 1 else
+                   "ignored or truncated the prompt" if fed < n else "tokenized the prompt otherwise")
+            return f"the server fed {fed} prompt tokens (usage.prompt_tokens) for a prompt of {n} ids: it {how}"
+        ids = self.server_prompt_token_ids
+        if ids is not None and tuple(ids) != tuple(prompt_ids):
+            k = next((i for i, (a, b) in enumerate(zip(ids, prompt_ids)) if a != b), min(len(ids), n))
+            return (f"the server's /tokenize of the prompt text differs from the prompt's ids at index {k} (server "
+                    f"{list(ids[k:k + 3])}, {len(ids)} ids; gate {list(prompt_ids[k:k + 3])}, {n} ids)")
+        return None
+
 
 @dataclass(frozen=True)
 class Record:

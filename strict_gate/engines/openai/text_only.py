@@ -106,13 +106,14 @@ def text_record(p: PromptInput, choice: dict, encode: Encode, sampling: Sampling
     if problem is not None:
         return Record(id=p.id, prompt_token_ids=p.token_ids, error=problem, timing=timing)
     placed = in_context(encode, p.text, choice["text"])
-    if placed.problem is not None:
-        return Record(id=p.id, prompt_token_ids=placed.prompt_ids, error=placed.problem, timing=timing)
     usage = choice["usage"]
     reply = TextReply(choice["text"], _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
                       None if server_ids is None else tuple(server_ids))
-    return Record(id=p.id, prompt_token_ids=placed.prompt_ids, token_ids=placed.continuation,
-                  finish_reason=choice["finish_reason"], timing=timing, text_only=reply)
+    rec = Record(id=p.id, prompt_token_ids=placed.prompt_ids, token_ids=placed.continuation,
+                 finish_reason=choice["finish_reason"], timing=timing, text_only=reply)
+    if placed.problem is None or reply.misread(placed.prompt_ids) is not None:  # a server that misread the prompt is
+        return rec  # told by that (judge/text_only.py), before any placement of its reply
+    return Record(id=p.id, prompt_token_ids=placed.prompt_ids, error=placed.problem, timing=timing)
 
 
 def repeat_problem(first: Record, again: Record) -> str | None:
