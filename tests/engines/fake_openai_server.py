@@ -67,6 +67,9 @@ class Behaviour:
     double_bos: bool = False
     wrong_at: int | None = None
     wrong_prompts: int = 1 << 30  # how many distinct prompts (the first served) wrong_at spoils
+    flaky: bool = False  # TEXT_ONLY: every second request's tokens come in reverse order
+    usage: bool = True  # TEXT_ONLY: the answer states usage
+    overrun: int = 0  # TEXT_ONLY: generates max_tokens + overrun tokens
 
 
 def fake_token(prompt, i: int) -> int:
@@ -167,6 +170,7 @@ class _TextModel:
 
     def generate(self, prompt: list[int], n: int) -> tuple[list[int], str]:
         gen = list(self.runs.get(tuple(prompt), [fake_token(prompt, i) for i in range(n)]))[:n]
+        gen += [fake_token(prompt, i) for i in range(self.b.overrun)]  # past max_tokens
         if self.b.wrong_at is not None and (len(self.spoiled) < self.b.wrong_prompts or tuple(prompt) in self.spoiled):
             self.spoiled.add(tuple(prompt))
             gen = [t if i < self.b.wrong_at else (t + 17) % 900 + 50 for i, t in enumerate(gen)]
@@ -178,10 +182,12 @@ class _TextModel:
         return full[len(head):]
 
 
-def _text_completion(model: _TextModel, body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A text-only server's choice (with usage) and its text deltas, one per token."""
+def _text_completion(model: _TextModel, body: dict[str, Any], n_request: int) -> tuple[dict[str, Any], list[str]]:
+    """A text-only server's choice (with usage, None without) and its text deltas, one per token."""
     prompt = model.prompt_ids(body["prompt"] if isinstance(body["prompt"], str) else "")
     gen, text = model.generate(prompt, body["max_tokens"])
+    if model.b.flaky and n_request % 2 == 0:
+        gen = gen[::-1]
     eos = 2  # the tiny Llama's </s>: generation stops on it, as a server does
     if eos in gen:
         gen = gen[: gen.index(eos) + 1]
@@ -189,7 +195,7 @@ def _text_completion(model: _TextModel, body: dict[str, Any]) -> tuple[dict[str,
     text = model.text(prompt, gen)
     deltas = [model.text(prompt, gen[: i + 1])[len(model.text(prompt, gen[:i])):] for i in range(len(gen))]
     usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
-    return {"index": 0, "text": text, "finish_reason": finish, "usage": usage}, deltas
+    return {"index": 0, "text": text, "finish_reason": finish, "usage": usage if model.b.usage else None}, deltas
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -256,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "text_completion", "model": MODEL, "choices": [choice]})
 
     def _text_only(self, body: dict[str, Any]) -> None:
-        choice, deltas = _text_completion(self.server.text_model(), body)
+        choice, deltas = _text_completion(self.server.text_model(), body, len(self.server.posts))
         usage = choice.pop("usage")
         if not body.get("stream"):
             self._send(200, {"object": "text_completion", "model": MODEL, "choices": [choice], "usage": usage})

@@ -1,0 +1,184 @@
+"""Text-only arms in parts (issue 30): the openai engine in text_only mode against the tests'
+fake server (its text-only mode; the bundled model's real tokenizer), the run format's
+"text_only" object, the comparator's text-level match and the one-sided policy's rule.
+The gates as a user runs them are in test_adversarial_text_only.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from engines.fake_openai_server import Mode
+from helpers import confident, rec, write_run
+
+from strict_gate.engines.base import PromptInput
+from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
+from strict_gate.engines.openai.text_only import in_context
+from strict_gate.errors import ConfigError, InputError
+from strict_gate.judge.compare import Status, compare_prompt, compare_runs
+from strict_gate.judge.diagnose import Diagnosis, ScoredPosition
+from strict_gate.judge.one_sided import reference_only
+from strict_gate.judge.policy import ONE_SIDED, Policy, apply_policy
+from strict_gate.runs.reader import _fast, load_run
+from strict_gate.runs.records import Record, Sampling, TextReply
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "strict_gate" / "models" / "tiny-llama"
+BASELINE = ROOT / "baselines" / "tiny-llama-vllm-fp32"
+TEXTS = [json.loads(x) for x in (ROOT / "prompts" / "battery-128.jsonl").read_text().splitlines()[:3]]
+
+
+def _engine(srv, **opts) -> OpenAIEngine:
+    return OpenAIEngine(OpenAIOptions(base_url=srv.url, text_only=True, tokenizer=str(MODEL), retries=0, **opts))
+
+
+def _inputs(eng: OpenAIEngine) -> list[PromptInput]:
+    return [PromptInput(p["id"], tuple(eng.tokenize(p["text"])), p["text"]) for p in TEXTS]
+
+
+def _server(fake_openai, **b):
+    return fake_openai(Mode.TEXT_ONLY, tokenizer=MODEL / "tokenizer.json", replay=BASELINE / "records.jsonl", **b)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_text_is_sent_and_the_reply_is_tokenized_in_context(fake_openai):
+    srv = _server(fake_openai, tokenize=True)
+    eng = _engine(srv)
+    recs = list(eng.generate(_inputs(eng), Sampling(16, 5)))
+    baseline = {r.id: r for r in load_run(BASELINE).records.values()}
+    for r in recs:
+        assert r.error is None and r.top_logprobs is None and r.text_only is not None
+        assert r.text_only.usage_prompt_tokens == len(r.prompt_token_ids) == len(r.text_only.server_prompt_token_ids)
+        assert r.token_ids == baseline[r.id].token_ids  # these three re-tokenize to vLLM's own ids
+    bodies = [p for p in srv.posts]
+    assert all(isinstance(b["prompt"], str) and "logprobs" not in b for b in bodies)
+    assert bodies[0]["prompt"] == bodies[1]["prompt"] and len(bodies) == 4  # the first prompt twice
+    assert not eng.can_score
+
+
+def test_streamed_text_gives_a_first_delta_time_and_the_same_record(fake_openai):
+    srv = _server(fake_openai)
+    eng = _engine(srv, stream_timing=True)
+    p = _inputs(eng)[1]
+    seen: list[int] = []
+    r = eng.stream_one(p, Sampling(16, 5), seen.append)
+    assert r.error is None and r.timing.ttft_s is not None and r.timing.ttft_s <= r.timing.total_s
+    assert len(seen) == 16 and r.text_only.usage_completion_tokens == 16
+    assert srv.posts[0]["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(("faults", "words"), [
+    ({"flaky": True}, "same prompt twice (greedy) with different text"),
+    ({"usage": False}, "states no usage.prompt_tokens"),
+    ({"overrun": 2}, "generated 18 tokens (usage.completion_tokens) with max_tokens 16"),
+])
+def test_a_reply_that_cannot_be_trusted_is_an_error_record(fake_openai, faults, words):
+    srv = _server(fake_openai, **faults)
+    eng = _engine(srv)
+    first = next(iter(eng.generate(_inputs(eng)[:1], Sampling(16, 5))))
+    assert first.error is not None and words in first.error, first.error
+
+
+def test_a_text_only_arm_needs_a_tokenizer():
+    with pytest.raises(ConfigError, match="text_only = true needs tokenizer"):
+        OpenAIEngine(OpenAIOptions(base_url="http://127.0.0.1:1", text_only=True))
+
+
+def test_a_reply_that_merges_with_the_prompt_is_said_so():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    encode = lambda s: list(tok.encode(s).ids)  # noqa: E731
+    ok = in_context(encode, "Once upon a", " time")
+    assert ok.problem is None and ok.prompt_ids == tuple(encode("Once upon a"))
+    merged = in_context(encode, "Once upon a ti", "me")  # "ti" + "me" is one token in context
+    if merged.problem is None:  # the tokenizer may keep the split: then the ids must still be a prefix
+        assert encode("Once upon a time")[: len(merged.prompt_ids)] == list(merged.prompt_ids)
+    else:
+        assert "does not reproduce the prompt's ids" in merged.problem
+
+
+# ---------------------------------------------------------------- the run format
+
+
+def _text_rec(pid="a", tokens=(5, 6), text=" x y", fed=3, made=2, ids=None) -> Record:
+    return Record(id=pid, prompt_token_ids=(1, 2, 3), token_ids=tuple(tokens), finish_reason="length",
+                  text_only=TextReply(text, fed, made, ids))
+
+
+def test_the_text_only_object_is_written_and_read_back(tmp_path):
+    r = _text_rec(ids=(1, 2, 3))
+    run = load_run(write_run(tmp_path / "run", [r], max_tokens=2))
+    assert run.records["a"].text_only == r.text_only and run.records["a"].top_logprobs is None
+    fast = _fast(tmp_path / "run" / "records.jsonl")  # the pyarrow path keeps it too
+    assert fast is not None and fast.raws[0].text_only.usage_prompt_tokens == 3
+
+
+def test_a_text_only_record_claiming_logprobs_or_a_length_it_did_not_reach_is_refused(tmp_path):
+    bad = Record(id="a", prompt_token_ids=(1,), token_ids=(5,), finish_reason="length",
+                 top_logprobs=(confident(5),), text_only=TextReply("x", 1, 1))
+    with pytest.raises(InputError, match="rule text-only"):
+        load_run(write_run(tmp_path / "r1", [bad], max_tokens=1))
+    short = _text_rec(made=1)
+    with pytest.raises(InputError, match='"length" after 1 generated tokens'):
+        load_run(write_run(tmp_path / "r2", [short], max_tokens=2))
+
+
+# ---------------------------------------------------------------- the comparator and the policy
+
+
+@pytest.mark.parametrize(("fed", "ids", "words"), [
+    (1, None, "ignored or truncated the prompt"),
+    (4, None, "such as a second BOS"),
+    (2, None, "such as the BOS"),
+    (3, (1, 1, 2), "/tokenize of the prompt text differs from the prompt's ids at index 1"),
+])
+def test_the_servers_own_prompt_figures_are_checked(fed, ids, words):
+    pc = compare_prompt("a", rec("a", (5, 6)), _text_rec(fed=fed, ids=ids), 0.5)
+    assert pc.status == Status.TOKENIZATION_MISMATCH and words in pc.detail
+
+
+def test_equal_text_is_a_text_level_match_and_other_text_a_divergence_of_unknown_candidate_gap():
+    ref = rec("a", (5, 6, 7), finish="length")
+    same_text = _text_rec(tokens=(5, 9), text=" five six seven")  # another split of the same text
+    decode = lambda prompt, cont: " five six seven" if tuple(cont) == (5, 6, 7) else "?"  # noqa: E731
+    pc = compare_prompt("a", ref, same_text, 0.5, decode=decode)
+    assert pc.status == Status.MATCH and "text-level" in pc.detail
+    other = _text_rec(tokens=(5, 8, 7), text=" five eight seven")
+    pc = compare_prompt("a", ref, other, 0.5, decode=decode)
+    assert pc.status == Status.DIVERGENT and pc.first_divergence.position == 1
+    assert "candidate gap unknown: text-only server" in pc.first_divergence.reason
+    assert compare_prompt("a", ref, same_text, 0.5).status == Status.DIVERGENT  # no tokenizer: ids only
+
+
+def _diagnosis(gaps: dict[int, float | None]) -> Diagnosis:
+    steps = tuple(ScoredPosition(i, 8, g, 6) for i, g in gaps.items())
+    return Diagnosis("a", min(gaps), None, steps[0].gap, 6, False, (), steps, "")
+
+
+def test_the_one_sided_rule_reads_the_reference_gap_at_the_divergence_and_every_later_position():
+    pc = compare_prompt("a", rec("a", (5, 6, 7), finish="length"), _text_rec(tokens=(5, 8, 7)), 0.5)
+    ok, why = reference_only(pc, _diagnosis({1: 0.3, 2: 0.0}), 0.5)
+    assert ok and "reference gap 0.3 <= band 0.5" in why and "not known" in why
+    ok, why = reference_only(pc, _diagnosis({1: 0.3, 2: 0.9}), 0.5)
+    assert not ok and "reference gap 0.9000 > band 0.5 at position 2 (a later position" in why
+    ok, why = reference_only(pc, _diagnosis({1: None, 2: 0.0}), 0.5)
+    assert not ok and "outside the reference's top-k" in why
+    ok, why = reference_only(pc, _diagnosis({1: 0.3}), 0.5)
+    assert not ok and "re-scored 1 of the 2 positions" in why
+    ok, why = reference_only(pc, None, 0.5)
+    assert not ok and "not re-scored" in why
+
+
+def test_the_one_sided_policy_passes_a_flip_two_sided_fails_and_says_it_is_weaker():
+    ref, cand = {"a": rec("a", (5, 6, 7), finish="length")}, {"a": _text_rec(tokens=(5, 8, 7))}
+    comparison = compare_runs(ref, cand, band=0.5)
+    dg = {"a": _diagnosis({1: 0.3, 2: 0.0})}
+    one = apply_policy(comparison, Policy.NEAR_TIE_REFERENCE_ONLY, ref, cand, diagnoses=dg)
+    two = apply_policy(comparison, Policy.NEAR_TIE, ref, cand, diagnoses=dg)
+    assert one.verdict == "pass" and two.verdict == "fail"
+    assert ONE_SIDED in one.policy_words and ONE_SIDED in one.notes[0]
+    assert two.policy_words == "near-tie"
