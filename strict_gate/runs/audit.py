@@ -170,9 +170,9 @@ def audit_records(
             return i, f'rule finish-reason: {where}"finish_reason" must be one of {FINISH_REASONS}, got {r.finish_reason!r}'
         text = getattr(r, "text_only", None)
         if text is not None:  # its ids are a re-tokenization: the server's own count is the rule's
-            found = _text_only_rule(r, text, bool(has_top[i]), max_tokens)
-            if found is not None:
-                return i, where + found
+            broken = _text_only_rule(r, text, bool(has_top[i]), max_tokens)
+            if broken is not None:
+                return i, where + broken
             continue
         if max_tokens is not None:
             n = int(ntok[i])
