@@ -132,3 +132,20 @@ def test_a_text_only_arm_without_a_tokenizer_is_refused_at_its_line(user_dir, fa
     r = runner.invoke(app, ["gate", str(gate)])
     assert r.exit_code == 2, r.output
     assert "text_only = true needs tokenizer" in r.output and "gate.toml:" in r.output
+
+
+@pytest.mark.parametrize(("faults", "code", "words"), [
+    ({"tokenize": True}, 0, "usage.prompt_tokens and /tokenize agree"),
+    ({"ignore_prompt": True}, 1, "ignored or truncated the prompt"),
+    ({"flaky": True}, 1, "the same request twice in a row"),
+])
+def test_check_engine_checks_what_a_text_only_server_states(user_dir, fake_openai, faults, code, words):
+    srv = _server(fake_openai, **faults)
+    Path("engine.toml").write_text(f'kind = "openai"\nbase_url = "{srv.url}"\ntext_only = true\n'
+                                   'tokenizer = "tokenizer"\nretries = 0\n')
+    r = runner.invoke(app, ["check-engine", "engine.toml"])
+    assert r.exit_code == code, r.output
+    assert words in r.output, r.output
+    assert "speaks HTTP" in r.output and "the hello" not in r.output and "not declared" not in r.output, r.output
+    if code == 0:
+        assert "server-sent events" in r.output and "text deltas" in r.output

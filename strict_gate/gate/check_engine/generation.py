@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.http import generated, text_only
+from strict_gate.gate.check_engine.http import generated, prompt_honoured, text_only
 from strict_gate.gate.check_engine.probe import MAX_TOKENS, SAMPLING, TOP_K, Failed, Probe, Skipped, first_difference
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
 from strict_gate.runs.records import Record, Sampling
@@ -40,7 +40,8 @@ def greedy(probe: Probe) -> Verdict:
     n = sum(len(r.token_ids) for r in probe.runs.values())
     if text_only(probe.engine):
         return Status.PASS, (f"{len(probe.runs)} prompts, {n} tokens of text tokenized in context: every reply "
-                             "passes the run audit; greedy cannot be seen without logprobs (a text-only server)")
+                             f"passes the run audit; {prompt_honoured(probe.runs)}; greedy cannot be seen without "
+                             "logprobs (a text-only server)")
     return Status.PASS, f"{len(probe.runs)} prompts, {n} tokens: every reply passes the run audit and is greedy"
 
 

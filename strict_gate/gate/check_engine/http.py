@@ -9,6 +9,8 @@ the generate checks say so instead of passing on nothing (generation.py asks `te
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from strict_gate.engines.base import Engine
 from strict_gate.gate.check_engine.checklist import Status
 from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe
@@ -36,17 +38,16 @@ def not_protocol(probe: Probe) -> str:
     return f"protocol only: the {probe.engine.kind} engine does not speak the line protocol"
 
 
-def prompt_honoured(probe: Probe) -> Verdict:
-    if not text_only(probe.engine):
-        return Status.NOT_APPLICABLE, "the engine is sent token ids and states its own prompt ids"
-    runs = probe.need_runs()
+def prompt_honoured(runs: Mapping[str, Record]) -> str:
+    """A text-only server read each prompt as the gate tokenized it (usage, /tokenize), said in
+    words; Failed when it did not (it ignored the prompt, or added or dropped a BOS)."""
     for pid, rec in runs.items():
-        why = rec.text_only.misread(rec.prompt_token_ids) if rec.text_only is not None else "no usage"
+        why = rec.text_only.misread(rec.prompt_token_ids) if rec.text_only is not None else "not a text-only reply"
         if why:
             raise Failed(f"prompt {pid!r}: {why}")
     tokenize = any(r.text_only is not None and r.text_only.server_prompt_token_ids is not None for r in runs.values())
     how = "usage.prompt_tokens and /tokenize agree" if tokenize else "usage.prompt_tokens agrees (no /tokenize)"
-    return Status.PASS, f"{len(runs)} prompts sent as text: {how} with each prompt's ids"
+    return f"the prompts were sent as text, and {how} with each prompt's ids"
 
 
 def http_stream(probe: Probe) -> Verdict:

@@ -29,7 +29,7 @@ from strict_gate.gate.check_engine.generation import (
     timing,
     top_logprobs,
 )
-from strict_gate.gate.check_engine.http import http_stream, not_protocol, prompt_honoured
+from strict_gate.gate.check_engine.http import http_stream, not_protocol
 from strict_gate.gate.check_engine.numerics import Tolerance
 from strict_gate.gate.check_engine.probe import Failed, Probe, Skipped, prompt_inputs
 from strict_gate.gate.check_engine.protocol import eof, hello, malformed, stream, unknown_op
@@ -47,12 +47,12 @@ class Spec:
     run: Callable[[Probe], tuple[Status, str]]
     protocol_only: bool = False  # needs the line protocol: a hello, raw requests, stdin
     finding: bool = False  # a failure is the engine's numerics, not a protocol error
+    http: Callable[[Probe], tuple[Status, str]] | None = None  # the check's form for an HTTP server (openai)
 
 
 CHECKS = (
     Spec("hello", "4 hello", hello, protocol_only=True),
     Spec("greedy", "4 generate", greedy),
-    Spec("prompt_honoured", "Text-only servers", prompt_honoured),
     Spec("determinism", "4 generate", determinism),
     Spec("max_tokens", "4 generate", max_tokens),
     Spec("eos", "4 generate (which ids end a sequence)", eos),
@@ -61,8 +61,7 @@ CHECKS = (
     Spec("ties", "4 generate (exact ties at the argmax)", ties),
     Spec("score", "4 score", score),
     Spec("prefill_decode", "4 score (prefill and decode)", prefill_decode, finding=True),
-    Spec("stream", "5 (token events)", stream, protocol_only=True),
-    Spec("http_stream", "Text-only servers (what each arm kind needs)", http_stream),
+    Spec("stream", "5 (token events)", stream, protocol_only=True, http=http_stream),
     Spec("unknown_op", "4 hello (an op you do not know)", unknown_op, protocol_only=True),
     Spec("malformed", "4 generate (a request you cannot read)", malformed, protocol_only=True),
     Spec("timing", "4 generate (timing) and 1 (timeout_s)", timing),
@@ -91,10 +90,13 @@ def _run(spec: Spec, probe: Probe) -> Check:
     def made(status: Status, detail: str) -> Check:
         return Check(spec.name, status, spec.section, clip(scrub(detail)), spec.finding)
 
+    run = spec.run
     if spec.protocol_only and probe.command is None:
-        return made(Status.NOT_APPLICABLE, not_protocol(probe))
+        if spec.http is None or probe.engine.kind != "openai":
+            return made(Status.NOT_APPLICABLE, not_protocol(probe))
+        run = spec.http
     try:
-        return made(*spec.run(probe))
+        return made(*run(probe))
     except Skipped as e:
         return made(Status.SKIPPED, str(e))
     except (Failed, EngineError) as e:
