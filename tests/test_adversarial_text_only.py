@@ -137,7 +137,7 @@ def test_a_text_only_arm_without_a_tokenizer_is_refused_at_its_line(user_dir, fa
 @pytest.mark.parametrize(("faults", "code", "words"), [
     ({"tokenize": True}, 0, "usage.prompt_tokens and /tokenize agree"),
     ({"ignore_prompt": True}, 1, "ignored or truncated the prompt"),
-    ({"flaky": True}, 1, "the same request twice in a row"),
+    ({"flaky": True}, 1, "same prompt twice (greedy) with different text"),
 ])
 def test_check_engine_checks_what_a_text_only_server_states(user_dir, fake_openai, faults, code, words):
     srv = _server(fake_openai, **faults)
