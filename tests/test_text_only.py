@@ -164,11 +164,13 @@ def test_the_one_sided_rule_reads_the_reference_gap_at_the_divergence_and_every_
     ok, why = reference_only(pc, _diagnosis({1: 0.3, 2: 0.0}), 0.5)
     assert ok and "reference gap 0.3 <= band 0.5" in why and "not known" in why
     ok, why = reference_only(pc, _diagnosis({1: 0.3, 2: 0.9}), 0.5)
-    assert not ok and "reference gap 0.9000 > band 0.5 at position 2 (a later position" in why
+    assert not ok and "at a later position 2" in why and "|gap| 0.9000 > band 0.5" in why, why
+    ok, why = reference_only(pc, _diagnosis({1: 0.7, 2: 0.0}), 0.5)
+    assert not ok and "reference gap 0.7000 > band 0.5 at position 1 (the first divergence" in why, why
     ok, why = reference_only(pc, _diagnosis({1: None, 2: 0.0}), 0.5)
     assert not ok and "outside the reference's top-k" in why
     ok, why = reference_only(pc, _diagnosis({1: 0.3}), 0.5)
-    assert not ok and "re-scored 1 of the 2 positions" in why
+    assert not ok and "position 2 after the flip not judged: the reference re-scored 2 of 3 positions" in why, why
     ok, why = reference_only(pc, None, 0.5)
     assert not ok and "not re-scored" in why
 

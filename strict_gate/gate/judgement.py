@@ -6,7 +6,7 @@ gate builds its spec once (gate_spec) from the config and the command line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +14,9 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
+from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, compare_runs
-from strict_gate.judge.diagnose import cross_check, diagnose, score_candidate
+from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
@@ -56,6 +57,11 @@ def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
 NOT_SCORED = "no candidate engine re-scored it"
 
 
+def later_of(diagnoses: Mapping[str, Diagnosis]) -> dict[str, Cascade]:
+    """Each diagnosed prompt's later positions, judged: what the near-tie policy needs (as GateResult.later)."""
+    return {pid: dg.later for pid, dg in diagnoses.items() if dg.later is not None}
+
+
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
           comparison: Comparison | None = None) -> GateResult:
     """Judge two runs by the spec: compare them (unless the caller already has), (given a
@@ -68,10 +74,10 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
             diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
-    comparison, diagnoses = cross_check(comparison, diagnoses, {},
+    comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand.records,
                                         not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
-                           diagnoses=diagnoses)
+                           later=later_of(diagnoses), diagnoses=diagnoses)
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -102,11 +108,12 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
     judging twice gives the same result."""
     if candidate.can_score:
         with engine_log(RunDir(Path(cand.path)).engine_log, candidate.log_libraries):
-            scores = score_candidate(result.comparison, ref.records, candidate, spec.sampling.top_logprobs)
+            scores = score_candidate(result.comparison, ref.records, cand.records, candidate,
+                                     spec.sampling.top_logprobs)
         why = NOT_SCORED
     else:
         scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
-    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, not_scored=why)
+    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, cand.records, not_scored=why)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
-                           diagnoses=diagnoses)
+                           later=later_of(diagnoses), diagnoses=diagnoses)
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

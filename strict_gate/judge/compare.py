@@ -212,11 +212,22 @@ def classify(d: Divergence, band: float) -> tuple[Status, str]:
     ]
     if reasons:
         return Status.DIVERGENT, "; ".join(reasons)
-    rescored = [f"{side} {r.gap:.4g}" for side, r in (("reference", d.reference_rescored),
-                                                       ("candidate", d.candidate_rescored))
-                if r is not None and r.gap is not None]
-    return Status.NEAR_TIE, f"both gaps within [0, band {band:g}]" + (
-        f" (re-scored: {', '.join(rescored)})" if rescored else "")
+    return Status.NEAR_TIE, tie_reason(d, band)
+
+
+def tie_reason(d: Divergence, band: float) -> str:
+    """A near-tie's reason. A negative re-scored gap is within the band by its size only, and is
+    named for what it is: that side's prefill ranks the tie the other way round than its decode
+    did. The words never say "[0, band]" of a number outside it."""
+    sides = (("reference", d.reference_rescored), ("candidate", d.candidate_rescored))
+    rescored = [f"{side} {r.gap:.4g}" for side, r in sides if r is not None and r.gap is not None]
+    flipped = [side for side, r in sides if r is not None and r.gap is not None and r.gap < 0]
+    if not flipped:
+        return f"both gaps within [0, band {band:g}]" + (f" (re-scored: {', '.join(rescored)})" if rescored else "")
+    who = " and ".join(f"the {side}'s" for side in flipped)
+    return (f"both gaps within the band {band:g} by size (re-scored: {', '.join(rescored)}; negative: "
+            f"{who} prefill prefers the other token where its decode chose its own, a prefill/decode "
+            "disagreement at a tie)")
 
 
 def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,

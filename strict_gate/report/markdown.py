@@ -5,7 +5,7 @@ from __future__ import annotations
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, later_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
@@ -160,6 +160,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
     return [
         *_mismatches(r, dec),
         *_diagnosis(r),
+        *later_view.markdown_section(r, dec),
         *localization_markdown(r),
         *speed_section(speed_view.of(r)),
         *_invariance(r),

@@ -104,7 +104,8 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     R = ref.token_ids if ref is not None and ref.error is None else ()
     C = cand.token_ids if cand is not None and cand.error is None else ()
     dec = gate.decoder
-    head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}")
+    head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}",
+                         f"  ({entry.outcome})" if entry.outcome == "unverified" else "")
     parts: list[RenderableType] = [head, Text(visible(entry.reason or entry.detail or ""), style="dim")]
     side = Table(box=box.SIMPLE, expand=True, show_edge=False)
     side.add_column("reference", ratio=1)
@@ -121,6 +122,8 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     dg = entry.diagnosis
     if dg is not None:
         parts.append(Text(visible(f"teacher-forced: {dg.verdict}" + (f": {dg.error}" if dg.error else ""))))
+        if dg.later is not None:
+            parts.append(Text(visible(f"after the flip ({dg.later.outcome}): {dg.later.summary}")))
     if entry.localization is not None:
         parts.append(_localization(entry.localization))
     texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
