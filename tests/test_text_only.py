@@ -184,3 +184,45 @@ def test_the_one_sided_policy_passes_a_flip_two_sided_fails_and_says_it_is_weake
     assert one.verdict == "pass" and two.verdict == "fail"
     assert ONE_SIDED in one.policy_words and ONE_SIDED in one.notes[0]
     assert two.policy_words == "near-tie"
+
+
+# ---------------------------------------------------------------- the speed arm
+
+
+def test_ladder_text_prompts_have_the_rungs_length_in_tokens():
+    from tokenizers import Tokenizer
+
+    from strict_gate.speed.text_prompts import text_space
+
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    space = text_space(MODEL / "tokenizer.json", [p["text"] for p in TEXTS])
+    for n in (8, 32, 100):
+        ids, text = space.draw(f"seed-{n}", n)
+        assert tuple(tok.encode(text).ids) == ids and abs(len(ids) - n) <= 1, (n, len(ids), text)
+        assert space.draw(f"seed-{n}", n) == (ids, text)  # seeded: both arms get the same prompt
+
+
+def test_a_text_only_arm_is_timed_on_text_prompts_from_streamed_deltas(fake_openai):
+    """Both arms text-only servers of the same fake model: every rung's prompts are text, the
+    TTFT comes from the first text delta, the token count from tokenizing the reply, and the
+    replies verify against each other by their text."""
+    from strict_gate.gate.bench import SpeedSession
+    from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
+
+    a, b = _server(fake_openai), _server(fake_openai)
+    engines = {"reference": _engine(a), "candidate": _engine(b)}
+    cfg = SpeedConfig(warmup=0, runs=2, rungs=(parse_rung("24/8"), parse_rung("gate")))
+    session = SpeedSession(cfg, 16, _inputs(engines["reference"]), engines, TokenRules(5, 0.5, 1e-3))
+    for role, eng in engines.items():
+        session.measure(role, eng)
+    result = session.result()
+    assert not session.failed, session.failed
+    assert result.method.value == "stream"
+    for rung in result.rungs:
+        assert rung.error is None and rung.token_check.verified is True, rung
+        assert rung.candidate.ttft_s.samples and rung.candidate.decode_tok_s.samples
+    ladder = [p for p in b.posts if p["max_tokens"] == 8]
+    assert ladder and all(isinstance(p["prompt"], str) and p["stream"] for p in ladder)
+    # the reply tokenized in context: near the server's 8 tokens, not always on them (a merge of
+    # two generated pieces is one token of the text: the method's limit, docs/engine-protocol.md)
+    assert 6 <= result.rungs[0].candidate.tokens <= 9

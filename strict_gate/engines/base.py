@@ -96,6 +96,7 @@ class Engine(ABC):
     # The invariance variants: the ways this kind may serve. An engine that learns its own at
     # start (a command engine's hello) narrows `servings` on the instance then.
     servings: frozenset[Serving] = frozenset()
+    needs_text: bool = False  # takes each prompt as text, not ids (a text-only server: the speed ladder cuts text)
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options

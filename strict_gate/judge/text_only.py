@@ -48,11 +48,16 @@ def run_decoder(run: Run) -> Decode | None:
     when the run is not text-only or the tokenizer is not on this machine (then only equal ids
     are a match)."""
     path = run.manifest.engine.tokenizer
-    if not is_text_only(run) or not path or not Path(path).is_file():
+    return decoder(Path(path)) if is_text_only(run) and path else None
+
+
+def decoder(path: Path | None) -> Decode | None:
+    """Decoding in context with the tokenizer.json at `path`; None when there is none."""
+    if path is None or not Path(path).is_file():
         return None
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(path)
+    tok = Tokenizer.from_file(str(path))
 
     def decode(prompt: Sequence[int], continuation: Sequence[int]) -> str | None:
         head = tok.decode(list(prompt), skip_special_tokens=True)

@@ -89,6 +89,7 @@ class OpenAIEngine(Engine):
         super().__init__(options, env, base_dir)
         if not options.prompt_logprobs or options.text_only:
             self.can_score = False
+        self.needs_text = options.text_only
         if options.text_only and not options.tokenizer:
             raise ConfigError("openai: text_only = true needs tokenizer (a tokenizer.json or the model directory): "
                               "the server's text is tokenized with it")
