@@ -36,7 +36,7 @@ from strict_gate.engines.openai.client import (
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
 from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
-from strict_gate.engines.openai.text_only import repeat_problem, require_text, text_body, text_record
+from strict_gate.engines.openai.text_only import repeat_problem, require_text, server_tokenize, text_body, text_record
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -441,19 +441,11 @@ class OpenAIEngine(Engine):
         if self._no_tokenize:
             return None
         try:
-            out = s.client.call("POST", "/tokenize", {"model": self._resolve_model(), "prompt": p.text},
-                                retries=0, timeout=30.0)
-        except HTTPStatus as e:
-            if e.code in (404, 405, 501):
-                self._no_tokenize = True
-                return None
-            raise EngineError(f"openai: /tokenize failed on prompt {p.id!r}: {e}") from None
+            ids = server_tokenize(s.client, self._resolve_model(), p)
         except Unreachable as e:
             raise self._died(s, f"on /tokenize of prompt {p.id!r}: {e}") from None
-        tokens = out.get("tokens") if isinstance(out, dict) else None
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise EngineError(f"openai: /tokenize answered without a token list: {str(out)[:200]}")
-        return tokens
+        self._no_tokenize = ids is None
+        return ids
 
     # ---------------------------------------------------------------- score
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:

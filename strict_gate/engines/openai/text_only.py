@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from strict_gate.engines.base import PromptInput
-from strict_gate.errors import ConfigError
+from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient
+from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Record, Sampling, TextReply, Timing
 
@@ -114,6 +115,21 @@ def text_record(p: PromptInput, choice: dict, encode: Encode, sampling: Sampling
     if placed.problem is None or reply.misread(placed.prompt_ids) is not None:  # a server that misread the prompt is
         return rec  # told by that (judge/text_only.py), before any placement of its reply
     return Record(id=p.id, prompt_token_ids=placed.prompt_ids, error=placed.problem, timing=timing)
+
+
+def server_tokenize(client: OpenAIClient, model: str, p: PromptInput) -> list[int] | None:
+    """The server's ids of the prompt text (vLLM's /tokenize); None when it has no such endpoint.
+    Unreachable is the caller's (the server failed); any other failure is an EngineError."""
+    try:
+        out = client.call("POST", "/tokenize", {"model": model, "prompt": p.text}, retries=0, timeout=30.0)
+    except HTTPStatus as e:
+        if e.code in (404, 405, 501):
+            return None
+        raise EngineError(f"openai: /tokenize failed on prompt {p.id!r}: {e}") from None
+    tokens = out.get("tokens") if isinstance(out, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise EngineError(f"openai: /tokenize answered without a token list: {str(out)[:200]}")
+    return tokens
 
 
 def repeat_problem(first: Record, again: Record) -> str | None:
