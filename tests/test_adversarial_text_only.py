@@ -66,6 +66,11 @@ def test_an_honest_text_only_server_passes_at_text_level(user_dir, fake_openai):
     assert rep["verdict"] == "pass" and rep["summary"]["prompts_exact"] == 128
     details = [p["detail"] for p in rep["prompts"]]
     assert all("text-level" in x for x in details), details[:3]
+    note = next(n for n in rep["notes"] if "text-only server" in n)
+    moved = sum(1 for p in rep["prompts"] if p["matched_positions"] != p["reference_length"]
+                or p["reference_length"] != p["candidate_length"])
+    assert moved > 0  # greedy ids of the baseline that are not what the tokenizer makes of their text
+    assert f"128 prompt(s) matched at text level, {moved} of them with other token ids" in note, note
     records = [json.loads(x) for x in next((user_dir / "reports").glob("*/candidate/records.jsonl")).read_text().splitlines()]
     assert all(x["text_only"]["usage_prompt_tokens"] == len(x["prompt_token_ids"]) for x in records)
     assert all(x["top_logprobs"] is None for x in records)

@@ -20,7 +20,7 @@ from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_c
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
-from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder
+from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, text_only_notes
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Run, Sampling, now_iso
@@ -98,6 +98,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         config=spec.config.to_json() if spec.config is not None else None,
         rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,
         resumed={label: entries for label, entries in resumed.items() if entries},
+        notes=text_only_notes(comparison, cand) if is_text_only(cand) else (),
     )
 
 

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from strict_gate.runs.records import Record, Run
+
+if TYPE_CHECKING:
+    from strict_gate.judge.compare import Comparison
 
 TEXT_ONLY = "text-only server"  # why a text-only candidate's own gap is unknown
 Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, continuation ids) -> text
@@ -65,3 +69,14 @@ def decoder(path: Path | None) -> Decode | None:
         return full[len(head):] if full.startswith(head) else None
 
     return decode
+
+
+def text_only_notes(comparison: Comparison, cand: Run) -> tuple[str, ...]:
+    """What a report says of a text-only candidate: what was and was not claimed."""
+    text = [p for p in comparison.prompts if p.detail.startswith("text-level")]
+    moved = sum(1 for p in text if p.matched_positions != p.reference_length or p.reference_length != p.candidate_length)
+    decoded = "" if run_decoder(cand) is not None else (
+        "; its tokenizer is not on this machine, so only equal ids were a match")
+    return (f"the candidate is a text-only server (no token ids, no logprobs): {len(text)} prompt(s) matched at "
+            f"text level, {moved} of them with other token ids than the reference's after tokenizing the text; "
+            f"its own gap at any divergence is unknown{decoded}",)
