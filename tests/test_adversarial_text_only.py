@@ -117,8 +117,12 @@ def test_text_going_wrong_after_a_few_tokens_fails_naming_the_position_and_the_r
     else:
         assert "one-sided: reference gap" in reason and "> band 0.5 at position 3" in reason, reason
         assert "one-sided and weaker" in r.output  # the console's verdict line says what the policy is
-        md = next((user_dir / "reports").glob("text-only-*/report.md")).read_text()
-        assert "one-sided and weaker" in md
+        out = next((user_dir / "reports").glob("text-only-*"))
+        for name in ("report.md", "report.html", "junit.xml"):  # every format says what the policy is
+            assert "one-sided and weaker" in (out / name).read_text(), name
+        assert any("one-sided and weaker" in n for n in rep["notes"])
+        show = runner.invoke(app, ["show", str(out)])
+        assert "one-sided and weaker" in show.output, show.output
 
 
 def test_a_prompt_set_of_token_ids_is_refused_for_a_text_only_arm(user_dir, fake_openai):
