@@ -226,3 +226,41 @@ def test_a_text_only_arm_is_timed_on_text_prompts_from_streamed_deltas(fake_open
     # the reply tokenized in context: near the server's 8 tokens, not always on them (a merge of
     # two generated pieces is one token of the text: the method's limit, docs/engine-protocol.md)
     assert 6 <= result.rungs[0].candidate.tokens <= 9
+
+
+def test_a_text_only_reply_is_split_as_the_reference_would_before_it_is_re_scored():
+    """vLLM's bf16 server answered list-009 with "   jurisdictions...": the tokenizer makes "  " +
+    " j..." of the three spaces, the model (its fp32 baseline too) emits three single spaces.
+    Re-scored on the tokenizer's split the reference put the first token 11.7 nats below its
+    argmax (a false divergence at position 0, seen in benchmarks/README.md); walked along the
+    reference's own choices, the same text starts with the model's three spaces and the real
+    difference is found where the text differs."""
+    from strict_gate.engines.hf import HFEngine, HFOptions
+    from strict_gate.judge.resplit import resplit
+    from strict_gate.judge.text_only import decoder
+
+    ref = load_run(BASELINE).records["list-009"]
+    decode = decoder(MODEL / "tokenizer.json")
+    text = "   jurisdictions do not allow the exclu"
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    prompt_text = next(json.loads(x)["text"] for x in (ROOT / "prompts" / "battery-128.jsonl").read_text().splitlines()
+                       if json.loads(x)["id"] == "list-009")
+    placed = in_context(lambda s: list(tok.encode(s).ids), prompt_text, text)
+    cand = Record(id="list-009", prompt_token_ids=placed.prompt_ids, token_ids=placed.continuation,
+                  finish_reason="length", text_only=TextReply(text, len(placed.prompt_ids), 16))
+    assert cand.prompt_token_ids == ref.prompt_token_ids and cand.token_ids[0] != ref.token_ids[0]
+    comparison = compare_runs({"list-009": ref}, {"list-009": cand}, band=0.5, decode=decode)
+    assert comparison.prompts[0].first_divergence.position == 0
+    hf = HFEngine(HFOptions(model="bundled:tiny-llama", dtype="float32"), base_dir=ROOT)
+    try:
+        hf.start()
+        again, records, n = resplit(comparison, {"list-009": ref}, {"list-009": cand}, hf.score, 5, decode,
+                                    band=0.5, greedy_tolerance=1e-3)
+    finally:
+        hf.close()
+    walked = records["list-009"]
+    assert n == 1 and walked.token_ids[:3] == ref.token_ids[:3] and decode(walked.prompt_token_ids,
+                                                                            walked.token_ids) == text
+    assert again.prompts[0].first_divergence.position >= 3

@@ -18,12 +18,13 @@ from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
+from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, text_only_notes
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
-from strict_gate.runs.records import Run, Sampling, now_iso
+from strict_gate.runs.records import Record, Run, Sampling, now_iso
 
 
 def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = None, band: float | None = None,
@@ -62,6 +63,29 @@ def later_of(diagnoses: Mapping[str, Diagnosis]) -> dict[str, Cascade]:
     return {pid: dg.later for pid, dg in diagnoses.items() if dg.later is not None}
 
 
+def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescorer: Engine,
+             notes: tuple[str, ...]) -> tuple[Comparison, Mapping[str, Record], tuple[str, ...]]:
+    """A text-only candidate's diverged replies split into tokens as the reference would
+    (judge/resplit.py) before they are re-scored; a failure leaves them as stored, said so."""
+    decode = run_decoder(cand)
+    if decode is None or not any(p.status in DIVERGED for p in comparison.prompts):
+        return comparison, cand.records, notes
+
+    def score(prompt, ids, k):
+        with rescorer.scoped_env():
+            rescorer.start()
+            return rescorer.score(prompt, ids, k)
+
+    try:
+        comparison, records, n = resplit(comparison, ref.records, cand.records, score, spec.sampling.top_logprobs,
+                                         decode, band=spec.band, greedy_tolerance=spec.greedy_tolerance)
+    except Exception as e:  # the stored split is judged instead: stricter, never looser
+        return comparison, cand.records, (*notes, f"re-splitting the text-only replies failed: {type(e).__name__}: {e}")
+    said = (f"{n} diverged text-only repl(ies) split into tokens as the reference would (teacher forcing along "
+            "its own choices; the text unchanged) before re-scoring") if n else None
+    return comparison, records, (*notes, *((said,) if said else ()))
+
+
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
           comparison: Comparison | None = None) -> GateResult:
     """Judge two runs by the spec: compare them (unless the caller already has), (given a
@@ -71,10 +95,12 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if comparison is None:
         comparison = compare(spec, ref, cand)
     diagnoses = {}
+    cand_records, notes = cand.records, text_only_notes(comparison, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
-            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
-    comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand.records,
+            comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)
+            diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
+    comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
                                         not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
                            later=later_of(diagnoses), diagnoses=diagnoses)
@@ -90,7 +116,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         prompt_set=dict(spec.prompt_set.described),
         sampling=spec.sampling,
         reference_records=ref.records,
-        candidate_records=cand.records,
+        candidate_records=cand_records,
         diagnoses=diagnoses,
         runs={"reference": ref.path, "candidate": cand.path},
         determinism=determinism_summary(list(ref.records.values())) if sampled else None,
@@ -98,7 +124,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         config=spec.config.to_json() if spec.config is not None else None,
         rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,
         resumed={label: entries for label, entries in resumed.items() if entries},
-        notes=text_only_notes(comparison, cand) if is_text_only(cand) else (),
+        notes=notes,
     )
 
 
@@ -114,7 +140,8 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
         why = NOT_SCORED
     else:
         scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
-    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, cand.records, not_scored=why)
+    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, result.candidate_records,
+                                        not_scored=why)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
                            later=later_of(diagnoses), diagnoses=diagnoses)
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)
