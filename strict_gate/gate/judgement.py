@@ -17,6 +17,7 @@ from strict_gate.gate.config import GateConfig
 from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
+from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
@@ -102,6 +103,8 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
             diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
     comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
                                         not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
+    if spec.policy.one_sided:
+        diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
                            later=later_of(diagnoses), diagnoses=diagnoses)
     sampled = [r for r in ref.records.values() if r.samples]
@@ -142,6 +145,8 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
         scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
     comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, result.candidate_records,
                                         not_scored=why)
+    if spec.policy.one_sided:
+        diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
                            later=later_of(diagnoses), diagnoses=diagnoses)
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

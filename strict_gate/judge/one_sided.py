@@ -12,9 +12,12 @@ choice would still pass; reports say so (policy.ONE_SIDED).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 from strict_gate.core.fmt import fmt_vs
 from strict_gate.judge.cascade import Later, judge_later
-from strict_gate.judge.compare import BAND_EPS, PromptComparison
+from strict_gate.judge.compare import BAND_EPS, Comparison, PromptComparison
 from strict_gate.judge.diagnose import Diagnosis
 
 
@@ -34,9 +37,7 @@ def reference_only(pc: PromptComparison, dg: Diagnosis | None, band: float) -> t
         g, b = fmt_vs(at.gap, band)
         return False, (f"one-sided: reference gap {g} > band {b} at position {at.position} (the first divergence; "
                        f"the candidate's token {at.token}, the reference's argmax {at.reference_argmax})")
-    end = pc.candidate_length
-    short = f"the reference re-scored {d.position + len(dg.steps)} of {end} positions"
-    later = judge_later(d.position, end, dg.steps[1:], band, candidate=None, why_short=short, one_sided=True)
+    later = _one_sided_later(pc, dg, band)
     if later.outcome == Later.DIVERGENT:
         p = later.divergent[0]
         return False, (f"one-sided: at a later position {p.position} (the candidate's token {p.token}, the "
@@ -45,3 +46,22 @@ def reference_only(pc: PromptComparison, dg: Diagnosis | None, band: float) -> t
         return False, f"one-sided: {later.unverified}"
     return True, (f"one-sided near-tie at position {d.position}: reference gap {at.gap:.4g} <= band {band:g}; "
                   f"after it: {later.counts()}; the candidate's own gap is not known")
+
+
+def _one_sided_later(pc: PromptComparison, dg: Diagnosis, band: float):
+    """The later positions judged on the reference's gaps alone (cascade.py's one-sided rule)."""
+    assert pc.first_divergence is not None
+    end, first = pc.candidate_length, pc.first_divergence.position
+    short = f"the reference re-scored {first + len(dg.steps)} of {end} positions"
+    return judge_later(first, end, dg.steps[1:], band, candidate=None, why_short=short, one_sided=True)
+
+
+def one_sided_diagnoses(comparison: Comparison, diagnoses: Mapping[str, Diagnosis]) -> dict[str, Diagnosis]:
+    """Under the one-sided policy every report's later-position figures are the one-sided rule's
+    (a two-sided cascade would call each later flip divergent for want of the candidate's gap)."""
+    out = dict(diagnoses)
+    for pc in comparison.prompts:
+        dg = diagnoses.get(pc.id)
+        if dg is not None and dg.error is None and dg.steps and pc.first_divergence is not None:
+            out[pc.id] = replace(dg, later=_one_sided_later(pc, dg, comparison.band))
+    return out
