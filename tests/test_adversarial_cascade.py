@@ -250,3 +250,36 @@ def test_tokens_the_reference_ranks_beyond_the_band_never_pass(choices, rnd):
     assert verdict.verdict == "fail" and not verdict.prompts[0].passed
     first_off = 3 + next(i for i, c in enumerate(choices) if c)
     assert later["p"].divergent[0].position == first_off
+
+
+def test_one_sided_judgement_reads_the_reference_gaps_alone():
+    """The reuse a text-only arm needs: judge_later with the reference's re-scored gaps only."""
+    from strict_gate.judge.cascade import Later, ScoredPosition, judge_later
+
+    steps = [ScoredPosition(3, 7, 0.0, 7), ScoredPosition(4, 8, 0.3, 9), ScoredPosition(5, 6, 0.9, 1)]
+    c = judge_later(2, 7, steps, 0.5, candidate=None, one_sided=True, why_short="scored 6 of 7")
+    assert (c.judged, c.flip_count, c.divergent_count, c.unverified_from) == (3, 1, 1, 6)
+    assert c.outcome == Later.DIVERGENT and c.divergent[0].position == 5
+    assert "0.9000 > band 0.5" in c.divergent[0].reason and c.unverified == "position 6 after the flip not judged: scored 6 of 7"
+    tie = judge_later(2, 5, steps[:2], 0.5, candidate=None, one_sided=True)
+    assert tie.outcome == Later.NEAR_TIE and tie.flips[0].reason == "reference gap 0.3 within the band 0.5"
+
+
+def test_a_report_whose_later_judgement_is_malformed_is_refused(tmp_path, monkeypatch):
+    """report.json's new fields are typed: a hand-edited `later` is bad input (exit 2), and a
+    report written before them (no `later`, no `outcome`) still reads."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2")
+    assert code == 0, out
+    p = _prompt(report)
+    p["diagnosis"]["later"]["judged"] = -1
+    (d / "report.json").write_text(json.dumps(report))
+    r = CliRunner().invoke(app, ["show", str(d)])
+    assert r.exit_code == 2 and "judged" in r.output, r.output
+    for q in report["prompts"]:
+        q.pop("outcome", None)
+        if q.get("diagnosis"):
+            q["diagnosis"].pop("later", None)
+    report.pop("later")
+    (d / "report.json").write_text(json.dumps(report))
+    r = CliRunner().invoke(app, ["show", str(d)])
+    assert r.exit_code == 0, r.output

@@ -27,13 +27,17 @@ class Row:
 
 
 def rows(r: GateResult) -> list[Row]:
-    """Every diverged prompt with a position after its flip; one never re-scored is wholly unjudged."""
+    """Every re-scored diverged prompt with a position after its flip, and every near-tie never
+    re-scored (wholly unjudged: what makes it unverified). A divergent prompt never re-scored fails
+    at its first divergence: a row would add nothing."""
     out = []
+    later = r.later
     for p in r.comparison.prompts:
         d = p.first_divergence
         if p.status not in (Status.NEAR_TIE, Status.DIVERGENT) or d is None or p.candidate_length <= d.position + 1:
             continue
-        out.append(Row(p.id, d.position, r.later.get(p.id) or unjudged(d.position, p.candidate_length, UNJUDGED)))
+        if p.id in later or p.status == Status.NEAR_TIE:
+            out.append(Row(p.id, d.position, later.get(p.id) or unjudged(d.position, p.candidate_length, UNJUDGED)))
     return out
 
 

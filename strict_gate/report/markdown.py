@@ -235,7 +235,8 @@ def _diagnosis(r: GateResult) -> list[str]:
     for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
         rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
         cand = "unknown" if dg.candidate is None or dg.candidate.gap is None else _gap(dg.candidate.gap)
-        later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
+        later = ("yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))" if dg.later is None
+                 else f"no ({dg.later.flip_count} later flip(s), {dg.later.divergent_count} divergent)")
         text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
         out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {cand} | {later} "
                    f"| {md(text)} |")
