@@ -269,16 +269,20 @@ class OpenAIEngine(Engine):
             return Path(self._tokenizer_path)
         return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
 
+    def _tokenizer(self) -> Tokenizer:
+        """The `tokenizer` given, loaded once."""
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            try:
+                self._tok = Tokenizer.from_file(str(self._tokenizer_path))
+            except Exception as e:
+                raise ConfigError(f"openai: cannot load tokenizer {self._tokenizer_path}: {e}") from None
+        return self._tok
+
     def tokenize(self, text: str) -> list[int]:
         if self._tokenizer_path is not None:
-            if self._tok is None:
-                from tokenizers import Tokenizer
-
-                try:
-                    self._tok = Tokenizer.from_file(self._tokenizer_path)
-                except Exception as e:
-                    raise ConfigError(f"openai: cannot load tokenizer {self._tokenizer_path}: {e}") from None
-            return list(self._tok.encode(text).ids)
+            return list(self._tokenizer().encode(text).ids)
         if self.options.serve and not self._started:
             raise ConfigError(
                 "openai: text prompts need a tokenizer before the server is launched; "
@@ -425,7 +429,7 @@ class OpenAIEngine(Engine):
         answer = self._request(s, p, body, on_token)
         if isinstance(answer, Record):
             return answer
-        rec = text_record(p, answer[0], self.tokenize, sampling, answer[1], self._server_tokenize(s, p))
+        rec = text_record(p, answer[0], self._tokenizer(), sampling, answer[1], self._server_tokenize(s, p))
         if self._repeated or rec.error is not None:
             return rec
         self._repeated = True
@@ -433,7 +437,7 @@ class OpenAIEngine(Engine):
         again = self._request(s, p, {**plain, "stream": False})
         if isinstance(again, Record):
             return replace(rec, error=f"the repeated request failed: {again.error}", token_ids=(), text_only=None)
-        problem = repeat_problem(rec, text_record(p, again[0], self.tokenize, sampling, again[1], None))
+        problem = repeat_problem(rec, text_record(p, again[0], self._tokenizer(), sampling, again[1], None))
         return rec if problem is None else replace(rec, error=problem, token_ids=(), text_only=None, finish_reason=None)
 
     def _server_tokenize(self, s: Server, p: PromptInput) -> list[int] | None:

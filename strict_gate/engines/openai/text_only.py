@@ -13,8 +13,9 @@ max_tokens, and, once per arm, the same prompt twice giving the same text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient
@@ -22,7 +23,8 @@ from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Record, Sampling, TextReply, Timing
 
-Encode = Callable[[str], list[int]]
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def require_text(ps: PromptSet, arm: str) -> None:
@@ -59,14 +61,19 @@ class InContext:
     problem: str | None = None  # why the tokenization in context does not keep the prompt's ids
 
 
-def in_context(encode: Encode, prompt_text: str, reply: str) -> InContext:
+def in_context(tok: Tokenizer, prompt_text: str, reply: str) -> InContext:
     """Tokenize prompt text + reply in one go, as the model saw them, and split off the prompt's
-    own ids; a boundary token that merges prompt and reply cannot be split, and is said so."""
-    prompt_ids = tuple(encode(prompt_text))
-    full = tuple(encode(prompt_text + reply))
+    own ids. Where the tokenizer merges the prompt's last token with the reply ("\n" + "\n..."),
+    the reply tokenized alone is taken when the prompt's ids and it decode to the very same text;
+    else the reply cannot be placed, and that is said."""
+    prompt_ids = tuple(tok.encode(prompt_text).ids)
+    full = tuple(tok.encode(prompt_text + reply).ids)
     n = len(prompt_ids)
     if full[:n] == prompt_ids:
         return InContext(prompt_ids, full[n:])
+    alone = tuple(tok.encode(reply, add_special_tokens=False).ids)
+    if tok.decode([*prompt_ids, *alone], skip_special_tokens=False) == tok.decode(list(full), skip_special_tokens=False):
+        return InContext(prompt_ids, alone)
     k = next((i for i, (a, b) in enumerate(zip(full, prompt_ids)) if a != b), min(n, len(full)))
     return InContext(prompt_ids, (), (
         f"tokenizing the prompt text + the reply in context does not reproduce the prompt's ids (they differ at "
@@ -99,14 +106,14 @@ def reply_problem(choice: dict, sampling: Sampling) -> str | None:
     return None
 
 
-def text_record(p: PromptInput, choice: dict, encode: Encode, sampling: Sampling, timing: Timing,
+def text_record(p: PromptInput, choice: dict, tok: Tokenizer, sampling: Sampling, timing: Timing,
                 server_ids: Sequence[int] | None) -> Record:
     """A text-only reply as a record: the continuation's ids in context, the server's own figures."""
     assert p.text is not None  # text_body refused a prompt without text
     problem = reply_problem(choice, sampling)
     if problem is not None:
         return Record(id=p.id, prompt_token_ids=p.token_ids, error=problem, timing=timing)
-    placed = in_context(encode, p.text, choice["text"])
+    placed = in_context(tok, p.text, choice["text"])
     usage = choice["usage"]
     reply = TextReply(choice["text"], _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
                       None if server_ids is None else tuple(server_ids))
