@@ -183,7 +183,8 @@ def ignore_eos(probe: Probe) -> Verdict:
         if not stopped:
             return Status.NOT_APPLICABLE, "no greedy continuation stopped on an EOS, so none to ignore"
         pid, full = stopped[0]
-        at, ids = len(full.token_ids) - 1, None
+        # the EOS's position: a text-only reply's text holds no EOS, so it comes after all its tokens
+        at, ids = len(full.token_ids) - (0 if text_only(probe.engine) else 1), None
     rec = probe.generate(probe.prompt(pid), sampling, eos=ids)
     if rec.token_ids == full.token_ids[:at + 1] and rec.finish_reason == "stop":
         return Status.NOT_APPLICABLE, ("it stopped at the EOS: the engine does not implement ignore_eos (optional, "
@@ -194,6 +195,9 @@ def ignore_eos(probe: Probe) -> Verdict:
                    replace(rec, token_ids=rec.token_ids[:at]))
     if why:
         raise Failed(why)
+    if text_only(probe.engine):
+        return Status.PASS, (f"{MAX_TOKENS} tokens (usage) past the EOS after {at} token(s) of text, the same text "
+                             f"before it, {rec.finish_reason!r}")
     how = "emitted, decoding went on" if rec.token_ids[at] == full.token_ids[at] else "masked"
     return Status.PASS, f"{MAX_TOKENS} tokens past the EOS at position {at} ({how}), {rec.finish_reason!r}"
 
