@@ -34,7 +34,7 @@ err = Console(stderr=True, markup=False, highlight=False)
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "gates" / "demo.toml"
 
 PolicyOpt = Annotated[
-    str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto (default: the config's)")
+    str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto | near-tie-reference-only (one-sided; default: the config's)")
 ]
 BandOpt = Annotated[float | None, typer.Option("--band", help="near-tie band in nats (default 0.5)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]

@@ -4,6 +4,7 @@ import pytest
 from helpers import confident, rec, step
 
 from strict_gate.errors import ConfigError
+from strict_gate.judge.cascade import CandidateView, ScoredPosition, judge_later
 from strict_gate.judge.compare import compare_runs
 from strict_gate.judge.policy import apply_policy
 
@@ -132,8 +133,18 @@ def test_strict_fails_a_near_tie_but_near_tie_policy_passes_it():
     v = verdict([ref, rec("b", [1])], [cand, rec("b", [1])], "strict")
     assert v.verdict == "fail" and v.exit_code == 1
     assert "near-tie fails under strict" in v.prompts[0].reason
-    v = verdict([ref, rec("b", [1])], [cand, rec("b", [1])], "near-tie")
+    c, R, C = cmp([ref, rec("b", [1])], [cand, rec("b", [1])])
+    follows = judge_later(1, 3, [ScoredPosition(2, 30, 0.0, 30)], c.band, candidate=CandidateView())
+    v = apply_policy(c, "near-tie", R, C, later={"p": follows})
     assert v.verdict == "pass" and v.exit_code == 0
+
+
+def test_a_near_tie_whose_later_tokens_were_never_judged_is_unverified():
+    ref, cand = flip(0.1, 0.1)  # position 2 follows the flip, and nothing re-scored it
+    v = verdict([ref, rec("b", [1])], [cand, rec("b", [1])], "near-tie")
+    assert v.verdict == "incomplete" and v.exit_code == 3
+    assert v.prompts[0].unverified and not v.prompts[0].passed
+    assert "position 2 after the flip not judged" in v.prompts[0].reason
 
 
 def test_near_tie_policy_fails_divergent():

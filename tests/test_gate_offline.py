@@ -63,8 +63,9 @@ def test_gate_near_tie_fails_strict_passes_near_tie(tmp_path):
 
     r = runner.invoke(app, ["gate", str(gate_toml(tmp_path, prompts)), "--policy", "near-tie",
                             "-o", str(tmp_path / "r2")])
-    assert r.exit_code == 0, r.output
-    assert "PASS" in r.output
+    # stored runs and no [rescorer]: the token after the near-tie cannot be judged, so never a pass
+    assert r.exit_code == 3, r.output
+    assert "INCOMPLETE" in r.output and "position 2 after the flip not judged" in " ".join(r.output.split())
 
 
 def test_gate_missing_prompt_is_incomplete(tmp_path):
@@ -95,8 +96,10 @@ def test_compare_two_stored_runs(tmp_path):
     runs(tmp_path, ps.sha256)
     r = runner.invoke(app, ["compare", str(tmp_path / "ref"), str(tmp_path / "cand"),
                             "--policy", "near-tie", "--out", str(tmp_path / "out")])
-    assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["verdict"] == "pass"
+    # no engine re-scores the token after p2's near-tie: unverified, never a pass (issue 24)
+    assert r.exit_code == 3, r.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and report["prompts"][2]["outcome"] == "unverified"
     r = runner.invoke(app, ["compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--band", "0.05"])
     assert r.exit_code == 1
 

@@ -98,6 +98,7 @@ class Engine(ABC):
     # The invariance variants: the ways this kind may serve. An engine that learns its own at
     # start (a command engine's hello) narrows `servings` on the instance then.
     servings: frozenset[Serving] = frozenset()
+    needs_text: bool = False  # takes each prompt as text, not ids (a text-only server: the speed ladder cuts text)
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = "."):
         self.options = options
@@ -110,6 +111,10 @@ class Engine(ABC):
     def check_options(cls, options, *, where: str, line_of) -> None:
         """Checks of parsed options that need the engine's own knowledge, run when the config is
         read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""
+
+    def check_prompt_set(self, ps, arm: str) -> None:
+        """Refuse a prompt set this arm cannot be fed (ConfigError naming the file): a text-only
+        server needs every prompt's text. Any set fits by default."""
 
     def set_log_path(self, path: str | Path) -> None:
         """Where the engine's process output goes (the runner passes <run dir>/engine.log)."""

@@ -25,6 +25,7 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.timed_tokens import GateRecords, check_tokens
+from strict_gate.judge.text_only import decoder
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.records import Record, write_text_atomic
@@ -72,6 +73,8 @@ class SpeedSession:
         self.gate_records: GateRecords = {}
         self.notes = list(notes)
         self.order = Order.SEQUENTIAL
+        texts = [e for e in engines.values() if e.needs_text]  # a text-only arm: equal text verifies its reply
+        self.decode = decoder(texts[0].tokenizer_file()) if texts else None
 
     def measure(self, role: str, engine: Engine, run_dir: Path | None = None, on_rung: OnRung | None = None,
                 gate_records: dict[str, Record] | None = None) -> None:
@@ -143,7 +146,7 @@ class SpeedSession:
             errors = [f"{role}: {self.failed[role]}" for role in ROLES if role in self.failed]
             errors += [f"{role}: {r.error}" for role, r in arm_rungs.items() if r is not None and r.error]
             figs = {role: figures(r, method) if r is not None else None for role, r in arm_rungs.items()}
-            tokens = check_tokens(rung, dict(arm_rungs), self.gate_records, self.rules)
+            tokens = check_tokens(rung, dict(arm_rungs), self.gate_records, self.rules, self.decode)
             rungs.append(RungResult(rung, figs.get("reference"), figs.get("candidate"),
                                     "; ".join(errors) if errors else None, tokens))
         kept = tuple(r.rung for r in rungs)
@@ -172,7 +175,7 @@ class SpeedSession:
                "after its token run too): an engine with a prefix cache answers their prefill from it, so "
                "compare the arms' prefix_cache (the matched check does, where both state it); its "
                "max_tokens=1 requests get a fresh prompt of each prompt's length, never a cached one"]
-        if method is Method.TWO_REQUEST and self.ladder.space is None:
+        if method is Method.TWO_REQUEST and self.ladder.space is None and self.ladder.text is None:
             out.append("rung gate: no vocabulary is known to draw those fresh prompts, so its two-request "
                        "TTFT and decode were not measured (give either arm a `tokenizer`)")
         return tuple(out)

@@ -6,7 +6,7 @@ gate builds its spec once (gate_spec) from the config and the command line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,14 +14,18 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
+from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, compare_runs
-from strict_gate.judge.diagnose import cross_check, diagnose, score_candidate
+from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
+from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
+from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
+from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, text_only_notes
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
-from strict_gate.runs.records import Run, Sampling, now_iso
+from strict_gate.runs.records import Record, Run, Sampling, now_iso
 
 
 def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = None, band: float | None = None,
@@ -42,7 +46,7 @@ def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = N
 def compare(spec: GateSpec, ref: Run, cand: Run) -> Comparison:
     ids = spec.prompt_set.ids
     return compare_runs(ref.records, cand.records, band=spec.band, prompt_ids=None if ids is None else list(ids),
-                        greedy_tolerance=spec.greedy_tolerance)
+                        greedy_tolerance=spec.greedy_tolerance, decode=run_decoder(cand))
 
 
 def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
@@ -55,6 +59,34 @@ def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
 NOT_SCORED = "no candidate engine re-scored it"
 
 
+def later_of(diagnoses: Mapping[str, Diagnosis]) -> dict[str, Cascade]:
+    """Each diagnosed prompt's later positions, judged: what the near-tie policy needs (as GateResult.later)."""
+    return {pid: dg.later for pid, dg in diagnoses.items() if dg.later is not None}
+
+
+def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescorer: Engine,
+             notes: tuple[str, ...]) -> tuple[Comparison, Mapping[str, Record], tuple[str, ...]]:
+    """A text-only candidate's diverged replies split into tokens as the reference would
+    (judge/resplit.py) before they are re-scored; a failure leaves them as stored, said so."""
+    decode = run_decoder(cand)
+    if decode is None or not any(p.status in DIVERGED for p in comparison.prompts):
+        return comparison, cand.records, notes
+
+    def score(prompt, ids, k):
+        with rescorer.scoped_env():
+            rescorer.start()
+            return rescorer.score(prompt, ids, k)
+
+    try:
+        comparison, records, n = resplit(comparison, ref.records, cand.records, score, spec.sampling.top_logprobs,
+                                         decode, band=spec.band, greedy_tolerance=spec.greedy_tolerance)
+    except Exception as e:  # the stored split is judged instead: stricter, never looser
+        return comparison, cand.records, (*notes, f"re-splitting the text-only replies failed: {type(e).__name__}: {e}")
+    said = (f"{n} diverged text-only repl(ies) split into tokens as the reference would (teacher forcing along "
+            "its own choices; the text unchanged) before re-scoring") if n else None
+    return comparison, records, (*notes, *((said,) if said else ()))
+
+
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
           comparison: Comparison | None = None) -> GateResult:
     """Judge two runs by the spec: compare them (unless the caller already has), (given a
@@ -64,11 +96,17 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if comparison is None:
         comparison = compare(spec, ref, cand)
     diagnoses = {}
+    cand_records, notes = cand.records, text_only_notes(comparison, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
-            diagnoses = diagnose(comparison, ref.records, cand.records, rescorer, spec.sampling.top_logprobs)
-    comparison, diagnoses = cross_check(comparison, diagnoses, {}, not_scored=NOT_SCORED)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems))
+            comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)
+            diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
+    comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
+                                        not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
+    if spec.policy.one_sided:
+        diagnoses = one_sided_diagnoses(comparison, diagnoses)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
+                           later=later_of(diagnoses), diagnoses=diagnoses)
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -81,7 +119,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         prompt_set=dict(spec.prompt_set.described),
         sampling=spec.sampling,
         reference_records=ref.records,
-        candidate_records=cand.records,
+        candidate_records=cand_records,
         diagnoses=diagnoses,
         runs={"reference": ref.path, "candidate": cand.path},
         determinism=determinism_summary(list(ref.records.values())) if sampled else None,
@@ -89,6 +127,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         config=spec.config.to_json() if spec.config is not None else None,
         rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,
         resumed={label: entries for label, entries in resumed.items() if entries},
+        notes=notes,
     )
 
 
@@ -99,10 +138,15 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
     judging twice gives the same result."""
     if candidate.can_score:
         with engine_log(RunDir(Path(cand.path)).engine_log, candidate.log_libraries):
-            scores = score_candidate(result.comparison, ref.records, candidate, spec.sampling.top_logprobs)
+            scores = score_candidate(result.comparison, ref.records, cand.records, candidate,
+                                     spec.sampling.top_logprobs)
         why = NOT_SCORED
     else:
-        scores, why = {}, f"the candidate engine ({candidate.kind}) cannot score"
-    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, not_scored=why)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems)
+        scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
+    comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, result.candidate_records,
+                                        not_scored=why)
+    if spec.policy.one_sided:
+        diagnoses = one_sided_diagnoses(comparison, diagnoses)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
+                           later=later_of(diagnoses), diagnoses=diagnoses)
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

@@ -31,6 +31,7 @@ from strict_gate.judge.history import append_history, with_history
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.staleness import baseline_staleness
+from strict_gate.judge.text_only import run_decoder
 from strict_gate.report import GateResult
 from strict_gate.runs.audit import check_comparable
 from strict_gate.runs.layout import ReportDir
@@ -101,7 +102,7 @@ def compare_run_dirs(
                     sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
     assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
     comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
-                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP)
+                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP, decode=run_decoder(cand))
     result = judge(spec, ref, cand, comparison=comparison,
                    problems=_unheld(ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys()))
     if out is not None:
@@ -177,6 +178,8 @@ def run_gate(
     if candidate is None:
         assert cfg.candidate is not None  # load_gate_config requires one for a gate
         candidate = cfg.candidate.build()
+    for role, engine in (("reference", reference), ("candidate", candidate)):
+        engine.check_prompt_set(ps, role)  # e.g. a text-only arm and a set of token ids
     reference.check_compatible(ps.sha256, spec.sampling)
     report = ReportDir(new_report_dir(output_dir or cfg.output_dir, cfg.name))
     with report_lock(report):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from strict_gate.judge.compare import Status, compare_prompt
+from strict_gate.judge.text_only import Decode
 from strict_gate.runs.records import Record
 from strict_gate.speed.config import TokenRules
 from strict_gate.speed.ladder import Request
@@ -40,8 +41,11 @@ def _head(rec: Record, n: int) -> Record:
     return replace(rec, token_ids=rec.token_ids[:n], top_logprobs=top, finish_reason="length")
 
 
-def _disagreement(first: Record, second: Record, rules: TokenRules) -> str | None:
-    """Why `second` does not verify against `first` (over their common length), or None."""
+def _disagreement(first: Record, second: Record, rules: TokenRules, decode: Decode | None = None) -> str | None:
+    """Why `second` does not verify against `first` (over their common length), or None. A
+    text-only reply (its ids a re-tokenization) verifies when its text is the other reply's."""
+    if decode is not None and _same_text(first, second, decode):
+        return None
     n = min(len(first.token_ids), len(second.token_ids))
     c = compare_prompt(first.id, _head(first, n), _head(second, n), rules.band, rules.greedy_tolerance)
     if c.status in AGREE:
@@ -50,13 +54,21 @@ def _disagreement(first: Record, second: Record, rules: TokenRules) -> str | Non
     return f"{c.status} at position {d.position} ({d.reason})" if d is not None else f"{c.status} ({c.detail})"
 
 
+def _same_text(a: Record, b: Record, decode: Decode) -> bool:
+    def text(r: Record) -> str | None:
+        return r.text_only.text if r.text_only is not None else decode(r.prompt_token_ids, r.token_ids)
+
+    return (a.text_only is not None or b.text_only is not None) and a.finish_reason == b.finish_reason \
+        and text(a) == text(b)
+
+
 def _where(role: str, key: TimedKey) -> str:
     rep, request, pid = key
     return f"the {role}'s {request} reply to {pid!r} (repetition {rep})"
 
 
 def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: GateRecords,
-                 rules: TokenRules) -> TokenCheck:
+                 rules: TokenRules, decode: Decode | None = None) -> TokenCheck:
     """Every timed reply of the rung, checked once: against the arm's gate record where it has one
     for the prompt (full replies on the gate rung), else against the other arm's reply."""
     problems: list[str] = []
@@ -72,7 +84,7 @@ def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: Gate
                 cross.add(key)
                 continue
             checked += 1
-            why = _disagreement(gate_rec, rec, rules)
+            why = _disagreement(gate_rec, rec, rules, decode)
             if why:
                 problems.append(f"{_where(role, key)} against its own gate record (as reference): {why}")
     ref, cand = arms.get("reference"), arms.get("candidate")
@@ -82,7 +94,7 @@ def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: Gate
             if key not in cross or other is None:
                 continue
             checked += 1
-            why = _disagreement(rec, other, rules)
+            why = _disagreement(rec, other, rules, decode)
             if why:
                 problems.append(f"{_where('candidate', key)} against the reference's: {why}")
     return TokenCheck(checked, tuple(problems[:SHOWN]), len(problems))

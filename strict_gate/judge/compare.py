@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from strict_gate.core.fmt import fmt_vs
 from strict_gate.judge.prefix_drift import PrefixDrift, prefix_drift
+from strict_gate.judge.text_only import TEXT_ONLY, Decode, prompt_problem, text_level
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
 from strict_gate.runs.records import Record, TopK
 from strict_gate.runs.stream import RunRecords
@@ -37,6 +38,7 @@ STATUSES = tuple(Status)
 UNCOMPARED = (Status.MISSING, Status.ERROR)
 DEFAULT_BAND = 0.5
 BAND_EPS = 1e-9  # a gap equal to the band up to float representation is within it
+TEXT_LEVEL = "text-level: the text-only server's text equals the reference's (no logprobs compared)"
 CHUNK_BYTES = 32 << 20  # records (both runs) decoded at once by compare_on_disk: bounds its memory
 
 
@@ -184,6 +186,8 @@ def side_problem(label: str, gap: float | None, top: TopK | None, other: str, ba
     known = [] if gap is None or unknown is not None else [(f"{label} gap", gap)]
     if rescored is not None and rescored.gap is not None:  # its size: prefill may order a tie either way
         known.append((f"{label} re-scored |gap|", abs(rescored.gap)))
+    if not known and rescored is not None and rescored.why == TEXT_ONLY:
+        return f"{label} gap unknown: {TEXT_ONLY}"
     problems = [p for lab, g in known if (p := _value_problem(lab, g, band)) is not None]
     if rescored is not None and rescored.refutes:
         problems.append(str(rescored.why))
@@ -208,11 +212,22 @@ def classify(d: Divergence, band: float) -> tuple[Status, str]:
     ]
     if reasons:
         return Status.DIVERGENT, "; ".join(reasons)
-    rescored = [f"{side} {r.gap:.4g}" for side, r in (("reference", d.reference_rescored),
-                                                       ("candidate", d.candidate_rescored))
-                if r is not None and r.gap is not None]
-    return Status.NEAR_TIE, f"both gaps within [0, band {band:g}]" + (
-        f" (re-scored: {', '.join(rescored)})" if rescored else "")
+    return Status.NEAR_TIE, tie_reason(d, band)
+
+
+def tie_reason(d: Divergence, band: float) -> str:
+    """A near-tie's reason. A negative re-scored gap is within the band by its size only, and is
+    named for what it is: that side's prefill ranks the tie the other way round than its decode
+    did. The words never say "[0, band]" of a number outside it."""
+    sides = (("reference", d.reference_rescored), ("candidate", d.candidate_rescored))
+    rescored = [f"{side} {r.gap:.4g}" for side, r in sides if r is not None and r.gap is not None]
+    flipped = [side for side, r in sides if r is not None and r.gap is not None and r.gap < 0]
+    if not flipped:
+        return f"both gaps within [0, band {band:g}]" + (f" (re-scored: {', '.join(rescored)})" if rescored else "")
+    who = " and ".join(f"the {side}'s" for side in flipped)
+    return (f"both gaps within the band {band:g} by size (re-scored: {', '.join(rescored)}; negative: "
+            f"{who} prefill prefers the other token where its decode chose its own, a prefill/decode "
+            "disagreement at a tie)")
 
 
 def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
@@ -242,6 +257,7 @@ def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple
         reason="",
         reference_top=rtop,
         candidate_top=ctop,
+        candidate_rescored=Rescored(None, TEXT_ONLY) if cand.text_only is not None else None,
     )
     status, reason = classify(div, band)
     return status, replace(div, reason=reason)
@@ -277,7 +293,10 @@ def compare_prompt(
     cand: Record | None,
     band: float,
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+    decode: Decode | None = None,
 ) -> PromptComparison:
+    """One prompt's outcome. `decode` (a text-only candidate's tokenizer, judge/text_only.py)
+    makes equal text a match where the re-tokenized ids differ."""
     rlen = len(ref.token_ids) if ref is not None and ref.error is None else 0
     clen = len(cand.token_ids) if cand is not None and cand.error is None else 0
 
@@ -300,6 +319,9 @@ def compare_prompt(
             f"prompt token ids differ at index {k} (reference {len(a)} ids, candidate {len(b)} ids; "
             f"reference {list(a[k:k + 3])} vs candidate {list(b[k:k + 3])})",
         )
+    served = next((p for p in (prompt_problem(cand), prompt_problem(ref)) if p is not None), None)
+    if served is not None:
+        return bare(Status.TOKENIZATION_MISMATCH, served)
     bad = _not_greedy(pid, ref, cand, greedy_tolerance, rlen, clen)
     R, C = ref.token_ids, cand.token_ids
     common = min(len(R), len(C))
@@ -308,6 +330,8 @@ def compare_prompt(
         prefix = next((i for i in range(common) if R[i] != C[i]), common)
         return replace(bad, matched_positions=matched, prefix_length=prefix)
     d = next((i for i in range(common) if R[i] != C[i]), None)
+    if cand.text_only is not None and (text_level(ref, cand, decode) or (d is None and len(R) == len(C))):
+        return PromptComparison(pid, Status.MATCH, None, matched, common, rlen, clen, detail=TEXT_LEVEL)
     if d is None:
         if len(R) == len(C):
             return PromptComparison(pid, Status.MATCH, None, matched, common, rlen, clen)
@@ -369,6 +393,7 @@ def compare_runs(
     band: float = DEFAULT_BAND,
     prompt_ids: list[str] | None = None,
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
+    decode: Decode | None = None,
 ) -> Comparison:
     """Compare two runs' records by prompt id. prompt_ids fixes the order and the expected set;
     without it, every id seen in either run is expected (reference order first)."""
@@ -376,7 +401,7 @@ def compare_runs(
     if prompt_ids is None:
         prompt_ids = _expected(reference, candidate)
     prompts = tuple(
-        compare_prompt(i, reference.get(i), candidate.get(i), band, greedy_tolerance) for i in prompt_ids
+        compare_prompt(i, reference.get(i), candidate.get(i), band, greedy_tolerance, decode) for i in prompt_ids
     )
     return Comparison(band=band, prompts=prompts, summary=summarize(prompts))
 
@@ -403,6 +428,7 @@ def compare_on_disk(
     prompt_ids: list[str] | None = None,
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
     keep_whole: int = 0,
+    decode: Decode | None = None,
 ) -> Comparison:
     """compare_runs over two runs on disk, in bounded memory: a chunk of prompts at a time is
     decoded and audited (both runs, every record), compared, and let go. Each run keeps a slim
@@ -414,7 +440,7 @@ def compare_on_disk(
     for ids in _chunks(order, reference, candidate):
         refs, cands = reference.read(ids), candidate.read(ids)
         for i in ids:
-            pc = compare_prompt(i, refs.get(i), cands.get(i), band, greedy_tolerance)
+            pc = compare_prompt(i, refs.get(i), cands.get(i), band, greedy_tolerance, decode)
             prompts.append(pc)
             whole = pc.status != Status.MATCH and keep_whole > 0
             if whole:

@@ -1,16 +1,19 @@
 """Teacher-forced re-scoring: is a divergence a near-tie, and is the rest downstream of it?
 
 Both sides are re-scored where they can be: the reference scores the candidate's tokens
-(below), and a candidate that can score scores the reference's tokens up to and including
+(below), and a candidate that can score scores its own tokens (every later position) and,
+where that leaves its gap at the divergence unknown, the reference's tokens up to and including
 the divergence (score_candidate), so the candidate's gap is known even where the reference's
 token fell outside its decode top-k. cross_check then classifies each diverged prompt once,
-from both sides (judge/compare.py's classify): the status and the diagnosis cannot disagree.
+from both sides (judge/compare.py's classify): the status and the diagnosis cannot disagree;
+and it judges every later position (judge/cascade.py), which the near-tie policy requires.
 
 The reference engine scores prompt + the CANDIDATE's tokens. Per position from the first
 divergence: gap = max(0, lp_ref(argmax) - lp_ref(candidate token)) given the candidate's
 own prefix. Gap 0 everywhere after the flip means every later token is what the reference
 itself would pick on that prefix: one flip, and the rest is its consequence. A later gap
-above zero is an independent second error. A token outside the reference's top-k at the
+above zero is a second flip: a further near-tie when both sides' gaps are within the band,
+else an independent error (cascade.py). A token outside the reference's top-k at the
 divergence is a real forward bug, not a near-tie.
 """
 
@@ -21,6 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from strict_gate.judge.cascade import CandidateView, Cascade, ScoredPosition, judge_later, unjudged
 from strict_gate.judge.compare import (
     Comparison,
     Divergence,
@@ -33,14 +37,6 @@ from strict_gate.judge.compare import (
 from strict_gate.runs.records import Record, ScoredStep
 
 DIAGNOSED = (Status.DIVERGENT, Status.NEAR_TIE)
-
-
-@dataclass(frozen=True)
-class ScoredPosition:
-    position: int
-    token: int
-    gap: float | None  # None: the token is outside the reference's top-k and the engine gave no logprob
-    reference_argmax: int
 
 
 @dataclass(frozen=True)
@@ -57,6 +53,7 @@ class Diagnosis:
     error: str | None = None
     near_tie: bool = False  # the prompt's one classification (both sides, cross_check) is a near-tie
     candidate: Rescored | None = None  # the candidate's re-scored gap at the divergence, or why none
+    later: Cascade | None = None  # every later position judged (cross_check)
 
     @property
     def short(self) -> str:
@@ -67,9 +64,14 @@ class Diagnosis:
         cand = "C unknown" if c is None or c.gap is None else f"C {c.gap:.3f}"
         ref = "R outside top-k" if self.rescored_gap is None else f"R {self.rescored_gap:.3f}"
         head = f"{'near-tie' if self.near_tie else 'real'} ({ref}, {cand})"
-        if self.downstream_only:
-            return head + ", rest downstream"
-        return head + f", later error at {self.later_errors[0]}"
+        lc = self.later
+        if lc is None:
+            return head + (", rest downstream" if self.downstream_only else f", later error at {self.later_errors[0]}")
+        if lc.divergent:
+            return head + f", later divergence at {lc.divergent[0].position}"
+        if lc.unverified_from is not None:
+            return head + f", unverified from {lc.unverified_from}"
+        return head + (f", {lc.flip_count} later flip(s)" if lc.flip_count else ", rest downstream")
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +86,7 @@ class Diagnosis:
             "near_tie": self.near_tie,
             "candidate_rescored": None if self.candidate is None else self.candidate.to_json(),
             "error": self.error,
+            "later": None if self.later is None else self.later.to_json(),
             "steps": [
                 {"position": s.position, "token": s.token, "gap": s.gap, "reference_argmax": s.reference_argmax}
                 for s in self.steps
@@ -99,7 +102,8 @@ class Diagnosis:
                    rescored_gap=d.get("rescored_gap"), rescored_argmax=d.get("rescored_argmax"),
                    downstream_only=bool(d["downstream_only"]), later_errors=tuple(d.get("later_errors") or ()),
                    steps=steps, verdict=str(d["verdict"]), error=d.get("error"), near_tie=bool(d.get("near_tie")),
-                   candidate=_rescored(d.get("candidate_rescored")))
+                   candidate=_rescored(d.get("candidate_rescored")),
+                   later=Cascade.from_json(d["later"]) if d.get("later") else None)
 
 
 def _rescored(d: dict | None) -> Rescored | None:
@@ -161,7 +165,9 @@ def _head(pc: PromptComparison) -> str:
     return f"{word} at position {d.position} ({d.reason})"
 
 
-def _tail(later: tuple[int, ...]) -> str:
+def _tail(later: tuple[int, ...], cascade: Cascade | None = None) -> str:
+    if cascade is not None:
+        return f"; after it: {cascade.summary()}"
     if not later:
         return "; every later token is the reference's argmax on the candidate's prefix (downstream of the flip)"
     return f"; independent later error(s) at position(s) {', '.join(map(str, later[:10]))}"
@@ -179,25 +185,59 @@ def _reference_side(dg: Diagnosis | None) -> Rescored:
     return Rescored(dg.rescored_gap)
 
 
-def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis],
-                candidate: Mapping[str, Rescored], *, not_scored: str) -> tuple[Comparison, dict[str, Diagnosis]]:
+@dataclass(frozen=True)
+class CandidateScore:
+    """The candidate's side of one diverged prompt: its gap at the divergence on the common
+    prefix, and its scoring of its own tokens (every later position), or why there is none."""
+
+    at: Rescored
+    own: tuple[ScoredStep, ...] | None = None
+    why: str | None = None  # why `own` is None
+
+
+def _later(dg: Diagnosis, cand: Record | None, side: CandidateScore | None, band: float, not_scored: str) -> Cascade:
+    """Every candidate position after the divergence judged from the reference's re-scoring
+    (dg.steps) and the candidate's own view (its decode top-k, its own scoring)."""
+    end = len(cand.token_ids) if cand is not None else dg.position + 1
+    if dg.error is not None:
+        return unjudged(dg.position, end, f"the reference's re-scoring failed: {dg.error}")
+    view = CandidateView(decode=(cand.top_logprobs or ()) if cand is not None else (),
+                         scored=None if side is None else side.own,
+                         why=not_scored if side is None else side.why)
+    short = f"the reference re-scored {dg.position + len(dg.steps)} of {end} positions"
+    return judge_later(dg.position, end, dg.steps[1:], band, candidate=view, why_short=short)
+
+
+def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis], candidate: Mapping[str, CandidateScore],
+                records: Mapping[str, Record], *, not_scored: str) -> tuple[Comparison, dict[str, Diagnosis]]:
     """Classify every diverged prompt once, from both sides' re-scored gaps (`candidate`: the
     candidate's, by prompt; a prompt without one is unknown on that side because of `not_scored`),
-    and rewrite each diagnosis to say that classification."""
+    judge every later position (`records`: the candidate's, for its decode top-k), and rewrite
+    each diagnosis to say both."""
     changed, out = [], dict(diagnoses)
     for pc in comparison.prompts:
         if pc.status not in DIAGNOSED:
             continue
-        cand = candidate.get(pc.id, Rescored(None, not_scored))
+        side = candidate.get(pc.id)
+        cand = side.at if side is not None else Rescored(None, not_scored)
         new = reclassify(pc, comparison.band, _reference_side(diagnoses.get(pc.id)), cand)
         changed.append(new)
         dg = diagnoses.get(pc.id)
-        if dg is not None and dg.error is None and dg.steps:
-            out[pc.id] = replace(dg, near_tie=new.status == Status.NEAR_TIE, candidate=cand,
-                                 verdict=_head(new) + _tail(dg.later_errors))
-        elif dg is not None:
-            out[pc.id] = replace(dg, candidate=cand)
+        if dg is None:
+            continue
+        later = _later(dg, records.get(pc.id), side, comparison.band, not_scored)
+        if dg.error is None and dg.steps:
+            out[pc.id] = replace(dg, near_tie=new.status == Status.NEAR_TIE, candidate=cand, later=later,
+                                 verdict=_head(new) + _tail(dg.later_errors, later))
+        else:
+            out[pc.id] = replace(dg, candidate=cand, later=later)
     return with_prompts(comparison, changed), out
+
+
+def _lp(step: ScoredStep, token: int | None) -> float | None:
+    if token == step.token_id and step.logprob is not None:
+        return step.logprob
+    return next((v for t, v in step.top if t == token), None)
 
 
 def _candidate_gap(pc: PromptComparison, steps: Sequence[ScoredStep]) -> Rescored:
@@ -206,8 +246,7 @@ def _candidate_gap(pc: PromptComparison, steps: Sequence[ScoredStep]) -> Rescore
     if len(steps) <= d.position:
         return Rescored(None, f"the candidate scored {len(steps)} of {d.position + 1} positions")
     step = steps[d.position]
-    lp_r = step.logprob if step.logprob is not None else next((v for t, v in step.top if t == step.token_id), None)
-    lp_c = next((v for t, v in step.top if t == d.candidate_token), None)
+    lp_r, lp_c = _lp(step, step.token_id), _lp(step, d.candidate_token)
     if lp_r is None:
         return Rescored(None, "the reference's token is outside the candidate's top-k on re-scoring", refutes=True)
     if lp_c is None:
@@ -215,10 +254,42 @@ def _candidate_gap(pc: PromptComparison, steps: Sequence[ScoredStep]) -> Rescore
     return Rescored(lp_c - lp_r)
 
 
-def score_candidate(comparison: Comparison, reference: Mapping[str, Record], engine: Scorer,
-                    k: int) -> dict[str, Rescored]:
-    """Teacher-force each diverged prompt's reference tokens, up to and including the divergence,
-    through the candidate: its gap there on the common prefix. A failure is a stated unknown."""
+def _own_gap(pc: PromptComparison, own: Sequence[ScoredStep]) -> Rescored | None:
+    """The same gap from the candidate's scoring of its own tokens (the prefix before the
+    divergence is common), or None when that scoring does not give both logprobs."""
+    d = _divergence(pc)
+    if len(own) <= d.position:
+        return None
+    lp_c, lp_r = _lp(own[d.position], d.candidate_token), _lp(own[d.position], d.reference_token)
+    return Rescored(lp_c - lp_r) if lp_c is not None and lp_r is not None else None
+
+
+def _score_one(pc: PromptComparison, ref: Record, cand: Record, engine: Scorer, k: int) -> CandidateScore:
+    """One prompt's candidate side: its own tokens scored when there is a later position (one
+    pass that also gives the gap at the divergence), the reference's up to the divergence
+    only when that pass does not give it."""
+    d = _divergence(pc).position
+    own, why = None, "no candidate position after the divergence"
+    if len(cand.token_ids) > d + 1:
+        try:
+            with engine.scoped_env():
+                own = tuple(engine.score(cand.prompt_token_ids, cand.token_ids, k))
+        except Exception as e:
+            why = f"the candidate's re-scoring of its own tokens failed: {type(e).__name__}: {e}"
+    at = _own_gap(pc, own) if own is not None else None
+    if at is None:
+        try:
+            with engine.scoped_env():
+                at = _candidate_gap(pc, engine.score(ref.prompt_token_ids, ref.token_ids[: d + 1], k))
+        except Exception as e:
+            at = Rescored(None, f"the candidate's re-scoring failed: {type(e).__name__}: {e}")
+    return CandidateScore(at, own, None if own is not None else why)
+
+
+def score_candidate(comparison: Comparison, reference: Mapping[str, Record], candidate: Mapping[str, Record],
+                    engine: Scorer, k: int) -> dict[str, CandidateScore]:
+    """Teacher-force each diverged prompt through the candidate: its gap at the divergence on
+    the common prefix, and its own view of every later position. A failure is a stated unknown."""
     todo = [pc for pc in comparison.prompts if pc.status in DIAGNOSED]
     if not todo:
         return {}
@@ -226,18 +297,9 @@ def score_candidate(comparison: Comparison, reference: Mapping[str, Record], eng
         with engine.scoped_env():
             engine.start()
     except Exception as e:  # an unknown gap keeps the prompt divergent: fail closed
-        return {pc.id: Rescored(None, f"the candidate did not start: {type(e).__name__}: {e}") for pc in todo}
-    out: dict[str, Rescored] = {}
-    for pc in todo:
-        ref, d = reference[pc.id], _divergence(pc).position
-        try:
-            with engine.scoped_env():
-                steps = engine.score(ref.prompt_token_ids, ref.token_ids[: d + 1], k)
-        except Exception as e:
-            out[pc.id] = Rescored(None, f"the candidate's re-scoring failed: {type(e).__name__}: {e}")
-            continue
-        out[pc.id] = _candidate_gap(pc, steps)
-    return out
+        why = f"the candidate did not start: {type(e).__name__}: {e}"
+        return {pc.id: CandidateScore(Rescored(None, why), None, why) for pc in todo}
+    return {pc.id: _score_one(pc, reference[pc.id], candidate[pc.id], engine, k) for pc in todo}
 
 
 class Scorer(Protocol):

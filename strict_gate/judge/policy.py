@@ -1,10 +1,25 @@
 """Pass/fail policies. The policy is explicit in every report and cannot pass vacuously.
 
 strict          every prompt matches token for token
-near-tie        every prompt matches or diverges at a near-tie (both gaps within the band)
+near-tie        every prompt matches, or diverges at a near-tie (both gaps within the band)
+                after which EVERY later candidate token, judged on the candidate's own prefix
+                (judge/cascade.py), is the reference's argmax there or a further near-tie
 distributional  the candidate's tokens equal one of the reference's K captured samples
 auto            strict where the reference's samples agree (or none were captured),
                 distributional where the reference itself disagrees across runs
+near-tie-reference-only
+                ONE-SIDED, WEAKER: every prompt matches, or diverges where the reference's
+                re-scored gap is within the band at the first divergence and at every later
+                position (judge/cascade.py's judge_later, one-sided: the reference teacher-
+                forced on the candidate's tokens); the candidate's own gap is never asked for.
+                The bar for a text-only server, whose own margin cannot be known (vllm.cpp's
+                own gate is this rule). Every report says so in its verdict line (ONE_SIDED).
+
+Only near-tie accepts a near-tie; auto and distributional accept a divergence only as an
+exact copy of a reference sample, so no rule passes a token after a flip unjudged. A near-tie
+prompt whose later positions could not all be judged (no re-scoring: diagnose = false, a stored
+reference without [rescorer], a failed rescorer, fewer steps scored) is unverified: never a
+pass, counted with the incomplete verdicts (exit 3) unless another prompt fails.
 """
 
 from __future__ import annotations
@@ -14,7 +29,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from strict_gate.errors import ConfigError, ExitCode
+from strict_gate.judge.cascade import Cascade, Later
 from strict_gate.judge.compare import UNCOMPARED, Comparison, PromptComparison, Status
+from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.judge.one_sided import reference_only
 from strict_gate.runs.records import Record
 
 
@@ -25,6 +43,12 @@ class Policy(StrEnum):
     NEAR_TIE = "near-tie"
     DISTRIBUTIONAL = "distributional"
     AUTO = "auto"
+    NEAR_TIE_REFERENCE_ONLY = "near-tie-reference-only"
+
+    @property
+    def one_sided(self) -> bool:
+        """Judged from the reference's side alone: weaker than the two-sided near-tie."""
+        return self is Policy.NEAR_TIE_REFERENCE_ONLY
 
 
 class VerdictKind(StrEnum):
@@ -34,7 +58,11 @@ class VerdictKind(StrEnum):
 
 
 POLICIES = tuple(p.value for p in Policy)
+ONE_SIDED = ("one-sided and weaker: a divergence passes on the reference's re-scored gaps alone (within the band "
+             "at the first divergence and every later position); the candidate's own gap is not known")
 NAMED = 20  # failing (or uncompared) prompts named in a verdict's reasons
+UNJUDGED = ("no engine re-scored the candidate's continuation (diagnose = false, or a reference that cannot "
+            "score and no [rescorer])")
 
 
 @dataclass(frozen=True)
@@ -43,6 +71,11 @@ class PromptVerdict:
     passed: bool
     rule: Policy  # the rule applied to this prompt: strict | near-tie | distributional
     reason: str
+    unverified: bool = False  # not passed because part of it could not be judged (counted as incomplete)
+
+    @property
+    def outcome(self) -> str:
+        return "pass" if self.passed else "unverified" if self.unverified else "fail"
 
 
 @dataclass(frozen=True)
@@ -53,6 +86,11 @@ class Verdict:
     prompts: tuple[PromptVerdict, ...]
     reasons: tuple[str, ...]  # why it passed or failed, in words, most important first
     notes: tuple[str, ...] = ()
+
+    @property
+    def policy_words(self) -> str:
+        """The policy as a verdict line names it: a one-sided policy says that it is one."""
+        return f"{self.policy} ({ONE_SIDED})" if Policy(self.policy).one_sided else str(self.policy)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -80,16 +118,26 @@ def apply_policy(
     candidate: Mapping[str, Record],
     *,
     run_problems: tuple[str, ...] = (),
+    later: Mapping[str, Cascade] | None = None,
+    diagnoses: Mapping[str, Diagnosis] | None = None,
 ) -> Verdict:
     """Judge a comparison. run_problems (an arm that failed or stopped early) force incomplete:
-    a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge."""
+    a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge.
+    `later`: each diverged prompt's later positions judged (cross_check); a near-tie without
+    one, with positions after its flip, is unverified. `diagnoses` (the reference's re-scoring)
+    is what policy near-tie-reference-only judges by."""
     policy = check_policy(policy)
     if policy == Policy.DISTRIBUTIONAL:
         _require_samples(comparison, reference)
+    later = later or {}
     verdicts = tuple(
-        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate) for pc in comparison.prompts
+        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, later.get(pc.id),
+                        (diagnoses or {}).get(pc.id), comparison.band)
+        for pc in comparison.prompts
     )
     notes = _auto_notes(comparison, verdicts, reference) if policy == Policy.AUTO else ()
+    if policy.one_sided:
+        notes = (f"policy {policy}: {ONE_SIDED}",)
     verdict, reasons = _outcome(comparison, verdicts, policy, run_problems)
     return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
 
@@ -114,7 +162,8 @@ def _rule(policy: Policy, rec: Record | None) -> Policy:
 
 
 def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, Record],
-                    candidate: Mapping[str, Record]) -> PromptVerdict:
+                    candidate: Mapping[str, Record], later: Cascade | None, dg: Diagnosis | None,
+                    band: float) -> PromptVerdict:
     if pc.status in UNCOMPARED:
         return PromptVerdict(pc.id, False, rule, f"{pc.status}: {pc.detail}")
     if pc.status == Status.TOKENIZATION_MISMATCH:
@@ -124,8 +173,11 @@ def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, 
     if rule == Policy.DISTRIBUTIONAL:
         return _distributional(pc, rule, reference[pc.id], candidate[pc.id])
     if pc.status == Status.MATCH:
-        return PromptVerdict(pc.id, True, rule, "exact match")
-    return _diverged(pc, rule)
+        return PromptVerdict(pc.id, True, rule, f"exact match ({pc.detail})" if pc.detail else "exact match")
+    if rule == Policy.NEAR_TIE_REFERENCE_ONLY and pc.status in (Status.DIVERGENT, Status.NEAR_TIE):
+        passed, why = reference_only(pc, dg, band)
+        return PromptVerdict(pc.id, passed, rule, why)
+    return _diverged(pc, rule, later)
 
 
 def _distributional(pc: PromptComparison, rule: Policy, ref: Record, cand: Record) -> PromptVerdict:
@@ -136,16 +188,39 @@ def _distributional(pc: PromptComparison, rule: Policy, ref: Record, cand: Recor
     return PromptVerdict(pc.id, True, rule, f"equals reference sample {hit}")
 
 
-def _diverged(pc: PromptComparison, rule: Policy) -> PromptVerdict:
+def _diverged(pc: PromptComparison, rule: Policy, later: Cascade | None) -> PromptVerdict:
     """A prompt whose tokens differ: it passes only as a near-tie under policy near-tie."""
     d = pc.first_divergence
     if pc.status == Status.NEAR_TIE and rule == Policy.NEAR_TIE:
         assert d is not None  # a near-tie has its divergence
-        return PromptVerdict(pc.id, True, rule, f"near-tie at position {d.position}: {d.reason}")
+        return _near_tie(pc, rule, f"near-tie at position {d.position}: {d.reason}", later)
     where = f" at position {d.position}" if d else ""
     why = f": {d.reason}" if d else ""
     extra = " (a near-tie fails under strict)" if pc.status == Status.NEAR_TIE else ""
     return PromptVerdict(pc.id, False, rule, f"{pc.status}{where}{why}{extra}")
+
+
+def _near_tie(pc: PromptComparison, rule: Policy, head: str, later: Cascade | None) -> PromptVerdict:
+    """A first divergence that is a near-tie passes only when every later position follows or is
+    a further near-tie; one that could not be judged leaves the prompt unverified."""
+    d = pc.first_divergence
+    assert d is not None
+    end = pc.candidate_length
+    if later is None and end > d.position + 1:
+        span = f"position {d.position + 1}" if end == d.position + 2 else f"positions {d.position + 1}-{end - 1}"
+        return PromptVerdict(pc.id, False, rule, f"unverified: {head}; {span} after the flip not judged: {UNJUDGED}",
+                             unverified=True)
+    if later is None:
+        return PromptVerdict(pc.id, True, rule, f"{head}; no position after it")
+    outcome = later.outcome
+    if outcome == Later.DIVERGENT:
+        p = later.divergent[0]
+        return PromptVerdict(pc.id, False, rule, f"divergent after a near-tie: later position {p.position}, token "
+                             f"{p.token} vs the reference's argmax {p.reference_argmax}: {p.reason} ({head}; "
+                             f"{later.counts()})")
+    if outcome == Later.UNVERIFIED:
+        return PromptVerdict(pc.id, False, rule, f"unverified: {head}; {later.summary()}", unverified=True)
+    return PromptVerdict(pc.id, True, rule, f"{head}; {later.summary()}")
 
 
 def _auto_notes(comparison: Comparison, verdicts: tuple[PromptVerdict, ...],
@@ -170,7 +245,8 @@ def _outcome(comparison: Comparison, verdicts: tuple[PromptVerdict, ...], policy
     s = comparison.summary
     uncompared = [pc for pc in comparison.prompts if pc.status in UNCOMPARED]
     skipped = {pc.id for pc in uncompared}
-    failing = [v for v in verdicts if not v.passed and v.id not in skipped]
+    unverified = [v for v in verdicts if v.unverified and v.id not in skipped]
+    failing = [v for v in verdicts if not v.passed and not v.unverified and v.id not in skipped]
     named = [f"{v.id}: {v.reason}" for v in failing[:NAMED]]
     not_compared = f"{len(uncompared)} of {s.prompts_total} prompt(s) were not compared"
     if run_problems:
@@ -178,12 +254,17 @@ def _outcome(comparison: Comparison, verdicts: tuple[PromptVerdict, ...], policy
     if failing:
         more = [f"... and {len(failing) - NAMED} more"] if len(failing) > NAMED else []
         also = [f"also {len(uncompared)} prompt(s) not compared (missing or errored)"] if uncompared else []
+        also += [f"also {len(unverified)} prompt(s) unverified after a near-tie"] if unverified else []
         head = f"{len(failing)} of {s.prompts_total} prompt(s) fail policy {policy.value!r}"
         return VerdictKind.FAIL, (head, *named, *more, *also)
     if s.prompts_total == 0:
         return VerdictKind.INCOMPLETE, ("zero prompts were compared: an empty gate proves nothing",)
     if uncompared:
         return VerdictKind.INCOMPLETE, (not_compared, *(f"{pc.id}: {pc.status}: {pc.detail}" for pc in uncompared[:NAMED]))
+    if unverified:
+        head = (f"{len(unverified)} of {s.prompts_total} prompt(s) unverified: a near-tie whose later positions "
+                "could not all be judged is never a pass")
+        return VerdictKind.INCOMPLETE, (head, *(f"{v.id}: {v.reason}" for v in unverified[:NAMED]))
     if s.positions_total == 0:
         return VerdictKind.INCOMPLETE, (
             "zero token positions were compared (every record is empty): an empty gate proves nothing",)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from strict_gate.errors import ExitCode
+from strict_gate.judge.cascade import Cascade, later_totals
 from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.drift import DriftReport
@@ -98,6 +99,11 @@ class GateResult:
     def exit_code(self) -> ExitCode:
         return overall_exit_code(self.verdict.exit_code, self.speed, self.invariance)
 
+    @property
+    def later(self) -> dict[str, Cascade]:
+        """Each diagnosed prompt's positions after its first divergence, judged (judge/cascade.py)."""
+        return {pid: dg.later for pid, dg in self.diagnoses.items() if dg.later is not None}
+
 
 def overall_exit_code(token_exit: ExitCode, speed: SpeedResult | None,
                       invariance: SecondVerdict | None = None) -> ExitCode:
@@ -151,17 +157,20 @@ def _prompt_json(p, v, r: GateResult) -> dict:
             "id": p.id,
             "status": p.status,
             "passed": v.passed,
+            "outcome": v.outcome,
             "rule": v.rule,
             "matched_positions": p.matched_positions,
             "reference_length": p.reference_length,
             "candidate_length": p.candidate_length,
             "first_divergence": None,
             "diagnosis": None,
+            **({"detail": p.detail} if p.detail else {}),  # a text-level match says so
         }
     return {
         "id": p.id,
         "status": p.status,
         "passed": v.passed if v else False,
+        "outcome": v.outcome if v else "fail",
         "rule": v.rule if v else None,
         "reason": v.reason if v else p.detail,
         "detail": p.detail or None,
@@ -203,6 +212,7 @@ def to_json(r: GateResult) -> dict:
         "history": list(r.history),
         "wall_clock": {k: (v.to_json() if v else None) for k, v in clocks.items()},
         "speed": r.speed.to_json() if r.speed is not None else None,
+        "later": later_totals(r.comparison.prompts, r.later).to_json(),
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
         "drift": r.drift.to_json() if r.drift is not None else None,
         "invariance": r.invariance.to_json() if r.invariance is not None else None,

@@ -9,6 +9,9 @@ traceback and never a silent guess. Fields no reader uses are not declared (and 
 
 report@1 and report@2 differ in one field: report@1's `speed` held each arm's wall clock
 (report@2 moved it to `wall_clock`), so a report@1 is read with no speed arm.
+Fields added to report@2 later are optional (a report without them reads as written before
+them): each prompt's `outcome` and its diagnosis' `later` (every position after the first
+divergence, judged), and the report's `later` totals.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from strict_gate.errors import InputError
+from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import Policy, VerdictKind
 from strict_gate.judge.result import REPORT_SCHEMA
@@ -51,15 +55,56 @@ class StoredDivergence(_Struct, frozen=True):
     candidate_top: list[tuple[TokenId, float]] | None = None
 
 
+class StoredLaterPosition(_Struct, frozen=True):
+    position: Count
+    token: TokenId
+    reference_argmax: TokenId
+    kind: Later
+    reference_gap: float | None = None
+    candidate_gap: float | None = None
+    candidate_rescored: float | None = None
+    reason: str = ""
+
+
+class StoredCascade(_Struct, frozen=True):
+    """A diagnosis' positions after the first divergence, judged (judge/cascade.py); absent before it existed."""
+
+    first: Count
+    end: Count
+    outcome: Later
+    later: Count = 0
+    judged: Count = 0
+    flips: Count = 0
+    divergent: Count = 0
+    worst_gap: float | None = None
+    unverified_from: Count | None = None
+    why: str | None = None
+    summary: str = ""
+    divergent_positions: list[StoredLaterPosition] = []
+
+
+class StoredLaterTotals(_Struct, frozen=True):
+    prompts_flipped: Count = 0
+    later_positions: Count = 0
+    judged: Count = 0
+    later_flips: Count = 0
+    later_divergent: Count = 0
+    prompts_divergent_later: Count = 0
+    unverified: Count = 0
+    prompts_unverified: Count = 0
+
+
 class StoredDiagnosis(_Struct, frozen=True):
     verdict: str | None = None
     error: str | None = None
+    later: StoredCascade | None = None
 
 
 class StoredPrompt(_Struct, frozen=True):
     id: str
     status: Status
     passed: bool = False
+    outcome: Literal["pass", "fail", "unverified"] | None = None  # None: a report from before the every-token rule
     reason: str | None = None
     detail: str | None = None
     matched_positions: Count = 0
@@ -170,6 +215,7 @@ class StoredReport(_Struct, frozen=True):
     speed: dict[str, Any] | None = None  # the speed arm; report/speed_view reads it field by field
     invariance: dict[str, Any] | None = None  # the [invariance] variants; nightly/variants_diff checks them
     drift: StoredDrift | None = None
+    later: StoredLaterTotals | None = None  # None: a report from before the every-token rule
 
 
 class _Part(_Struct, frozen=True):

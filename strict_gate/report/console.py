@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.core.redact import scrub_obj
+from strict_gate.judge.cascade import Later, later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report import invariance_view, speed_view
@@ -34,7 +35,11 @@ def why(r: GateResult, p, dg) -> str:
     a near-tie starts with the scale of the drift at its matched positions."""
     pd = matched_drift(r, p) if p.status == Status.NEAR_TIE else None
     base = _why(p, dg)
-    return base if pd is None else f"{pd.short()}; {base}"
+    if pd is None:
+        return base
+    if dg is not None and dg.later is not None and dg.later.outcome in (Later.DIVERGENT, Later.UNVERIFIED):
+        return f"{base}; {pd.short()}"  # what fails it first: the table cuts the line at the width
+    return f"{pd.short()}; {base}"
 
 
 def _why(p, dg) -> str:
@@ -44,7 +49,7 @@ def _why(p, dg) -> str:
         reason = p.first_divergence.reason
         head = ("tie" if dg.near_tie else "gap unknown" if "gap unknown" in reason
                 else "off top-k" if dg.rescored_gap is None else "real")
-        return head + ("; rest follows" if dg.downstream_only else f"; again at {dg.later_errors[0]}")
+        return head + _after(dg)
     d = p.first_divergence
     reason = d.reason if d is not None else p.detail
     if p.status == Status.NEAR_TIE:
@@ -55,6 +60,18 @@ def _why(p, dg) -> str:
         return "candidate stopped" if "candidate stopped" in reason else "reference stopped"
     return {Status.TOKENIZATION_MISMATCH: "prompt ids differ", Status.NOT_GREEDY: "not its argmax",
             Status.MISSING: "no record"}.get(p.status, reason)
+
+
+def _after(dg) -> str:
+    """The positions after the flip, in a few words (the report has them in full)."""
+    c = dg.later
+    if c is None:
+        return "; rest follows" if dg.downstream_only else f"; again at {dg.later_errors[0]}"
+    if c.divergent:
+        return f"; later div at {c.divergent[0].position}"
+    if c.unverified_from is not None:
+        return f"; unverified from {c.unverified_from}"
+    return f"; {c.flip_count} later flip(s)" if c.flip_count else "; rest follows"
 
 
 def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
@@ -141,11 +158,14 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     console.print(
         Text.assemble(
             (f"{v.verdict.upper()}", _STYLE[v.verdict]),
-            f"  policy {v.policy}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
+            f"  policy {v.policy_words}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
             f"positions {s.positions_matched}/{s.positions_total} (prefix {s.prefix_positions})"
             + (f"; {counts}" if counts else ""),
         )
     )
+    totals = later_totals(r.comparison.prompts, r.later)
+    if totals.flipped:
+        console.print(Text(f"  {visible(totals.line())}"))
     if r.drift is not None:
         console.print(Text(f"  {visible(console_line(r.drift))}"))
     for reason in v.reasons[:6]:

@@ -7,9 +7,10 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, status_label, to_json
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, later_view, speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.localization import html_section
@@ -67,7 +68,16 @@ def _figures(r: GateResult) -> str:
     if r.diagnoses:
         downstream = sum(1 for d in r.diagnoses.values() if d.error is None and d.downstream_only)
         figs.append(("rest downstream of the flip", f"{downstream}/{len(r.diagnoses)}"))
+    t = later_totals(r.comparison.prompts, r.later)
+    if t.flipped:
+        figs += [("later positions judged", f"{t.judged}/{t.later}"), ("later flips", str(t.flips)),
+                 ("later divergent", str(t.divergent))]
     return "<div class='figs'>" + "".join(f"<div class='fig'><b>{v}</b>{k}</div>" for k, v in figs) + "</div>"
+
+
+def _later_line(r: GateResult, p) -> str:
+    line = later_view.prompt_line(r, p)
+    return "" if line is None else f"<p class='diag'>{escape(line)}</p>"
 
 
 def _drift_note(r: GateResult, p) -> str:
@@ -160,7 +170,7 @@ def render(r: GateResult) -> str:
     details = [
         detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
                reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
-               drift_html=prompt_drift(per_prompt.get(p.id))
+               drift_html=_later_line(r, p) + prompt_drift(per_prompt.get(p.id))
                + (html_section(r.localization[p.id]) if p.id in r.localization else ""))
         for p in bad[:DETAIL_CAP]
     ]
@@ -175,7 +185,7 @@ def render(r: GateResult) -> str:
     speed_line = ("" if speed is None else  # its own line: it never changes the token verdict
                   f"<p class='speedv {escape(speed.verdict)}'><a href='#speed'>{escape(speed.verdict_line)}</a></p>")
     headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
-                f"policy {escape(v.policy)}, band {v.band} nats")
+                f"policy {escape(v.policy_words)}, band {v.band} nats")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>strict-gate: {escape(r.name)}</title>
 <style>{CSS}</style></head><body>
@@ -187,6 +197,7 @@ def render(r: GateResult) -> str:
 {trend_svg(getattr(r, "history", ()) or ())}
 {drift_section(drift)}
 {_overview(r, bad, dec, reasons) if bad else ""}{gone}
+{later_view.html_section(r, dec)}
 {_matching(matching)}
 {_speed(speed)}
 {invariance_view.html_section(inv) if (inv := invariance_view.of(r)) is not None else ""}

@@ -11,8 +11,9 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
+from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, later_view, speed_view
 from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.text import visible
 
@@ -30,9 +31,11 @@ def render(r: GateResult) -> str:
     for k, val in (
         ("verdict", r.verdict.verdict),
         ("policy", r.verdict.policy),
+        *((("policy_note", ONE_SIDED),) if Policy(r.verdict.policy).one_sided else ()),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
         *junit_properties(r.drift),
+        *later_view.junit_properties(r),
         *((("speed_verdict", speed.verdict),) if speed is not None else ()),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
@@ -41,8 +44,12 @@ def render(r: GateResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=cls, name=visible(p.id))
         if p.status in UNCOMPARED:
             ET.SubElement(case, "error", message=p.status).text = _text(v.reason)
+        elif v.unverified:  # never a pass, not a measured failure: an error, as an incomplete gate is
+            ET.SubElement(case, "error", message="unverified").text = _text(v.reason)
         elif not v.passed:
             ET.SubElement(case, "failure", message=p.status).text = _text(v.reason)
+        if (line := later_view.prompt_line(r, p)) is not None:
+            ET.SubElement(case, "system-out").text = _text(line)
     if r.verdict.verdict == "incomplete" and not r.comparison.prompts:
         case = ET.SubElement(suite, "testcase", classname=cls, name="gate")
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from strict_gate.judge.compare import Status
+from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, later_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
@@ -78,10 +79,11 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
-        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`"
+        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if Policy(v.policy).one_sided else "")
     )
     out.append("")
-    out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats).")
+    out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats)"
+               + (f": {ONE_SIDED}." if Policy(v.policy).one_sided else "."))
     out.append("")
     view = speed_view.of(r)
     if view is not None:  # its own line: the speed verdict never changes the token verdict above
@@ -158,6 +160,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
     return [
         *_mismatches(r, dec),
         *_diagnosis(r),
+        *later_view.markdown_section(r, dec),
         *localization_markdown(r),
         *speed_section(speed_view.of(r)),
         *_invariance(r),
@@ -232,7 +235,8 @@ def _diagnosis(r: GateResult) -> list[str]:
     for pid, dg in list(r.diagnoses.items())[:MD_ROWS]:
         rescored = "outside top-k" if dg.rescored_gap is None and dg.error is None else _gap(dg.rescored_gap)
         cand = "unknown" if dg.candidate is None or dg.candidate.gap is None else _gap(dg.candidate.gap)
-        later = "yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))"
+        later = ("yes" if dg.downstream_only else f"no ({len(dg.later_errors)} later error(s))" if dg.later is None
+                 else f"no ({dg.later.flip_count} later flip(s), {dg.later.divergent_count} divergent)")
         text = dg.verdict if dg.error is None else f"{dg.verdict}: {dg.error}"
         out.append(f"| {md(pid)} | {dg.position} | {_gap(dg.decode_gap)} | {rescored} | {cand} | {later} "
                    f"| {md(text)} |")

@@ -19,6 +19,7 @@ from rich.text import Text
 from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.localization import Localization
+from strict_gate.judge.policy import ONE_SIDED, POLICIES, Policy
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
@@ -103,7 +104,8 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     R = ref.token_ids if ref is not None and ref.error is None else ()
     C = cand.token_ids if cand is not None and cand.error is None else ()
     dec = gate.decoder
-    head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}")
+    head = Text.assemble((visible(pid), "bold"), f"  {status}", "" if pos is None else f" at position {pos}",
+                         f"  ({entry.outcome})" if entry.outcome == "unverified" else "")
     parts: list[RenderableType] = [head, Text(visible(entry.reason or entry.detail or ""), style="dim")]
     side = Table(box=box.SIMPLE, expand=True, show_edge=False)
     side.add_column("reference", ratio=1)
@@ -120,6 +122,8 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     dg = entry.diagnosis
     if dg is not None:
         parts.append(Text(visible(f"teacher-forced: {dg.verdict}" + (f": {dg.error}" if dg.error else ""))))
+        if dg.later is not None:
+            parts.append(Text(visible(f"after the flip ({dg.later.outcome}): {dg.later.summary}")))
     if entry.localization is not None:
         parts.append(_localization(entry.localization))
     texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
@@ -147,7 +151,8 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     gate = load_gate(report_dir)
     r = gate.report
     prompts = r.prompts
-    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {r.policy})"), style="bold"))
+    shown = f"{r.policy} ({ONE_SIDED})" if r.policy in POLICIES and Policy(r.policy).one_sided else r.policy
+    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {shown})"), style="bold"))
     if prompt is not None:
         entry = next((p for p in prompts if p.id == prompt), None)
         if entry is None:

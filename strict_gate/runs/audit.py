@@ -132,6 +132,22 @@ def _ids_out_of_range(ids: Sequence[int], vocab_size: int | None) -> bool:
     return bool(len(arr)) and bool(((arr < 0) | (arr > top)).any())
 
 
+def _text_only_rule(r, text, has_top: bool, max_tokens: int | None) -> str | None:
+    """A text-only record (a server that answers text): no logprobs, no samples, and its finish
+    reason against the server's own count of generated tokens."""
+    if has_top or r.samples is not None:
+        return 'rule text-only: a "text_only" record carries no "top_logprobs" and no "samples" (none were returned)'
+    n = text.usage_completion_tokens
+    if max_tokens is None or n is None:
+        return None
+    if n > max_tokens:
+        return f"rule finish-reason: the server generated {n} tokens (usage) but max_tokens is {max_tokens}"
+    if r.finish_reason == "length" and n != max_tokens:
+        return (f'rule finish-reason: "length" after {n} generated tokens (usage); "length" means exactly '
+                f"max_tokens ({max_tokens})")
+    return None
+
+
 def audit_records(
     raws: Sequence,
     table: StepTable | None,
@@ -152,6 +168,12 @@ def audit_records(
             continue
         if r.finish_reason not in FINISH_REASONS:
             return i, f'rule finish-reason: {where}"finish_reason" must be one of {FINISH_REASONS}, got {r.finish_reason!r}'
+        text = getattr(r, "text_only", None)
+        if text is not None:  # its ids are a re-tokenization: the server's own count is the rule's
+            broken = _text_only_rule(r, text, bool(has_top[i]), max_tokens)
+            if broken is not None:
+                return i, where + broken
+            continue
         if max_tokens is not None:
             n = int(ntok[i])
             if n > max_tokens:

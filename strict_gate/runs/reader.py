@@ -29,6 +29,7 @@ from strict_gate.runs.records import (
     Run,
     RunStatus,
     Sampling,
+    TextReply,
     Timing,
     TopSteps,
     sort_topk,
@@ -45,6 +46,13 @@ class _Timing(msgspec.Struct):
 TokenId = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64; the audit narrows it
 
 
+class _TextOnly(msgspec.Struct, forbid_unknown_fields=True):
+    text: str
+    usage_prompt_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    usage_completion_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    server_prompt_token_ids: list[TokenId] | None = None
+
+
 class _Record(msgspec.Struct):
     id: str
     prompt_token_ids: list[TokenId]
@@ -54,6 +62,7 @@ class _Record(msgspec.Struct):
     samples: list[list[TokenId]] | None = None
     error: str | None = None
     timing: _Timing | None = None
+    text_only: _TextOnly | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Record)
@@ -136,6 +145,9 @@ def _fast(path: Path) -> _Columns | None:
             ("samples", pa.list_(pa.list_(pa.int64()))),
             ("error", pa.string()),
             ("timing", pa.struct([("ttft_s", pa.float64()), ("total_s", pa.float64())])),
+            ("text_only", pa.struct([("text", pa.string()), ("usage_prompt_tokens", pa.int64()),
+                                     ("usage_completion_tokens", pa.int64()),
+                                     ("server_prompt_token_ids", pa.list_(pa.int64()))])),
         ]
     )
     try:
@@ -244,8 +256,16 @@ def _build(cols: _Columns, spath: str, line_of, *, max_tokens: int | None, vocab
             samples=None if r.samples is None else tuple(tuple(s) for s in r.samples),
             error=r.error,
             timing=None if r.timing is None else Timing(r.timing.ttft_s, r.timing.total_s),
+            text_only=_text_reply(r.text_only),
         )
     return out
+
+
+def _text_reply(t: _TextOnly | None) -> TextReply | None:
+    if t is None:
+        return None
+    ids = None if t.server_prompt_token_ids is None else tuple(t.server_prompt_token_ids)
+    return TextReply(t.text, t.usage_prompt_tokens, t.usage_completion_tokens, ids)
 
 
 def parse_record(obj: object, where: str, line: int | None, *, max_tokens: int | None = None) -> Record:

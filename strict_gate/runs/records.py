@@ -95,6 +95,43 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class TextReply:
+    """What a text-only server (an openai arm with `text_only = true`) answered for one prompt: its
+    text, and the counts it stated. The record's token_ids are that text tokenized in context by
+    the arm's tokenizer; the gate keeps the server's own figures so the judge can check them."""
+
+    text: str  # the completion text as the server returned it
+    usage_prompt_tokens: int | None = None  # usage.prompt_tokens: how many tokens the server fed
+    usage_completion_tokens: int | None = None  # usage.completion_tokens: how many it generated
+    server_prompt_token_ids: tuple[int, ...] | None = None  # its /tokenize of the prompt text, where it has one
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "usage_prompt_tokens": self.usage_prompt_tokens,
+            "usage_completion_tokens": self.usage_completion_tokens,
+            "server_prompt_token_ids": None if self.server_prompt_token_ids is None
+            else list(self.server_prompt_token_ids),
+        }
+
+    def misread(self, prompt_ids: Sequence[int]) -> str | None:
+        """Why the server's own figures say it did not read the prompt as `prompt_ids`, or None:
+        usage.prompt_tokens off (a prompt ignored, a BOS added or dropped), its /tokenize other."""
+        n, fed = len(prompt_ids), self.usage_prompt_tokens
+        if fed is not None and fed != n:
+            how = ("added a token, such as a second BOS" if fed == n + 1 else
+                   "dropped a token, such as the BOS" if fed == n - 1 else
+                   "ignored or truncated the prompt" if fed < n else "tokenized the prompt otherwise")
+            return f"the server fed {fed} prompt tokens (usage.prompt_tokens) for a prompt of {n} ids: it {how}"
+        ids = self.server_prompt_token_ids
+        if ids is not None and tuple(ids) != tuple(prompt_ids):
+            k = next((i for i, (a, b) in enumerate(zip(ids, prompt_ids)) if a != b), min(len(ids), n))
+            return (f"the server's /tokenize of the prompt text differs from the prompt's ids at index {k} (server "
+                    f"{list(ids[k:k + 3])}, {len(ids)} ids; gate {list(prompt_ids[k:k + 3])}, {n} ids)")
+        return None
+
+
+@dataclass(frozen=True)
 class Record:
     """One prompt's greedy output. top_logprobs[i] is step i's top-k, logprob descending."""
 
@@ -106,6 +143,7 @@ class Record:
     samples: tuple[tuple[int, ...], ...] | None = None
     error: str | None = None
     timing: Timing | None = None
+    text_only: TextReply | None = None  # a text-only server's reply: no logprobs were claimed
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {
@@ -123,6 +161,8 @@ class Record:
             out["error"] = self.error
         if self.timing is not None:
             out["timing"] = self.timing.to_json()
+        if self.text_only is not None:  # absent on every other record: run@1 unchanged
+            out["text_only"] = self.text_only.to_json()
         return out
 
     def logprob_at(self, step: int, token: int) -> float | None:

@@ -32,7 +32,7 @@ from strict_gate.runs.reader import (
     read_manifest,
     records_path,
 )
-from strict_gate.runs.records import Record, Run, RunStatus, Timing, TopK, TopSteps
+from strict_gate.runs.records import Record, Run, RunStatus, TextReply, Timing, TopK, TopSteps
 
 _ID_PREFIXES = (b'{"id": "', b'{"id":"')  # how RunWriter (and most writers) start a record
 
@@ -188,13 +188,14 @@ class _Slim:
     samples: tuple[np.ndarray, ...] | None
     error: str | None
     timing: Timing | None
+    text_only: TextReply | None = None
 
     @classmethod
     def of(cls, r: Record) -> _Slim:
         i32 = lambda xs: np.array(xs, dtype=np.int32)  # noqa: E731 (the audit bounds ids to 0..2**31-1)
         samples = None if r.samples is None else tuple(i32(s) for s in r.samples)
         return cls(i32(r.prompt_token_ids), i32(r.token_ids), r.finish_reason, r.top_logprobs is not None,
-                   samples, r.error, r.timing)
+                   samples, r.error, r.timing, r.text_only)
 
     def record(self, rid: str, load: Callable[[], Sequence[TopK]]) -> Record:
         tokens = tuple(self.tokens.tolist())
@@ -207,6 +208,7 @@ class _Slim:
             samples=None if self.samples is None else tuple(tuple(s.tolist()) for s in self.samples),
             error=self.error,
             timing=self.timing,
+            text_only=self.text_only,
         )
 
 
@@ -216,7 +218,7 @@ def _own(r: Record) -> Record:
     if not isinstance(top, TopSteps):
         return r
     steps = TopSteps(top.ids.copy(), top.lps.copy(), np.array(top.width))
-    return Record(r.id, r.prompt_token_ids, r.token_ids, r.finish_reason, steps, r.samples, r.error, r.timing)
+    return Record(r.id, r.prompt_token_ids, r.token_ids, r.finish_reason, steps, r.samples, r.error, r.timing, r.text_only)
 
 
 class RunRecords(Mapping[str, Record]):

@@ -21,8 +21,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.errors import ConfigError
 from strict_gate.speed.config import SpeedConfig
 from strict_gate.speed.model import Rung
+from strict_gate.speed.text_prompts import TextSpace, text_space
 
 
 class Request(StrEnum):
@@ -92,6 +94,7 @@ class Ladder:
     seed: int
     top_logprobs: int  # asked of both arms on every request: the tokens are checked, not only timed
     context: int | None  # the smallest max context the arms stated before they started
+    text: TextSpace | None = None  # a text-only arm: prompts cut from real text (text_prompts.py)
 
     def inputs(self, rung: Rung, rep: int, request: Request) -> list[list[PromptInput]]:
         """Units of one repetition: the gate rung is one unit per prompt (one after another),
@@ -100,17 +103,20 @@ class Ladder:
         if rung.prompt_tokens is None:
             if request is Request.FULL:
                 return [[p] for p in self.gate_inputs]
-            if self.space is None:
+            if self.space is None and self.text is None:
                 return [[] for _ in self.gate_inputs]
             return [[self._fresh(rung, rep, request, i, len(p.token_ids))] for i, p in enumerate(self.gate_inputs)]
-        if self.space is None:
+        if self.space is None and self.text is None:
             raise LookupError(NO_VOCABULARY)
         return [[self._fresh(rung, rep, request, i, rung.prompt_tokens) for i in range(rung.concurrency)]]
 
     def _fresh(self, rung: Rung, rep: int, request: Request, i: int, n: int) -> PromptInput:
+        pid, seed = f"{rung.name}#{rep}-{request}-{i}", f"{self.seed}:{rung.name}:{rep}:{request}:{i}"
+        if self.text is not None:  # a text-only arm: both arms get real text of n tokens (and its ids)
+            ids, text = self.text.draw(seed, n)
+            return PromptInput(pid, ids, text)
         assert self.space is not None
-        return PromptInput(f"{rung.name}#{rep}-{request}-{i}",
-                           self.space.draw(f"{self.seed}:{rung.name}:{rep}:{request}:{i}", n))
+        return PromptInput(pid, self.space.draw(seed, n))
 
 
 def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, top_logprobs: int, gate_inputs,
@@ -140,4 +146,18 @@ def build_ladder(cfg: SpeedConfig, gate_max_tokens: int, top_logprobs: int, gate
             name = spec.name if c == 1 else f"{spec.name}@{c}"
             rungs.append(Rung(name, spec.prompt_tokens, spec.max_tokens, c, c))
     space = token_space(engines) if rungs else None
-    return Ladder(tuple(rungs), tuple(notes), space, tuple(gate_inputs), cfg.seed, max(1, top_logprobs), context)
+    text = _text(engines, gate_inputs) if rungs else None
+    return Ladder(tuple(rungs), tuple(notes), space, tuple(gate_inputs), cfg.seed, max(1, top_logprobs), context,
+                  text)
+
+
+def _text(engines: list[Engine], gate_inputs) -> TextSpace | None:
+    """With a text-only arm: the gate's prompt texts as the pool, read by that arm's tokenizer."""
+    needs = [e for e in engines if e.needs_text]
+    if not needs:
+        return None
+    space = text_space(needs[0].tokenizer_file(), [p.text for p in gate_inputs if p.text])
+    if space is None:
+        raise ConfigError("a text-only arm is timed on text prompts cut from the gate's prompt texts: give the "
+                          "prompt set as text and the arm a `tokenizer`")
+    return space

@@ -9,6 +9,13 @@ its top-k alternatives the next ids with falling logprobs. What a server does is
               quote_auth its error message quotes the Authorization header it was sent
   Mode.IGNORE_IDS  a text-only server (vllm.cpp's): a prompt of token ids is silently ignored
               (the empty prompt is completed, `usage.prompt_tokens` 1), tokens as text, no logprobs
+  Mode.TEXT_ONLY a text-only server (vllm.cpp's, Ollama-like): the prompt as text, tokenized with
+              `tokenizer`; text back (streamed as text deltas), usage, no ids, no logprobs; the
+              tokens of the stored run `replay` (by prompt ids) where it has them, else fake_token;
+              /tokenize with `tokenize`. Its faults: ignore_prompt (completes the empty prompt, as
+              vllm.cpp does with ids: usage.prompt_tokens 1), double_bos (a second BOS before the
+              prompt), wrong_at (every token from that position on is
+              another one, in the first wrong_prompts prompts served)
 plus delay (seconds before each answer), pace ((ttft, per_token): a server of known speed),
 prompt_logprobs (off: a server that cannot score) and events (a file that gets a line per request).
 
@@ -43,6 +50,7 @@ class Mode(enum.Enum):
     DIE = "die"
     STATUS = "status"
     IGNORE_IDS = "ignore_ids"
+    TEXT_ONLY = "text_only"
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,16 @@ class Behaviour:
     delay: float = 0.0
     pace: tuple[float, float] | None = None
     events: Path | None = None
+    tokenizer: Path | None = None  # TEXT_ONLY: the tokenizer.json the "model" reads and writes text with
+    replay: Path | None = None  # TEXT_ONLY: a run's records.jsonl whose tokens it answers
+    tokenize: bool = False  # TEXT_ONLY: has vLLM's /tokenize
+    ignore_prompt: bool = False
+    double_bos: bool = False
+    wrong_at: int | None = None
+    wrong_prompts: int = 1 << 30  # how many distinct prompts (the first served) wrong_at spoils
+    flaky: bool = False  # TEXT_ONLY: every second request's tokens come in reverse order
+    usage: bool = True  # TEXT_ONLY: the answer states usage
+    overrun: int = 0  # TEXT_ONLY: generates max_tokens + overrun tokens
 
 
 def fake_token(prompt, i: int) -> int:
@@ -73,6 +91,12 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self.gets: list[str] = []
         self.authorizations: list[str | None] = []
         self._thread: threading.Thread | None = None
+        self._text_model: _TextModel | None = None
+
+    def text_model(self) -> _TextModel:
+        if self._text_model is None:
+            self._text_model = _TextModel(self.behaviour)
+        return self._text_model
 
     @property
     def port(self) -> int:
@@ -128,6 +152,55 @@ def _completion(b: Behaviour, body: dict[str, Any]) -> tuple[dict[str, Any], lis
     return choice, gen, prompt
 
 
+class _TextModel:
+    """The text-only mode's "model": a tokenizer, and the tokens of a stored run by prompt ids."""
+
+    def __init__(self, b: Behaviour):
+        from tokenizers import Tokenizer
+
+        assert b.tokenizer is not None, "Mode.TEXT_ONLY needs a tokenizer"
+        self.b = b
+        self.tok = Tokenizer.from_file(str(b.tokenizer))
+        self.runs: dict[tuple[int, ...], list[int]] = {}
+        self.spoiled: set[tuple[int, ...]] = set()
+        for line in (b.replay.read_text().splitlines() if b.replay else ()):
+            r = json.loads(line)
+            self.runs[tuple(r["prompt_token_ids"])] = r["token_ids"]
+
+    def prompt_ids(self, text: str) -> list[int]:
+        ids = list(self.tok.encode(text).ids) if not self.b.ignore_prompt else list(self.tok.encode("").ids)
+        return ids[:1] + ids if self.b.double_bos else ids
+
+    def generate(self, prompt: list[int], n: int) -> tuple[list[int], str]:
+        gen = list(self.runs.get(tuple(prompt), [fake_token(prompt, i) for i in range(n)]))[:n]
+        gen += [fake_token(prompt, i) for i in range(self.b.overrun)]  # past max_tokens
+        if self.b.wrong_at is not None and (len(self.spoiled) < self.b.wrong_prompts or tuple(prompt) in self.spoiled):
+            self.spoiled.add(tuple(prompt))
+            gen = [t if i < self.b.wrong_at else (t + 17) % 900 + 50 for i, t in enumerate(gen)]
+        return gen, self.text(prompt, gen)
+
+    def text(self, prompt: list[int], gen: list[int]) -> str:
+        head = self.tok.decode(prompt, skip_special_tokens=True)
+        full = self.tok.decode(prompt + gen, skip_special_tokens=True)
+        return full[len(head):]
+
+
+def _text_completion(model: _TextModel, body: dict[str, Any], n_request: int) -> tuple[dict[str, Any], list[str]]:
+    """A text-only server's choice (with usage, None without) and its text deltas, one per token."""
+    prompt = model.prompt_ids(body["prompt"] if isinstance(body["prompt"], str) else "")
+    gen, text = model.generate(prompt, body["max_tokens"])
+    if model.b.flaky and n_request % 2 == 0:
+        gen = gen[::-1]
+    eos = 2  # the tiny Llama's </s>: generation stops on it, as a server does
+    if eos in gen:
+        gen = gen[: gen.index(eos) + 1]
+    finish = "stop" if gen and gen[-1] == eos else "length"
+    text = model.text(prompt, gen)
+    deltas = [model.text(prompt, gen[: i + 1])[len(model.text(prompt, gen[:i])):] for i in range(len(gen))]
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
+    return {"index": 0, "text": text, "finish_reason": finish, "usage": usage if model.b.usage else None}, deltas
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: FakeOpenAIServer
@@ -159,6 +232,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         srv, b = self.server, self.server.behaviour
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/tokenize" and b.mode is Mode.TEXT_ONLY and b.tokenize:
+            self._send(200, {"tokens": srv.text_model().prompt_ids(body["prompt"])})
+            return
         if self.path != "/v1/completions":
             self._send(404, {"error": {"message": "not found"}})
             return
@@ -185,11 +261,35 @@ class _Handler(BaseHTTPRequestHandler):
                 "prompt_tokens": 1, "completion_tokens": len(gen), "total_tokens": 1 + len(gen)}, "choices": [
                 {"index": 0, "text": "".join(f"tok{t}" for t in gen), "finish_reason": "length", "logprobs": None}]})
             return
+        if b.mode is Mode.TEXT_ONLY:
+            self._text_only(body)
+            return
         choice, gen, prompt = _completion(b, body)
         if body.get("stream"):
             self._stream(choice, gen, prompt)
         else:
             self._send(200, {"object": "text_completion", "model": MODEL, "choices": [choice]})
+
+    def _text_only(self, body: dict[str, Any]) -> None:
+        choice, deltas = _text_completion(self.server.text_model(), body, len(self.server.posts))
+        usage = choice.pop("usage")
+        if not body.get("stream"):
+            self._send(200, {"object": "text_completion", "model": MODEL, "choices": [choice], "usage": usage})
+            return
+        self._events([{"choices": [{"index": 0, "text": d, "finish_reason": None}]} for d in deltas]
+                     + [{"choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"]}]},
+                        {"choices": [], "usage": usage}])
+
+    def _events(self, chunks: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        for c in chunks:
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def _stream(self, choice: dict[str, Any], gen: list[int], prompt: list[int]) -> None:
         """Server-sent events, one chunk per token, as vLLM streams."""

@@ -181,13 +181,17 @@ class OpenAIClient:
         t0 = time.perf_counter()
         if body.get("stream"):
             return self._stream(body, t0, on_token)
-        return choice_of(self.call("POST", "/v1/completions", body)), None
+        resp = self.call("POST", "/v1/completions", body)
+        choice = choice_of(resp)
+        return ({**choice, "usage": resp["usage"]} if isinstance(resp.get("usage"), dict) else choice), None
 
     def _stream(self, body: dict, t0: float, on_token: Callable[[int], None] | None = None
                 ) -> tuple[dict, float | None]:
         """Stream one completion (SSE) and fold its chunks into one choice; TTFT = first token."""
         stream = self.call("POST", "/v1/completions", body, stream=True)
-        merged: dict = {"logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": []}, "token_ids": None}
+        text_only = "logprobs" not in body  # a text-only request: text deltas are what arrives
+        merged: dict = {"logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": []}, "token_ids": None,
+                        "text": ""}
         ttft = None
         saw_logprobs = False
         try:
@@ -207,6 +211,8 @@ class OpenAIClient:
                         raise PromptError(f"unreadable stream chunk: {data[:200]}") from None
                     if isinstance(obj, dict) and obj.get("error"):
                         raise PromptError(f"server error mid-stream: {server_message(data.encode())}")
+                    if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
+                        merged["usage"] = obj["usage"]  # the last chunk (include_usage), or on each
                     for ch in obj.get("choices") or []:
                         lp = ch.get("logprobs")
                         n_new = 0
@@ -222,6 +228,12 @@ class OpenAIClient:
                             merged["prompt_token_ids"] = ch["prompt_token_ids"]
                         if ch.get("finish_reason") is not None:
                             merged["finish_reason"] = ch["finish_reason"]
+                        if isinstance(ch.get("text"), str) and ch["text"]:
+                            merged["text"] += ch["text"]
+                            if text_only:  # the first text delta is the first token seen
+                                ttft = time.perf_counter() - t0 if ttft is None else ttft
+                                if on_token is not None:
+                                    on_token(1)  # a delta (one token or more): the count comes from the whole reply
                         if n_new and ttft is None:
                             ttft = time.perf_counter() - t0
                         if n_new and on_token is not None:

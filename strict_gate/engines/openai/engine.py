@@ -37,6 +37,7 @@ from strict_gate.engines.openai.client import (
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
 from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
+from strict_gate.engines.openai.text_only import repeat_problem, require_text, server_tokenize, text_body, text_record
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, prometheus_counters
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
@@ -71,6 +72,9 @@ class OpenAIOptions(Checked):
     # a repetition penalty from the model's generation_config). A key set to null is not sent.
     extra_body: dict = field(default_factory=dict)
     stop_timeout_s: Seconds = 30.0  # SIGTERM grace period before SIGKILL
+    # A server that answers only text (no token ids, no logprobs): prompts are sent as text and
+    # the reply is tokenized in context with `tokenizer` (required); engines/openai/text_only.py.
+    text_only: bool = False
 
 
 class OpenAIEngine(Engine):
@@ -85,8 +89,12 @@ class OpenAIEngine(Engine):
 
     def __init__(self, options: OpenAIOptions, env=None, base_dir="."):
         super().__init__(options, env, base_dir)
-        if not options.prompt_logprobs:
+        if not options.prompt_logprobs or options.text_only:
             self.can_score = False
+        self.needs_text = options.text_only
+        if options.text_only and not options.tokenizer:
+            raise ConfigError("openai: text_only = true needs tokenizer (a tokenizer.json or the model directory): "
+                              "the server's text is tokenized with it")
         self.servers = arm_servers(options, self.env, self.base_dir)
         self.port = self.servers[0].port
         self.base_url = self.servers[0].base_url
@@ -100,6 +108,8 @@ class OpenAIEngine(Engine):
         if options.serve:  # a server it launches can be launched speculating (with_speculative)
             self.servings = OpenAIEngine.servings | {Serving.SPECULATIVE}
         self.speculative: Speculation | None = None
+        self._repeated = False  # text_only: the same-prompt-twice check was made
+        self._no_tokenize = False  # text_only: the server has no /tokenize
         register(self._api_key)  # scrubbed from whatever is written, from now on
 
     # ---------------------------------------------------------------- configuration
@@ -109,6 +119,15 @@ class OpenAIEngine(Engine):
         written (the refusal does not repeat them)."""
         for name, problem in url_problems(options):
             raise ConfigError(f"[{where}] {problem}", path=getattr(line_of, "path", None), line=line_of(name))
+        if options.text_only and not options.tokenizer:
+            raise ConfigError(
+                f"[{where}] text_only = true needs tokenizer (a tokenizer.json or the model directory): the "
+                "server's text is tokenized with it, in context", path=getattr(line_of, "path", None),
+                line=line_of("text_only"))
+
+    def check_prompt_set(self, ps, arm: str) -> None:
+        if self.options.text_only:
+            require_text(ps, arm)
 
     def _resolve_tokenizer(self, spec: str) -> str:
         path = find_tokenizer_json(spec, self.base_dir)
@@ -255,16 +274,20 @@ class OpenAIEngine(Engine):
             return Path(self._tokenizer_path)
         return find_tokenizer_json(self.options.model, self.base_dir) if self.options.model else None
 
+    def _tokenizer(self) -> Tokenizer:
+        """The `tokenizer` given, loaded once."""
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            try:
+                self._tok = Tokenizer.from_file(str(self._tokenizer_path))
+            except Exception as e:
+                raise ConfigError(f"openai: cannot load tokenizer {self._tokenizer_path}: {e}") from None
+        return self._tok
+
     def tokenize(self, text: str) -> list[int]:
         if self._tokenizer_path is not None:
-            if self._tok is None:
-                from tokenizers import Tokenizer
-
-                try:
-                    self._tok = Tokenizer.from_file(self._tokenizer_path)
-                except Exception as e:
-                    raise ConfigError(f"openai: cannot load tokenizer {self._tokenizer_path}: {e}") from None
-            return list(self._tok.encode(text).ids)
+            return list(self._tokenizer().encode(text).ids)
         if self.options.serve and not self._started:
             raise ConfigError(
                 "openai: text prompts need a tokenizer before the server is launched; "
@@ -387,6 +410,8 @@ class OpenAIEngine(Engine):
         refused = over_context(p, sampling, self.speed_settings().get("max_context"))
         if refused is not None:
             return refused
+        if self.options.text_only:
+            return self._text_one(s, p, sampling, on_token)
         body = {
             **self._extra(),
             "model": self._resolve_model(),
@@ -402,6 +427,15 @@ class OpenAIEngine(Engine):
         }
         if sampling.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extra parameter; the real token count is recorded either way
+        answer = self._request(s, p, body, on_token)
+        if isinstance(answer, Record):
+            return answer
+        choice, timing = answer
+        return parse_completion(p, choice, timing)
+
+    def _request(self, s: Server, p: PromptInput, body: dict, on_token=None) -> tuple[dict, Timing] | Record:
+        """One completion: its choice and timing, an error record for the prompt's own failure,
+        ServerFailed or EngineError for the server's."""
         t0 = time.perf_counter()
         try:
             choice, ttft = s.client.complete(body, on_token)
@@ -416,7 +450,37 @@ class OpenAIEngine(Engine):
         except PromptError as e:
             return Record(id=p.id, prompt_token_ids=p.token_ids, error=str(e))
         s.served.append(p.id)
-        return parse_completion(p, choice, Timing(ttft_s=ttft, total_s=time.perf_counter() - t0))
+        return choice, Timing(ttft_s=ttft, total_s=time.perf_counter() - t0)
+
+    def _text_one(self, s: Server, p: PromptInput, sampling: Sampling, on_token=None) -> Record:
+        """A text-only request (text_only.py); the first prompt of the arm is sent twice, and two
+        different texts make its record an error (a non-deterministic server)."""
+        stream = self.options.stream_timing or on_token is not None
+        body = {**self._extra(), "model": self._resolve_model(), **text_body(p, sampling, stream)}
+        answer = self._request(s, p, body, on_token)
+        if isinstance(answer, Record):
+            return answer
+        rec = text_record(p, answer[0], self._tokenizer(), sampling, answer[1], self._server_tokenize(s, p))
+        if self._repeated or rec.error is not None:
+            return rec
+        self._repeated = True
+        plain = {k: v for k, v in body.items() if k != "stream_options"}
+        again = self._request(s, p, {**plain, "stream": False})
+        if isinstance(again, Record):
+            return replace(rec, error=f"the repeated request failed: {again.error}", token_ids=(), text_only=None)
+        problem = repeat_problem(rec, text_record(p, again[0], self._tokenizer(), sampling, again[1], None))
+        return rec if problem is None else replace(rec, error=problem, token_ids=(), text_only=None, finish_reason=None)
+
+    def _server_tokenize(self, s: Server, p: PromptInput) -> list[int] | None:
+        """The server's own tokenization of the prompt text (vLLM's /tokenize), None when it has none."""
+        if self._no_tokenize:
+            return None
+        try:
+            ids = server_tokenize(s.client, self._resolve_model(), p)
+        except Unreachable as e:
+            raise self._died(s, f"on /tokenize of prompt {p.id!r}: {e}") from None
+        self._no_tokenize = ids is None
+        return ids
 
     # ---------------------------------------------------------------- score
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:

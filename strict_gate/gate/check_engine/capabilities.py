@@ -98,9 +98,16 @@ def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, po
         raise Failed(f"dump ({name}): {e}") from None
 
 
+def _undeclared(probe: Probe, op: str) -> str:
+    """Why a capability check does not apply: HTTP servers have no hello to declare it in."""
+    if probe.command is None and probe.engine.kind == "openai":
+        return f"the openai engine speaks HTTP (OpenAI completions): it has no {op} op"
+    return f"\"{op}\" is not declared"
+
+
 def dump(probe: Probe) -> Verdict:
     if not probe.engine.can_dump:
-        return Status.NOT_APPLICABLE, "\"dump\" is not declared"
+        return Status.NOT_APPLICABLE, _undeclared(probe, "dump")
     pid, rec = next(iter(probe.need_runs().items()))
     ids = probe.prompt(pid).token_ids + rec.token_ids
     positions = range(max(0, len(ids) - 8), len(ids))
@@ -120,7 +127,7 @@ def dump(probe: Probe) -> Verdict:
 
 def graft(probe: Probe) -> Verdict:
     if not probe.engine.can_graft:
-        return Status.NOT_APPLICABLE, "\"graft\" is not declared"
+        return Status.NOT_APPLICABLE, _undeclared(probe, "graft")
     from safetensors.torch import save_file
 
     from strict_gate.localize.points import layer_inputs

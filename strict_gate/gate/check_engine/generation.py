@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from strict_gate.gate.check_engine.checklist import Status
+from strict_gate.gate.check_engine.http import generated, prompt_honoured, text_only
 from strict_gate.gate.check_engine.probe import MAX_TOKENS, SAMPLING, TOP_K, Failed, Probe, Skipped, first_difference
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
 from strict_gate.runs.records import Record, Sampling
@@ -37,6 +38,10 @@ def greedy(probe: Probe) -> Verdict:
                          f"{v.gap:.3g} nats higher (greedy_tolerance {DEFAULT_GREEDY_TOLERANCE:g}): use the "
                          "engine's own argmax")
     n = sum(len(r.token_ids) for r in probe.runs.values())
+    if text_only(probe.engine):
+        return Status.PASS, (f"{len(probe.runs)} prompts, {n} tokens of text tokenized in context: every reply "
+                             f"passes the run audit; {prompt_honoured(probe.runs)}; greedy cannot be seen without "
+                             "logprobs (a text-only server)")
     return Status.PASS, f"{len(probe.runs)} prompts, {n} tokens: every reply passes the run audit and is greedy"
 
 
@@ -65,6 +70,8 @@ def determinism(probe: Probe) -> Verdict:
         gap = _logprob_gap(a, b)
         if gap > tol:
             raise Failed(f"{what}: the same tokens, but logprobs {gap:.3g} nats apart (tolerance {tol:g})")
+    if text_only(probe.engine):
+        return Status.PASS, "the same text twice in a row and after other prompts (no logprobs to compare)"
     gap = max(_logprob_gap(a, b) for _, a, b in pairs)
     return Status.PASS, f"same tokens twice in a row and after other prompts; logprobs within {gap:.3g} nats"
 
@@ -76,7 +83,7 @@ def _longest(probe: Probe) -> tuple[str, Record]:
 
 def max_tokens(probe: Probe) -> Verdict:
     pid, full = _longest(probe)
-    limits = [n for n in (1, 3) if n < len(full.token_ids)]
+    limits = [n for n in (1, 3) if n < generated(full)]
     if not limits:
         return Status.NOT_APPLICABLE, "every greedy continuation ended at its first token"
     for n in limits:
@@ -84,8 +91,9 @@ def max_tokens(probe: Probe) -> Verdict:
         why = _differs(f"prompt {pid!r} with max_tokens {n}", replace(full, token_ids=full.token_ids[:n]), rec)
         if why:
             raise Failed(why + f" (the first {n} of its max_tokens {MAX_TOKENS} continuation)")
-        if rec.finish_reason != "length":
-            raise Failed(f"prompt {pid!r} with max_tokens {n}: finish_reason {rec.finish_reason!r}, not \"length\"")
+        if rec.finish_reason != "length" or generated(rec) != n:
+            raise Failed(f"prompt {pid!r} with max_tokens {n}: {generated(rec)} tokens, finish_reason "
+                         f"{rec.finish_reason!r}, not {n} and \"length\"")
     return Status.PASS, f"max_tokens {', '.join(map(str, limits))}: that many tokens, \"length\", the same prefix"
 
 
@@ -120,7 +128,20 @@ def _natural_eos(probe: Probe) -> str | None:
     return seen
 
 
+def _text_eos(probe: Probe) -> Verdict:
+    """A text-only server: its text holds no EOS, its usage says where it stopped."""
+    for pid, rec in probe.need_runs().items():
+        if rec.finish_reason == "stop":
+            if generated(rec) >= SAMPLING.max_tokens:
+                raise Failed(f"prompt {pid!r}: \"stop\" after {generated(rec)} tokens, max_tokens {SAMPLING.max_tokens}")
+            return Status.PASS, (f"prompt {pid!r} stopped with \"stop\" after {generated(rec)} tokens (usage), before "
+                                 "max_tokens; the EOS itself is not in the text")
+    return Status.NOT_APPLICABLE, "no greedy continuation stopped before max_tokens; no EOS to check"
+
+
 def eos(probe: Probe) -> Verdict:
+    if text_only(probe.engine):
+        return _text_eos(probe)
     natural = _natural_eos(probe)
     if probe.command is None:
         if natural is None:
@@ -162,22 +183,28 @@ def ignore_eos(probe: Probe) -> Verdict:
         if not stopped:
             return Status.NOT_APPLICABLE, "no greedy continuation stopped on an EOS, so none to ignore"
         pid, full = stopped[0]
-        at, ids = len(full.token_ids) - 1, None
+        # the EOS's position: a text-only reply's text holds no EOS, so it comes after all its tokens
+        at, ids = len(full.token_ids) - (0 if text_only(probe.engine) else 1), None
     rec = probe.generate(probe.prompt(pid), sampling, eos=ids)
     if rec.token_ids == full.token_ids[:at + 1] and rec.finish_reason == "stop":
         return Status.NOT_APPLICABLE, ("it stopped at the EOS: the engine does not implement ignore_eos (optional, "
                                        "section 5); `strict-gate bench` then times other lengths than the other arm")
-    if len(rec.token_ids) != MAX_TOKENS:
-        raise Failed(f"prompt {pid!r} with ignore_eos: {len(rec.token_ids)} tokens, expected max_tokens = {MAX_TOKENS}")
+    if generated(rec) != MAX_TOKENS:
+        raise Failed(f"prompt {pid!r} with ignore_eos: {generated(rec)} tokens, expected max_tokens = {MAX_TOKENS}")
     why = _differs(f"prompt {pid!r} with ignore_eos, before the EOS", replace(full, token_ids=full.token_ids[:at]),
                    replace(rec, token_ids=rec.token_ids[:at]))
     if why:
         raise Failed(why)
+    if text_only(probe.engine):
+        return Status.PASS, (f"{MAX_TOKENS} tokens (usage) past the EOS after {at} token(s) of text, the same text "
+                             f"before it, {rec.finish_reason!r}")
     how = "emitted, decoding went on" if rec.token_ids[at] == full.token_ids[at] else "masked"
     return Status.PASS, f"{MAX_TOKENS} tokens past the EOS at position {at} ({how}), {rec.finish_reason!r}"
 
 
 def top_logprobs(probe: Probe) -> Verdict:
+    if text_only(probe.engine):
+        return Status.NOT_APPLICABLE, "a text-only server returns no logprobs (none are asked for)"
     runs = probe.need_runs()
     first = probe.prompts[0]
     ref = runs[first.id]
@@ -209,6 +236,8 @@ def _tied_steps(records: Sequence[tuple[str, Record]]):
 
 
 def ties(probe: Probe) -> Verdict:
+    if text_only(probe.engine):
+        return Status.NOT_APPLICABLE, "a text-only server returns no logprobs: ties at the argmax cannot be seen"
     records = [(g.label, g.record) for g in probe.generated]
     seen = list(_tied_steps(records))
     if not seen:

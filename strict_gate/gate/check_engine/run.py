@@ -30,6 +30,7 @@ from strict_gate.gate.check_engine.generation import (
     timing,
     top_logprobs,
 )
+from strict_gate.gate.check_engine.http import http_stream, not_protocol
 from strict_gate.gate.check_engine.numerics import Tolerance
 from strict_gate.gate.check_engine.probe import Failed, Probe, Skipped, prompt_inputs
 from strict_gate.gate.check_engine.protocol import eof, hello, malformed, stream, unknown_op
@@ -47,6 +48,7 @@ class Spec:
     run: Callable[[Probe], tuple[Status, str]]
     protocol_only: bool = False  # needs the line protocol: a hello, raw requests, stdin
     finding: bool = False  # a failure is the engine's numerics, not a protocol error
+    http: Callable[[Probe], tuple[Status, str]] | None = None  # the check's form for an HTTP server (openai)
 
 
 CHECKS = (
@@ -64,7 +66,7 @@ CHECKS = (
     Spec("prefill_chunk", "5 (requests in flight: prefill_chunk)", prefill_chunk, protocol_only=True, finding=True),
     Spec("dump", "4 dump", dump),
     Spec("graft", "4 dump (graft)", graft),
-    Spec("stream", "5 (token events)", stream, protocol_only=True),
+    Spec("stream", "5 (token events)", stream, protocol_only=True, http=http_stream),
     Spec("unknown_op", "4 hello (an op you do not know)", unknown_op, protocol_only=True),
     Spec("malformed", "4 generate (a request you cannot read)", malformed, protocol_only=True),
     Spec("timing", "4 generate (timing) and 1 (timeout_s)", timing),
@@ -93,11 +95,13 @@ def _run(spec: Spec, probe: Probe) -> Check:
     def made(status: Status, detail: str) -> Check:
         return Check(spec.name, status, spec.section, clip(scrub(detail)), spec.finding)
 
+    run = spec.run
     if spec.protocol_only and probe.command is None:
-        return made(Status.NOT_APPLICABLE, f"protocol only: the {probe.engine.kind} engine does not speak the "
-                                           "line protocol")
+        if spec.http is None or probe.engine.kind != "openai":
+            return made(Status.NOT_APPLICABLE, not_protocol(probe))
+        run = spec.http
     try:
-        return made(*spec.run(probe))
+        return made(*run(probe))
     except Skipped as e:
         return made(Status.SKIPPED, str(e))
     except (Failed, EngineError) as e:

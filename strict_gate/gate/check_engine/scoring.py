@@ -66,7 +66,8 @@ def _gaps(rec: Record, steps: list[ScoredStep]) -> tuple[list[tuple[int, float]]
 
 def prefill_decode(probe: Probe) -> Verdict:
     if not probe.engine.can_score:
-        return Status.NOT_APPLICABLE, "score is not declared: nothing to compare generate with"
+        why = "score is not declared" if probe.command is not None else f"the {probe.engine.kind} engine cannot score"
+        return Status.NOT_APPLICABLE, f"{why}: nothing to compare generate with"
     if not probe.score_works:
         raise Skipped("the score op did not work (see score)")
     worst: tuple[float, str, int] = (0.0, "", 0)

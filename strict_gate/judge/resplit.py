@@ -1,0 +1,100 @@
+"""A text-only candidate's text split into tokens the way the reference itself would.
+
+A text-only reply's ids are its text tokenized in context, and a model's greedy output is not
+always the tokenizer's split of the same text (three single-space tokens where the tokenizer
+makes one double space and one single). Re-scored on that split, the reference ranks the
+tokenizer's piece far below its own choice although the text is the same: a false divergence
+with a gap of many nats. So before a diverged text-only prompt is re-scored, its text is walked
+again from the first differing token: at each position the reference (teacher forcing on the
+walk so far) names its top-k, and the highest-ranked token whose text continues the candidate's
+text is taken (its argmax where that fits: the reference would have chosen it). Where none of
+its top-k continues the text, the text really differs there: the rest keeps the in-context
+split when it lines up with the walk, and the prompt keeps its in-context ids when it does not.
+The walk changes ids, never text; it costs one scoring request per position walked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from strict_gate.judge.compare import Comparison, PromptComparison, Status, compare_prompt, with_prompts
+from strict_gate.judge.text_only import Decode
+from strict_gate.runs.records import Record, ScoredStep
+
+Score = Callable[[Sequence[int], Sequence[int], int], list[ScoredStep]]
+DIVERGED = (Status.DIVERGENT, Status.NEAR_TIE, Status.LENGTH_MISMATCH)
+
+
+def _walk(rec: Record, start: int, score: Score, k: int, decode: Decode) -> tuple[int, ...] | None:
+    """The continuation's text as the reference splits it from `start`, or None when that
+    cannot be lined up with the text."""
+    assert rec.text_only is not None
+    text, prompt = rec.text_only.text, rec.prompt_token_ids
+    ids = list(rec.token_ids[:start])
+    done = decode(prompt, ids)
+    limit = 4 * max(len(rec.token_ids), 1) + 4
+    while done is not None and len(done) < len(text) and len(ids) < limit:
+        probe = rec.token_ids[len(ids)] if len(ids) < len(rec.token_ids) else rec.token_ids[-1]
+        top = score(prompt, [*ids, probe], k)[-1].top
+        rest = text[len(done):]
+        fits = next((t for t, _ in top if (s := _piece(decode, prompt, ids, t, done)) and rest.startswith(s)), None)
+        if fits is None:
+            return _rest_in_context(rec, ids, done, decode)
+        ids.append(fits)
+        done = decode(prompt, ids)
+    return tuple(ids) if done == text else None
+
+
+def _piece(decode: Decode, prompt: Sequence[int], ids: list[int], t: int, done: str) -> str | None:
+    full = decode(prompt, [*ids, t])
+    return full[len(done):] if full is not None and full.startswith(done) else None
+
+
+def _rest_in_context(rec: Record, ids: list[int], done: str, decode: Decode) -> tuple[int, ...] | None:
+    """The walk so far, then the in-context ids from the boundary where their text is `done`."""
+    for j in range(len(rec.token_ids) + 1):
+        head = decode(rec.prompt_token_ids, rec.token_ids[:j])
+        if head == done:
+            return (*ids, *rec.token_ids[j:])
+        if head is None or len(head) > len(done):
+            return None
+    return None
+
+
+def resplit(comparison: Comparison, reference: Mapping[str, Record], candidate: Mapping[str, Record],
+            score: Score, k: int, decode: Decode, *, band: float, greedy_tolerance: float
+            ) -> tuple[Comparison, Mapping[str, Record], int]:
+    """Each diverged text-only prompt walked again along the reference's splits and compared
+    again: (the comparison, the candidate's records with the walked ids over the stored ones,
+    how many prompts changed)."""
+    walked: dict[str, Record] = {}
+    prompts: list[PromptComparison] = []
+    for pc in comparison.prompts:
+        cand = candidate.get(pc.id)
+        if pc.status not in DIVERGED or cand is None or cand.text_only is None or pc.first_divergence is None:
+            continue
+        ids = _walk(cand, pc.first_divergence.position, score, k, decode)
+        if ids is None or ids == tuple(cand.token_ids):
+            continue
+        walked[pc.id] = replace(cand, token_ids=ids)
+        prompts.append(compare_prompt(pc.id, reference[pc.id], walked[pc.id], band, greedy_tolerance, decode))
+    if not walked:
+        return comparison, candidate, 0
+    return with_prompts(comparison, prompts), Overlay(walked, candidate), len(walked)
+
+
+class Overlay(Mapping[str, Record]):
+    """A run's records with some replaced (a run read on demand stays on demand)."""
+
+    def __init__(self, top: Mapping[str, Record], base: Mapping[str, Record]):
+        self.top, self.base = top, base
+
+    def __getitem__(self, key: str) -> Record:
+        return self.top[key] if key in self.top else self.base[key]
+
+    def __iter__(self):
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)

@@ -1,0 +1,82 @@
+"""Judging a text-only record (a server that answers text: docs/engine-protocol.md).
+
+Such a record's token ids are the server's text tokenized in context by the arm's tokenizer,
+and it carries no logprobs. What the judge can still say:
+- whether the server read the prompt as the gate tokenized it: usage.prompt_tokens against the
+  prompt's ids (a server that ignored the prompt, or added or dropped a BOS, feeds another
+  count), and its /tokenize of the prompt text where it has one (prompt_problem);
+- whether the text equals the reference's text (text_level): the reference's ids decoded in
+  context by the same tokenizer. Equal text is a match, said as text-level, even where the
+  re-tokenization differs from the reference's own ids (a model may emit a token split that
+  the tokenizer would not produce from the text);
+- at a difference, where the first differing token is: the comparator's divergence, which the
+  reference re-scores on the candidate's prefix. The candidate's own gap stays unknown
+  (TEXT_ONLY), so a two-sided policy keeps it divergent; policy near-tie-reference-only
+  judges it from the reference's side alone (judge/policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from strict_gate.runs.records import Record, Run
+
+if TYPE_CHECKING:
+    from strict_gate.judge.compare import Comparison
+
+TEXT_ONLY = "text-only server"  # why a text-only candidate's own gap is unknown
+Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, continuation ids) -> text
+
+
+def prompt_problem(rec: Record) -> str | None:
+    """Why the server's own figures say it did not read the prompt the gate tokenized, or None."""
+    return None if rec.text_only is None else rec.text_only.misread(rec.prompt_token_ids)
+
+
+def text_level(ref: Record, cand: Record, decode: Decode | None) -> bool:
+    """The candidate's text equals the reference's ids decoded in context, with the same finish."""
+    if cand.text_only is None or decode is None or ref.finish_reason != cand.finish_reason:
+        return False
+    return decode(ref.prompt_token_ids, ref.token_ids) == cand.text_only.text
+
+
+def is_text_only(run: Run) -> bool:
+    """A run made by a text-only arm (its engine options say so)."""
+    return bool(run.manifest.engine.options.get("text_only"))
+
+
+def run_decoder(run: Run) -> Decode | None:
+    """Decoding in context with the text-only arm's tokenizer (named in its manifest), or None
+    when the run is not text-only or the tokenizer is not on this machine (then only equal ids
+    are a match)."""
+    path = run.manifest.engine.tokenizer
+    return decoder(Path(path)) if is_text_only(run) and path else None
+
+
+def decoder(path: Path | None) -> Decode | None:
+    """Decoding in context with the tokenizer.json at `path`; None when there is none."""
+    if path is None or not Path(path).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+
+    def decode(prompt: Sequence[int], continuation: Sequence[int]) -> str | None:
+        head = tok.decode(list(prompt), skip_special_tokens=True)
+        full = tok.decode(list(prompt) + list(continuation), skip_special_tokens=True)
+        return full[len(head):] if full.startswith(head) else None
+
+    return decode
+
+
+def text_only_notes(comparison: Comparison, cand: Run) -> tuple[str, ...]:
+    """What a report says of a text-only candidate: what was and was not claimed."""
+    text = [p for p in comparison.prompts if p.detail.startswith("text-level")]
+    moved = sum(1 for p in text if p.matched_positions != p.reference_length or p.reference_length != p.candidate_length)
+    decoded = "" if run_decoder(cand) is not None else (
+        "; its tokenizer is not on this machine, so only equal ids were a match")
+    return (f"the candidate is a text-only server (no token ids, no logprobs): {len(text)} prompt(s) matched at "
+            f"text level, {moved} of them with other token ids than the reference's after tokenizing the text; "
+            f"its own gap at any divergence is unknown{decoded}",)

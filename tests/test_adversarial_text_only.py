@@ -1,0 +1,160 @@
+"""Text-only servers gated as a user gates one (issue 30): the tests' fake OpenAI server in its
+text-only mode (prompt as text, text back, usage, no ids, no logprobs) as the candidate, the
+committed vLLM fp32 baseline as the reference, the bundled model under transformers (float32)
+as the [rescorer]; a gate TOML in a temporary directory, run from there through the CLI with
+relative paths.
+
+The fake server is a stand-in for vllm.cpp's server (which cannot be built in a test): it
+answers the baseline's own tokens as text, or breaks the way text-only servers do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from engines.fake_openai_server import Mode
+from helpers import write_gate
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = ROOT / "baselines" / "tiny-llama-vllm-fp32"
+MODEL = ROOT / "strict_gate" / "models" / "tiny-llama"
+runner = CliRunner()
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A user's directory: the prompt set, the baseline and the model's tokenizer beside the gate."""
+    shutil.copy(ROOT / "prompts" / "battery-128.jsonl", tmp_path / "prompts.jsonl")
+    shutil.copytree(BASELINE, tmp_path / "baseline")
+    (tmp_path / "tokenizer").mkdir()
+    shutil.copy(MODEL / "tokenizer.json", tmp_path / "tokenizer" / "tokenizer.json")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _server(fake_openai, **faults):
+    return fake_openai(Mode.TEXT_ONLY, tokenizer=MODEL / "tokenizer.json", replay=BASELINE / "records.jsonl", **faults)
+
+
+def _gate(where: Path, url: str, *, policy: str = "near-tie", prompts: str = "prompts.jsonl", **arm) -> Path:
+    return write_gate(
+        where, name="text-only", prompts=prompts, max_tokens=16, top_logprobs=5, policy=policy, band=0.5,
+        output_dir="reports",
+        reference={"kind": "recorded", "path": "baseline", "model": "bundled:tiny-llama"},
+        candidate={"kind": "openai", "base_url": url, "text_only": True, "tokenizer": "tokenizer", "retries": 0,
+                   **arm},
+        rescorer={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"},
+    )
+
+
+def _report(where: Path) -> dict:
+    (report,) = (where / "reports").glob("text-only-*/report.json")
+    return json.loads(report.read_text())
+
+
+def test_an_honest_text_only_server_passes_at_text_level(user_dir, fake_openai):
+    srv = _server(fake_openai, tokenize=True)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url))])
+    assert r.exit_code == 0, r.output
+    rep = _report(user_dir)
+    assert rep["verdict"] == "pass" and rep["summary"]["prompts_exact"] == 128
+    details = [p["detail"] for p in rep["prompts"]]
+    assert all("text-level" in x for x in details), details[:3]
+    note = next(n for n in rep["notes"] if "text-only server" in n)
+    moved = sum(1 for p in rep["prompts"] if p["matched_positions"] != p["reference_length"]
+                or p["reference_length"] != p["candidate_length"])
+    assert moved > 0  # greedy ids of the baseline that are not what the tokenizer makes of their text
+    assert f"128 prompt(s) matched at text level, {moved} of them with other token ids" in note, note
+    records = [json.loads(x) for x in next((user_dir / "reports").glob("*/candidate/records.jsonl")).read_text().splitlines()]
+    assert all(x["text_only"]["usage_prompt_tokens"] == len(x["prompt_token_ids"]) for x in records)
+    assert all(x["top_logprobs"] is None for x in records)
+    assert any(srv_post["prompt"] == srv.posts[1]["prompt"] for srv_post in srv.posts[:1])  # the first prompt twice
+    assert all(isinstance(p["prompt"], str) for p in srv.posts)
+
+
+def test_a_server_that_ignores_the_prompt_is_caught_by_usage(user_dir, fake_openai):
+    srv = _server(fake_openai, ignore_prompt=True)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url))])
+    assert r.exit_code == 1, r.output
+    rep = _report(user_dir)
+    assert rep["summary"]["counts"]["tokenization_mismatch"] == 128
+    reason = rep["prompts"][0]["reason"]
+    assert "usage.prompt_tokens" in reason and "ignored or truncated the prompt" in reason, reason
+
+
+def test_a_bos_added_twice_is_a_tokenization_mismatch(user_dir, fake_openai):
+    srv = _server(fake_openai, double_bos=True, tokenize=True)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url))])
+    assert r.exit_code == 1, r.output
+    rep = _report(user_dir)
+    assert rep["summary"]["counts"]["tokenization_mismatch"] == 128
+    reason = rep["prompts"][0]["reason"]
+    assert "tokenization mismatch" in reason and "second BOS" in reason, reason
+
+
+@pytest.mark.parametrize("policy", ["near-tie", "near-tie-reference-only"])
+def test_text_going_wrong_after_a_few_tokens_fails_naming_the_position_and_the_reference_gap(
+        user_dir, fake_openai, policy):
+    srv = _server(fake_openai, wrong_at=3, wrong_prompts=3)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, policy=policy))])
+    assert r.exit_code == 1, r.output
+    rep = _report(user_dir)
+    first = rep["prompts"][0]
+    assert first["status"] == "divergent", first
+    reason = first["reason"]
+    assert "position 3" in reason, reason
+    assert rep["summary"]["counts"]["divergent"] == 3 and rep["summary"]["counts"]["match"] == 125
+    dg = first["diagnosis"]
+    assert dg["position"] == 3 and dg["rescored_gap"] is not None and dg["rescored_gap"] > 0.5
+    if policy == "near-tie":
+        assert "candidate gap unknown: text-only server" in reason and "reference re-scored |gap|" in reason
+    else:
+        assert "one-sided: reference gap" in reason and "> band 0.5 at position 3" in reason, reason
+        assert "one-sided and weaker" in r.output  # the console's verdict line says what the policy is
+        out = next((user_dir / "reports").glob("text-only-*"))
+        for name in ("report.md", "report.html", "junit.xml"):  # every format says what the policy is
+            assert "one-sided and weaker" in (out / name).read_text(), name
+        assert any("one-sided and weaker" in n for n in rep["notes"])
+        show = runner.invoke(app, ["show", str(out)])
+        assert "one-sided and weaker" in show.output, show.output
+
+
+def test_a_prompt_set_of_token_ids_is_refused_for_a_text_only_arm(user_dir, fake_openai):
+    srv = _server(fake_openai)
+    Path("ids.jsonl").write_text(json.dumps({"id": "a", "token_ids": [1, 50, 81]}) + "\n")
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, prompts="ids.jsonl"))])
+    assert r.exit_code == 2, r.output
+    assert "text_only = true sends each prompt as text" in r.output and "ids.jsonl" in r.output
+    assert not srv.posts
+
+
+def test_a_text_only_arm_without_a_tokenizer_is_refused_at_its_line(user_dir, fake_openai):
+    srv = _server(fake_openai)
+    gate = _gate(Path("."), srv.url)
+    gate.write_text(gate.read_text().replace('tokenizer = "tokenizer"\n', ""))
+    r = runner.invoke(app, ["gate", str(gate)])
+    assert r.exit_code == 2, r.output
+    assert "text_only = true needs tokenizer" in r.output and "gate.toml:" in r.output
+
+
+@pytest.mark.parametrize(("faults", "code", "words"), [
+    ({"tokenize": True}, 0, "usage.prompt_tokens and /tokenize agree"),
+    ({"ignore_prompt": True}, 1, "ignored or truncated the prompt"),
+    ({"flaky": True}, 1, "same prompt twice (greedy) with different text"),
+])
+def test_check_engine_checks_what_a_text_only_server_states(user_dir, fake_openai, faults, code, words):
+    srv = _server(fake_openai, **faults)
+    Path("engine.toml").write_text(f'kind = "openai"\nbase_url = "{srv.url}"\ntext_only = true\n'
+                                   'tokenizer = "tokenizer"\nretries = 0\n')
+    r = runner.invoke(app, ["check-engine", "engine.toml"])
+    assert r.exit_code == code, r.output
+    assert words in r.output, r.output
+    assert "speaks HTTP" in r.output and "the hello" not in r.output and "not declared" not in r.output, r.output
+    if code == 0:
+        assert "server-sent events" in r.output and "text deltas" in r.output
