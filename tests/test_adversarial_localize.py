@@ -284,3 +284,29 @@ def test_item7_a_candidate_that_cannot_dump_is_exit_2_before_the_reference_start
     assert out.returncode == 2, out.stdout + out.stderr
     assert "cannot dump activations" in out.stdout + out.stderr
     assert not marker.exists(), "the reference was started before the candidate's capability was checked"
+
+
+# --- Issue 27: the decode path. A decode-only cache bug, an engine that dumps along its decode
+# path, and one that declares the decode mode and answers with its prefill pass (a lie).
+
+def test_a_decode_only_bug_is_localised_along_the_decode_path(tmp_path, monkeypatch):
+    report_dir, report = gated(tmp_path, monkeypatch, bug="kv1", mode="decode")
+    locs = localised(report)
+    assert locs
+    for loc in locs.values():
+        assert loc["reproduced"] == {"reference": True, "candidate": True}, loc
+        assert [r["path"] for r in loc["reproduction"]] == ["prefill", "decode"]
+        assert loc["first_beyond"] == "layers.1.attn", loc["points"]
+    assert "candidate yes (decode)" in (report_dir / "report.md").read_text(encoding="utf-8")
+
+
+def test_a_decode_dump_that_lies_is_said_not_to_reproduce(tmp_path, monkeypatch):
+    """It declares "dump_decode" and answers with its prefill pass: its dump still picks the
+    reference's token, and the report says the decode dump did not reproduce."""
+    report_dir, report = gated(tmp_path, monkeypatch, bug="kv1", mode="decode_lies")
+    locs = localised(report)
+    assert locs
+    for loc in locs.values():
+        assert loc["reproduced"]["candidate"] is False and loc["reproduction"][1]["path"] == "decode", loc
+        assert "equal" not in loc["pattern"] and "decode dump picks" in loc["pattern"]
+    assert "candidate NO (decode)" in (report_dir / "report.md").read_text(encoding="utf-8")

@@ -286,12 +286,16 @@ class KDAEngine:
         modules["norm"] = base.norm
         wanted = req.get("points") or [*modules, "logits"]
         pos = torch.tensor(positions, dtype=torch.long)
-        kept, hooks = {}, []
+        rows, hooks = {}, []
+        decode = req.get("mode") == "decode"
+        if decode and (req.get("graft") or not isinstance(req.get("decode_from"), int)
+                       or not 1 <= req["decode_from"] <= len(ids)):
+            raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids), and no graft")
 
         def keep(name):
             def hook(module, args, out):
                 x = out[0] if isinstance(out, tuple) else out
-                kept[name] = x[0].index_select(0, pos).float().contiguous()
+                rows.setdefault(name, []).append(x[0].float())  # every forward call's rows, in order
             return hook
 
         for name in wanted:
@@ -306,15 +310,29 @@ class KDAEngine:
                     hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
         try:
             with torch.inference_mode():
-                logits = self.model(input_ids=torch.tensor([ids])).logits
+                for logits in (self._decode_passes(ids, req["decode_from"]) if decode
+                               else [self.model(input_ids=torch.tensor([ids])).logits]):
+                    rows.setdefault("logits", []).append(logits[0].float())
         finally:
             for h in hooks:
                 h.remove()
-        if "logits" in wanted:
-            kept["logits"] = logits[0].index_select(0, pos).float().contiguous()
+        kept = {name: torch.cat(r, 0).index_select(0, pos).contiguous() for name, r in rows.items()
+                if name in wanted}
         path = Path(req["directory"]) / "activations.safetensors"
         save_file(kept, str(path))
         return {"id": req["id"], "path": str(path), "points": sorted(kept)}
+
+
+    def _decode_passes(self, ids, n0):
+        """The decode path generate takes: a prefill of ids[:n0] (chunk or recurrent, as
+        KDA_CHUNK_PREFILL says), then one id at a time through the cache (the recurrent state)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        x = self.torch.tensor([ids[:n0]])
+        yield self.model(input_ids=x, past_key_values=cache, use_cache=True).logits
+        for t in ids[n0:]:
+            yield self.model(input_ids=self.torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits
 
 
 def feeder(x):
@@ -415,7 +433,7 @@ def main(argv=None) -> int:
         "name": NAME,
         "version": VERSION,
         "model": str(args.model),
-        "capabilities": ["generate", "score", "dump", "graft", "prefill_chunk"],
+        "capabilities": ["generate", "score", "dump", "graft", "dump_decode", "prefill_chunk"],
         "dtype": args.dtype,
         "max_in_flight": args.max_in_flight,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

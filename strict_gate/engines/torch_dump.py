@@ -71,20 +71,21 @@ def module_device(module: Any) -> Any:
 
 
 def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "activations") -> DumpReply:
-    """One forward pass over request.token_ids with hooks at the points asked for; the kept
-    positions go to <directory>/<name>.safetensors as float32 CPU tensors."""
+    """Hooks at the points asked for over request.token_ids: one forward pass, or (decode_from)
+    a prefill of the first ids then one id at a time through the model's cache (past key
+    values, a recurrent state: the path generate takes). The kept positions go to
+    <directory>/<name>.safetensors as float32 CPU tensors."""
     from safetensors.torch import save_file
 
     modules = named_modules(model)
     every = [*modules, "logits"]
     wanted = [p for p in (request.points or every) if p in every]
-    pos = torch.tensor(list(request.positions), dtype=torch.long)
-    captured: dict[str, Any] = {}
+    rows: dict[str, list] = {}
     hooks = []
 
     def keep(point: str) -> Callable:
         def hook(module, args, out):
-            captured[point] = _first(out)[0].index_select(0, pos.to(_first(out).device)).float().cpu().contiguous()
+            rows.setdefault(point, []).append(_first(out)[0].float().cpu())
 
         return hook
 
@@ -92,22 +93,51 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
         if point in modules:
             hooks.append(modules[point].register_forward_hook(keep(point)))
     if request.graft is not None:
-        inputs = graft_inputs(torch, request.graft, len(request.token_ids))
-        layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
-        for i, point in enumerate(layers):
-            source = "embed" if i == 0 else f"layers.{i - 1}"
-            if source in inputs:
-                hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
-                                                                      with_kwargs=True))
+        if request.decode_from is not None:
+            raise EngineError("hf: grafting along the decode path is not supported (graft with a prefill dump)")
+        hooks += _graft_hooks(torch, modules, request)
     try:
         with torch.inference_mode():
-            ids = torch.tensor([list(request.token_ids)], device=module_device(model))
-            logits = model(input_ids=ids, use_cache=False).logits
-        if "logits" in wanted:
-            captured["logits"] = logits[0].index_select(0, pos.to(logits.device)).float().cpu().contiguous()
+            for logits in _passes(torch, model, request):
+                if "logits" in wanted:
+                    rows.setdefault("logits", []).append(logits[0].float().cpu())
     finally:
         for h in hooks:
             h.remove()
+    pos = torch.tensor(list(request.positions), dtype=torch.long)
+    captured = {p: torch.cat(r, 0).index_select(0, pos).contiguous() for p, r in rows.items()}
     path = Path(request.directory) / f"{name}.safetensors"
     save_file(captured, str(path))
     return DumpReply(path=path, points=tuple(p for p in wanted if p in captured))
+
+
+def _graft_hooks(torch: Any, modules: dict[str, Any], request: DumpRequest) -> list:
+    assert request.graft is not None
+    inputs = graft_inputs(torch, request.graft, len(request.token_ids))
+    layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
+    hooks = []
+    for i, point in enumerate(layers):
+        source = "embed" if i == 0 else f"layers.{i - 1}"
+        if source in inputs:
+            hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
+                                                                  with_kwargs=True))
+    return hooks
+
+
+def _passes(torch: Any, model: Any, request: DumpRequest):
+    """The forward passes of a dump, each yielding its logits: one over every id, or a prefill of
+    the first `decode_from` ids and then one pass per id with the cache the prefill left."""
+    device, ids = module_device(model), list(request.token_ids)
+    n0 = request.decode_from
+    if n0 is None:
+        yield model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits
+        return
+    if not 1 <= n0 <= len(ids):
+        raise EngineError(f"hf: decode_from {n0} is outside 1..{len(ids)} (the ids sent)")
+    out = model(input_ids=torch.tensor([ids[:n0]], device=device), use_cache=True)
+    yield out.logits
+    cache = out.past_key_values
+    for t in ids[n0:]:
+        out = model(input_ids=torch.tensor([[t]], device=device), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        yield out.logits
