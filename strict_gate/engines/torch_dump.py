@@ -41,6 +41,31 @@ def decoder_modules(base: Any) -> dict[str, Any]:
     return found
 
 
+# Points inside a layer (localize/points.OPS): (attribute path from the layer, read its input?)
+# An input is read where the point is what a projection is fed: the attention's output before
+# o_proj (`core`), the MLP's activated product before down_proj (`act`).
+_OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_proj", False),
+        "attn.k_proj": ("self_attn.k_proj", False), "attn.v_proj": ("self_attn.v_proj", False),
+        "attn.core": ("self_attn.o_proj", True), "attn.o_proj": ("self_attn.o_proj", False),
+        "mlp_norm": ("post_attention_layernorm", False), "mlp.gate_proj": ("mlp.gate_proj", False),
+        "mlp.up_proj": ("mlp.up_proj", False), "mlp.act": ("mlp.down_proj", True),
+        "mlp.down_proj": ("mlp.down_proj", False)}
+
+
+def op_modules(model: Any) -> dict[str, tuple[Any, bool]]:
+    """Canonical op point -> (module, read its input), for every op this decoder has."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    found = {}
+    for i, layer in enumerate(base.layers):
+        for op, (attr, takes_input) in _OPS.items():
+            module = layer
+            for part in attr.split("."):
+                module = getattr(module, part, None)
+            if module is not None:
+                found[f"layers.{i}.{op}"] = (module, takes_input)
+    return found
+
+
 def graft_inputs(torch: Any, path: Path, n: int) -> dict[str, Any]:
     """The reference's layer inputs (every position), read from the graft file."""
     from safetensors.torch import load_file
@@ -77,9 +102,9 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
     <directory>/<name>.safetensors as float32 CPU tensors."""
     from safetensors.torch import save_file
 
-    modules = named_modules(model)
+    modules, ops = named_modules(model), op_modules(model)
     every = [*modules, "logits"]
-    wanted = [p for p in (request.points or every) if p in every]
+    wanted = [p for p in (request.points or every) if p in every or p in ops]
     rows: dict[str, list] = {}
     hooks = []
 
@@ -89,9 +114,19 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
 
         return hook
 
+    def keep_input(point: str) -> Callable:
+        def pre(module, args):
+            rows.setdefault(point, []).append(args[0][0].float().cpu())
+
+        return pre
+
     for point in wanted:
         if point in modules:
             hooks.append(modules[point].register_forward_hook(keep(point)))
+        elif point in ops:
+            module, takes_input = ops[point]
+            hooks.append(module.register_forward_pre_hook(keep_input(point)) if takes_input
+                         else module.register_forward_hook(keep(point)))
     if request.graft is not None:
         if request.decode_from is not None:
             raise EngineError("hf: grafting along the decode path is not supported (graft with a prefill dump)")

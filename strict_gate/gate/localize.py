@@ -46,6 +46,7 @@ class LocalizeKeys(Checked):
     points: list[str] | None = None
     graft: bool = True
     keep: bool = False
+    narrow: bool = True
     reference: dict | None = None
 
 
@@ -75,7 +76,7 @@ def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
     except ConfigError as e:
         raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
     settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
-                        keep=keys.keep)
+                        keep=keys.keep, narrow=keys.narrow)
     return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
 
 
@@ -148,7 +149,7 @@ def _old(report_dir: Path) -> dict:
 
 def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str | None = None,
                positions: int | None = None, tolerance: float | None = None, keep: bool = False,
-               graft: bool = True):
+               graft: bool = True, narrow: bool = True):
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
     reports in place, its verdict, diagnoses and drift kept as they were."""
     from strict_gate.gate.config import load_gate_config
@@ -179,7 +180,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         points=parse_points(points) if points is not None else base.points,
         positions=positions or base.positions,
         tolerance=check_tolerance(tolerance) if tolerance is not None else base.tolerance,
-        graft=graft and base.graft, keep=keep or base.keep)
+        graft=graft and base.graft, keep=keep or base.keep, narrow=narrow and base.narrow)
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     spec = GateSpec(

@@ -20,12 +20,15 @@ class PointKind(StrEnum):
     LAYER = "layer"
     NORM = "norm"
     LOGITS = "logits"
+    OP = "op"  # a point inside a layer (layers.N.attn.q_proj, ...)
 
 
 def kind_of(name: str) -> PointKind:
     if name.startswith("layers."):
         parts = name.split(".")
-        return PointKind.LAYER if len(parts) == 2 else PointKind(parts[2])
+        if len(parts) == 2:
+            return PointKind.LAYER
+        return PointKind(parts[2]) if len(parts) == 3 and parts[2] in ("attn", "mlp") else PointKind.OP
     return PointKind(name)
 
 
@@ -103,6 +106,12 @@ class Localization:
     error: str | None = None  # the localisation failed for this prompt (an arm's dump, in words)
     kept: str | None = None  # where the tensors were kept (--keep)
     reproduction: tuple[Reproduction, ...] = ()  # per arm: did its dump choose the token it generated
+    ops: tuple[PointDiff, ...] = ()  # the narrowing pass: the points inside the first-beyond layer
+
+    @property
+    def first_beyond_op(self) -> str | None:
+        """The first op beyond tolerance inside the layer the narrowing pass looked into."""
+        return next((p.name for p in self.ops if p.beyond), None)
 
     @property
     def not_reproduced(self) -> tuple[Reproduction, ...]:
@@ -188,6 +197,8 @@ class Localization:
             "not_compared": list(self.not_compared),
             "reproduced": {r.arm: r.reproduced for r in self.reproduction},
             "reproduction": [r.to_json() for r in self.reproduction],
+            "ops": [p.to_json() for p in self.ops],
+            "first_beyond_op": self.first_beyond_op,
         }
 
     @classmethod
@@ -200,4 +211,5 @@ class Localization:
             grafted=tuple(PointDiff.from_json(p) for p in d.get("grafted") or ()),
             reference_note=d.get("reference_note"), error=d.get("error"), kept=d.get("kept"),
             reproduction=tuple(Reproduction.from_json(r) for r in d.get("reproduction") or ()),
+            ops=tuple(PointDiff.from_json(p) for p in d.get("ops") or ()),
         )

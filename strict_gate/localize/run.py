@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from strict_gate.engines.base import DumpRequest, Engine
@@ -24,7 +24,7 @@ from strict_gate.judge.compare import Comparison, Status
 from strict_gate.judge.localization import Localization, PointDiff, Reproduction
 from strict_gate.localize.capture import Audited, capture, read_back
 from strict_gate.localize.compare import compare_points, default_tolerance, first_beyond, refusal
-from strict_gate.localize.points import DEFAULT_POSITIONS, layer_inputs
+from strict_gate.localize.points import DEFAULT_POSITIONS, OPS_DEPTH, is_op, layer_inputs, layer_of, ops_of
 from strict_gate.localize.reproduce import reproduction
 from strict_gate.runs.records import Record
 
@@ -51,6 +51,15 @@ class Settings:
     tolerance: float | None = None  # None: by the arms' dtypes (compare.TOLERANCES)
     graft: bool = True  # where the candidate can graft
     keep: bool = False
+    narrow: bool = True  # a second pass at the ops inside the first layer beyond tolerance
+
+    @property
+    def every_op(self) -> bool:
+        return self.points == (OPS_DEPTH,)
+
+    @property
+    def first_pass(self) -> tuple[str, ...] | None:
+        return None if self.every_op else self.points
 
 
 def target(pid: str, ref: Record, divergence: int, n: int, tokens: tuple[int | None, int | None] = (None, None)
@@ -124,6 +133,11 @@ class _Arm:
     def load(self, pid: str, what: str) -> dict:
         return read_back(self.files[(pid, what)])
 
+    def ops(self, t: Target, points: tuple[str, ...]) -> None:
+        """The narrowing pass, along the path this arm's compared dump took."""
+        decoded = (t.prompt_id, "decode") in self.files
+        self.dump(t, "ops", points, t.positions, decode_from=t.prompt_len if decoded else None)
+
 
 def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: Path, settings: Settings,
              *, release: Callable[[Engine], None], reference_note: str | None = None) -> dict[str, Localization]:
@@ -133,13 +147,13 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
     grafting = settings.graft and candidate.can_graft  # the class's claim; a command engine may narrow it
     try:
         for t in ts:
-            ref.compared(t, settings.points)
+            ref.compared(t, settings.first_pass)
             if grafting and (t.prompt_id, "points") in ref.files:
                 layers = layer_inputs(ref.load(t.prompt_id, "points"))
                 ref.dump(t, "graft-source", tuple(layers), tuple(range(len(t.token_ids))))
         release(reference)
         for t in ts:
-            cand.compared(t, settings.points)
+            cand.compared(t, settings.first_pass)
             # after its first dump: a command engine's hello has narrowed can_graft by then
             source = ref.files.get((t.prompt_id, "graft-source"))
             if candidate.can_graft and source is not None and (t.prompt_id, "decode") not in cand.files:
@@ -147,10 +161,58 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
         release(candidate)
         # after the dumps: a command engine says its dtype in its hello
         tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
-        return {t.prompt_id: _one(t, ref, cand, tol, work if settings.keep else None, reference_note) for t in ts}
+        found = {t.prompt_id: _one(t, ref, cand, tol, work if settings.keep else None, reference_note) for t in ts}
+        return _narrowed(ts, found, ref, cand, settings, tol, release)
     finally:
         if not settings.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _narrowing(loc: Localization, settings: Settings) -> tuple[str, ...]:
+    """The ops a second pass asks for: inside the first layer beyond (every layer with "ops")."""
+    if loc.error is not None or not loc.points:
+        return ()
+    if settings.every_op:
+        layers = sorted({i for i in (layer_of(p.name) for p in loc.points) if i is not None})
+        return tuple(op for i in layers for op in ops_of(i))
+    at = layer_of(loc.first_beyond or "")
+    if not settings.narrow or at is None or is_op(loc.first_beyond or ""):
+        return ()
+    return ops_of(at)
+
+
+def _narrowed(ts: Sequence[Target], found: dict[str, Localization], ref: _Arm, cand: _Arm, settings: Settings,
+              tol: float, release: Callable[[Engine], None]) -> dict[str, Localization]:
+    """The narrowing pass on both arms (each started again, released again), compared."""
+    asked = {t.prompt_id: _narrowing(found[t.prompt_id], settings) for t in ts}
+    todo = [t for t in ts if asked[t.prompt_id]]
+    if not todo:
+        return found
+    for arm in (ref, cand):
+        for t in todo:
+            arm.ops(t, asked[t.prompt_id])
+        release(arm.engine)
+    out = dict(found)
+    for t in todo:
+        pid = t.prompt_id
+        error = ref.errors.get(pid) or cand.errors.get(pid)
+        try:
+            if error is None and (pid, "ops") in ref.files and (pid, "ops") in cand.files:
+                r, c = ref.load(pid, "ops"), cand.load(pid, "ops")
+                error = refusal(r, c)
+                if error is None:
+                    ops = tuple(p for p in compare_points(r, c, tol) if is_op(p.name))
+                    out[pid] = replace(found[pid], ops=ops)
+                    continue
+        except EngineError as e:
+            error = str(e)
+        out[pid] = replace(found[pid], reference_note=_joined(found[pid].reference_note,
+                                                              f"the narrowing pass failed: {error or 'no dump'}"))
+    return out
+
+
+def _joined(a: str | None, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
 def _one(t: Target, ref: _Arm, cand: _Arm, tol: float, kept: Path | None, note: str | None) -> Localization:

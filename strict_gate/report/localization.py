@@ -9,7 +9,7 @@ from strict_gate.judge.localization import Localization, PointDiff, kind_of
 from strict_gate.judge.result import GateResult
 
 _KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
-                 "norm": "#8250df", "logits": "#bf8700"}
+                 "norm": "#8250df", "logits": "#bf8700", "op": "#57606a"}
 
 
 def _g(x: float | None) -> str:
@@ -20,6 +20,8 @@ def headline(loc: Localization) -> str:
     if loc.error is not None:
         return f"not localised: {loc.error}"
     head = f"first beyond tolerance: {first_beyond(loc)}"
+    if loc.ops:
+        head += f"; inside it, first op beyond: {loc.first_beyond_op or 'none of ' + str(len(loc.ops))}"
     if loc.first_differs and loc.first_differs != loc.first_beyond:
         head += f"; first difference: {loc.first_differs}"
     if loc.grafted:
@@ -60,6 +62,9 @@ def text_lines(loc: Localization) -> list[str]:
         extra = f"  grafted rel_diff {_g(g.rel_diff)}{' BEYOND' if g.beyond else ''}" if g else ""
         body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
         out.append(f"  {'>' if p.beyond else ' '} {p.name:<16} {body}{extra}")
+    for p in loc.ops:
+        body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
+        out.append(f"  {'>' if p.beyond else ' '} {p.name:<22} {body}  (narrowing pass)")
     return out
 
 
@@ -76,7 +81,8 @@ def localization_markdown(r: GateResult) -> list[str]:
         if loc.error is not None:
             out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | | |")
             continue
-        out.append(f"| `{pid}` | {first_beyond(loc)} | {_g(at.rel_diff) if at else '–'} | "
+        op = f" → {loc.first_beyond_op}" if loc.first_beyond_op else ""
+        out.append(f"| `{pid}` | {first_beyond(loc)}{op} | {_g(at.rel_diff) if at else '–'} | "
                    f"{loc.first_differs or 'none'} | {grafted_beyond(loc) if loc.grafted else '–'}"
                    f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {_reproduced(loc)} | {loc.mode} | "
                    f"{loc.reference_engine} |")
@@ -139,7 +145,7 @@ def html_section(loc: Localization) -> str:
     rows = "".join(
         f"<tr{_BEYOND if p.beyond else ''}><td>{escape(p.name)}</td><td>{_g(p.max_abs)}</td>"
         f"<td>{_g(p.rel_diff)}</td><td>{_g(p.cosine)}</td><td>{_g(p.scale)}</td><td>{escape(p.note or '')}</td></tr>"
-        for p in loc.points)
+        for p in (*loc.points, *loc.ops))
     note = f"<p>{escape(loc.reference_note)}</p>" if loc.reference_note else ""
     if (line := reproduction_line(loc)) is not None:
         note += f"<p>{escape(line)}.</p>"

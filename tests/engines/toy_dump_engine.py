@@ -8,7 +8,8 @@ then norm = x / rms(x), logits = 3 * norm @ P^T.
 
 BUG (comma-separated): mlp1 (layer 1's M scaled by 3), q1 (layer 1's attention input scaled
 on its query side: a sub-point bug), kv1 (a decode-only cache bug: from decode step 2, layer 1's
-cached sum drops the first token; prefill, score and a prefill dump stay honest).
+cached sum drops the first token; prefill, score and a prefill dump stay honest). Its one op
+inside a layer is `layers.N.attn.q_proj` (the query), given when asked for.
 MODE (comma-separated) hostile dumps: missing (leaves out layers.1.mlp and layers.1), copy (copies
 the reference's dump out of the shared work directory), decoy (the file in a subdirectory, a
 decoy beside it), subdir (the file in a subdirectory), rewrite (rewrites its files with
@@ -44,7 +45,7 @@ if "mlp1" in BUGS:
 
 def layer(i: int, x: torch.Tensor, mean: torch.Tensor, out: dict) -> torch.Tensor:
     q = mean * (3.0 if "q1" in BUGS and i == 1 else 1.0)
-    out[f"layers.{i}.attn.q"] = q
+    out[f"layers.{i}.attn.q_proj"] = q
     attn = torch.tanh(q @ A[i])
     mlp = torch.tanh((x + attn) @ M[i])
     out[f"layers.{i}.attn"], out[f"layers.{i}.mlp"] = attn, mlp
@@ -138,8 +139,7 @@ def dump(req: dict) -> dict:
         pos = [max(0, p - 1) for p in pos]
     decode = req.get("mode") == "decode" and "decode_lies" not in MODES
     rows = decode_rows(ids, req["decode_from"]) if decode else prefill(ids)[0]
-    rows = {k: v for k, v in rows.items() if k.count(".") < 3 or "subpoints" in MODES}
-    asked = req.get("points") or list(rows)
+    asked = req.get("points") or [k for k in rows if k.count(".") < 3]  # ops only when asked
     kept = {k: rows[k][pos].float().contiguous() for k in asked if k in rows}
     if "missing" in MODES:
         kept = {k: v for k, v in kept.items() if k not in ("layers.1.mlp", "layers.1")}
