@@ -40,3 +40,20 @@ def test_a_planted_op_bug_is_named_to_the_op(tmp_path, weight, layer, op):
     names = [p.name for p in loc.ops]
     assert all(not p.beyond for p in loc.ops[: names.index(op)])  # every op before it within tolerance
     assert f"inside it, first op beyond: {op}" in text_lines(loc)[0]
+
+
+def test_a_planted_kda_op_bug_is_named_to_the_op(tmp_path):
+    """The KDA example (candidate) against hf (reference) on the tiny Kimi-Linear, layer 2's KDA
+    beta projection (b_proj) scaled by 1.05: narrowed to layers.2.attn.beta_proj, every op before
+    it (the norm, q/k/v, the forget gate) equal."""
+    from test_localize import KDA_MODEL, kda
+
+    bad = plant(KDA_MODEL, tmp_path / "planted", "model.layers.2.self_attn.b_proj.weight", scale=1.05)
+    loc = localize([TARGET], HFEngine(HFOptions(model=str(KDA_MODEL), threads=1)), kda(bad), tmp_path / "work",
+                   Settings(), release=lambda e: e.close())["p"]
+    assert loc.error is None and loc.first_beyond == "layers.2.attn", [(p.name, p.rel_diff) for p in loc.points]
+    assert loc.first_beyond_op == "layers.2.attn.beta_proj", [(p.name, p.rel_diff) for p in loc.ops]
+    before = [p for p in loc.ops][: [p.name for p in loc.ops].index("layers.2.attn.beta_proj")]
+    assert [p.name for p in before] == ["layers.2.attn_norm", "layers.2.attn.q_proj", "layers.2.attn.k_proj",
+                                        "layers.2.attn.v_proj", "layers.2.attn.forget"]
+    assert all(p.max_abs == 0.0 for p in before)

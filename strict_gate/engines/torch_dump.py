@@ -49,7 +49,9 @@ _OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_pr
         "attn.core": ("self_attn.o_proj", True), "attn.o_proj": ("self_attn.o_proj", False),
         "mlp_norm": ("post_attention_layernorm", False), "mlp.gate_proj": ("mlp.gate_proj", False),
         "mlp.up_proj": ("mlp.up_proj", False), "mlp.act": ("mlp.down_proj", True),
-        "mlp.down_proj": ("mlp.down_proj", False)}
+        "mlp.down_proj": ("mlp.down_proj", False), "attn.forget": ("self_attn.forget_gate", False),
+        "attn.beta_proj": ("self_attn.b_proj", False), "attn.kda": ("self_attn.o_norm", True),
+        "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False)}
 
 
 def op_modules(model: Any) -> dict[str, tuple[Any, bool]]:
@@ -110,13 +112,13 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
 
     def keep(point: str) -> Callable:
         def hook(module, args, out):
-            rows.setdefault(point, []).append(_first(out)[0].float().cpu())
+            rows.setdefault(point, []).append(_first(out)[0].flatten(1).float().cpu())  # heads: one row
 
         return hook
 
     def keep_input(point: str) -> Callable:
         def pre(module, args):
-            rows.setdefault(point, []).append(args[0][0].float().cpu())
+            rows.setdefault(point, []).append(args[0][0].flatten(1).float().cpu())
 
         return pre
 

@@ -10,8 +10,12 @@ from strict_gate.judge.localization import PointKind, kind_of
 # Inside a layer, in depth order (docs/localize.md, "Points inside a layer"): the norms, the
 # attention's projections (before rotary), its output before o_proj (`core`) and o_proj, the
 # MLP's gate and up projections, the activated product (down_proj's input) and down_proj.
-OPS = ("attn_norm", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.core", "attn.o_proj", "attn",
-       "mlp_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp.down_proj", "mlp", "")
+# KDA blocks add their forget gate (`attn.forget`), beta projection (`attn.beta_proj`) and the chunk
+# or recurrent output before its gated norm (`attn.kda`); a MoE block its shared expert's down
+# projection (`mlp.shared.down_proj`).
+OPS = ("attn_norm", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.forget", "attn.beta_proj", "attn.kda",
+       "attn.core", "attn.o_proj", "attn", "mlp_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.act", "mlp.down_proj",
+       "mlp.shared.down_proj", "mlp", "")
 _SUB = "|".join(re.escape(o) for o in OPS if o and o not in ("attn", "mlp"))
 _POINT = re.compile(r"^(embed|norm|logits|layers\.(0|[1-9][0-9]{0,4})(\.(attn|mlp|" + _SUB + "))?)$")
 DEFAULT_POSITIONS = 8  # the divergence position and the 7 before it
