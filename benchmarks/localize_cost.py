@@ -4,8 +4,11 @@ layer's MLP down projection scaled by 1.01), grafting on, one prompt of 41 ids, 
     python benchmarks/localize_cost.py --layers 2            # the bundled tiny Llama itself
     python benchmarks/localize_cost.py --layers 8            # its shape, 8 layers, random weights
     python benchmarks/localize_cost.py --shape 1b --device cuda --dtype bfloat16
+    python benchmarks/localize_cost.py --model ~/.cache/strict-gate/models/smollm2-135m [--no-narrow]
+    python benchmarks/localize_cost.py --shape smollm2 --device cuda [--no-narrow]   # its shape, random
 
-It prints the seconds of the localize() call (both engines' model loads included), the
+It prints the seconds of the localize() call (both engines' model loads included, and with
+narrowing the second pass at the first-beyond layer's ops, both engines loaded again), the
 process's peak RSS and, on CUDA, the peak GPU memory, and what the localisation named.
 """
 
@@ -20,10 +23,13 @@ from pathlib import Path
 
 SHAPES = {"1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-                 "tie_word_embeddings": True}}
+                 "tie_word_embeddings": True},
+          "smollm2": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                      "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                      "tie_word_embeddings": True}}
 
 
-def build(root: Path, layers: int | None, shape: str | None, dtype: str) -> Path:
+def build(root: Path, layers: int | None, shape: str | None, dtype: str, model: str | None = None) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -31,6 +37,9 @@ def build(root: Path, layers: int | None, shape: str | None, dtype: str) -> Path
 
     src = Path(resolve_model("bundled:tiny-llama", Path(".")))
     out = root / "ref"
+    if model is not None:
+        shutil.copytree(Path(model).expanduser(), out)
+        return out
     if shape is None and layers == 2:
         shutil.copytree(src, out)
         return out
@@ -50,6 +59,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", help="a real model directory (safetensors) instead of a built shape")
+    ap.add_argument("--no-narrow", action="store_true", help="layers only: no second pass at the ops")
     args = ap.parse_args()
     import torch
     from safetensors.torch import load_file, save_file
@@ -59,7 +70,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ref = build(root, args.layers, args.shape, args.dtype)
+        ref = build(root, args.layers, args.shape, args.dtype, args.model)
         bad = root / "bad"
         shutil.copytree(ref, bad)
         n = len([k for k in load_file(str(ref / "model.safetensors")) if k.endswith("mlp.down_proj.weight")])
@@ -72,12 +83,14 @@ def main() -> None:
         t = Target("p", ids, tuple(range(len(ids) - 8, len(ids))))
         engines = [HFEngine(HFOptions(model=str(p), device=args.device, dtype=args.dtype)) for p in (ref, bad)]
         t0 = time.perf_counter()
-        loc = localize([t], *engines, root / "work", Settings(), release=lambda e: e.close())["p"]
+        loc = localize([t], *engines, root / "work", Settings(narrow=not args.no_narrow),
+                       release=lambda e: e.close())["p"]
         seconds = time.perf_counter() - t0
     gpu = (f" peak_gpu_mib={torch.cuda.max_memory_allocated() / 2**20:.0f}" if args.device.startswith("cuda") else "")
     print(f"layers={n} dtype={args.dtype} device={args.device} seconds={seconds:.2f} "
           f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}{gpu} "
-          f"tolerance={loc.tolerance:g} first_beyond={loc.first_beyond} grafted_beyond={list(loc.grafted_beyond)}")
+          f"tolerance={loc.tolerance:g} first_beyond={loc.first_beyond} first_beyond_op={loc.first_beyond_op} "
+          f"grafted_beyond={list(loc.grafted_beyond)}")
 
 
 if __name__ == "__main__":

@@ -487,18 +487,21 @@ def diagnose(
 def localize(
     report_dir: Annotated[Path, typer.Argument(help="a finished gate's report directory")],
     prompt: Annotated[str | None, typer.Option("--prompt", help="localise this prompt only")] = None,
-    points: Annotated[str | None, typer.Option("--points", help="P,... canonical points (default: all)")] = None,
+    points: Annotated[str | None, typer.Option(
+        "--points", help="P,... canonical points, or the depth: layers (default) or ops (every op of every layer)")] = None,
     positions: Annotated[int | None, typer.Option("--positions", min=1, help="positions kept (default 8)")] = None,
     tolerance: Annotated[float | None, typer.Option("--tolerance", help="rel_diff tolerance (default: by dtype)")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="keep the dumped tensors under REPORT_DIR/localize")] = False,
     no_graft: Annotated[bool, typer.Option("--no-graft", help="the accumulated curve only")] = False,
+    no_narrow: Annotated[bool, typer.Option("--no-narrow", help="no second pass at the first-beyond layer's ops")
+                         ] = False,
 ) -> None:
     """Where along the depth a divergence first shows: both arms dump activations, compared per point."""
     from strict_gate.gate.localize import relocalize
     from strict_gate.report.localization import text_lines
 
     outcome = relocalize(report_dir, prompt=prompt, points=points, positions=positions, tolerance=tolerance,
-                         keep=keep, graft=not no_graft)
+                         keep=keep, graft=not no_graft, narrow=not no_narrow)
     for pid, loc in outcome.result.localization.items():
         console.print(f"[bold]{pid}[/bold]", highlight=False)
         for line in text_lines(loc):

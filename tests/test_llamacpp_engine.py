@@ -106,7 +106,8 @@ def test_engine_stops_on_the_requests_eos_and_exits_quietly_when_the_gate_goes_a
         return json.loads(proc.stdout.readline())
 
     hello = json.loads(proc.stdout.readline())
-    assert hello["hello"] == "strict-gate/engine@1" and hello["capabilities"] == ["generate", "score", "dump"]
+    assert hello["hello"] == "strict-gate/engine@1"
+    assert hello["capabilities"] == ["generate", "score", "dump", "dump_decode"]
     s = hello["settings"]
     assert (s["kv_type"], s["flash_attn"], s["extra_bufts"], s["n_ctx"], s["eog_ids"]) == ("f32", "off", False, 512, [2])
     free = ask()

@@ -50,3 +50,27 @@ def test_q8_0_is_beyond_from_the_first_layer_on(tmp_path):
     loc = run(tmp_path, "q8_0")
     layered = [p for p in loc.points if p.name.startswith("layers.")]
     assert loc.first_beyond == "layers.0.attn" and all(p.beyond for p in layered)
+
+
+def test_a_decode_path_dump_of_f32_is_within_the_float32_tolerance(tmp_path):
+    """`"mode": "decode"`: the prompt as one batch, then one-token batches through the KV cache.
+    An honest F32 engine's decode path agrees with hf's prefill at every point it gives."""
+    from strict_gate.engines.base import DumpRequest
+    from strict_gate.localize.capture import capture
+    from strict_gate.localize.compare import compare_points
+
+    need_llamacpp()
+    cand = CommandEngine(CommandOptions(command=[str(VENV_PY), str(ADAPTER), "--model", str(GGUF["f32"]),
+                                                 "--threads", "1"]), base_dir=ROOT)
+    ref = HFEngine(HFOptions(model="bundled:tiny-llama"))
+    pos = tuple(range(len(IDS) - 8, len(IDS)))
+    try:
+        r = capture(ref, DumpRequest(IDS, None, pos, tmp_path / "r")).tensors
+        c = capture(cand, DumpRequest(IDS, None, pos, tmp_path / "c", decode_from=len(IDS) - 6)).tensors
+    finally:
+        cand.close()
+        ref.close()
+    assert cand.can_dump_decode
+    points = compare_points(r, c, FP32)
+    given = [p for p in points if p.note is None]
+    assert len(given) == 8 and not any(p.beyond for p in given), [(p.name, p.rel_diff) for p in points]

@@ -19,6 +19,8 @@ not llama.cpp's sampler, and each setting below has to be under our control.
   token_ids with finish_reason "stop". For the bundled tiny-llama both sets are {2}.
 - score: teacher forcing, one llama_decode over prompt + continuation with logits kept at
   positions len(prompt)-1 ... (each continuation token given everything before it).
+- dump: the graph callback in a second context; `"mode": "decode"` decodes the first
+  decode_from ids as one batch, then each later id as a one-token batch (the decode path).
 
 Traps this adapter handles, each measured on the bundled tiny-llama (benchmarks/README.md):
 - KV cache type. llama.cpp stores K and V in f16 by default, so an F32 GGUF is NOT computed in
@@ -195,6 +197,9 @@ class LlamaCppEngine:
             raise ValueError("positions must be a list of indices into prompt_token_ids")
         if req.get("graft"):
             raise ValueError("this engine cannot graft (no \"graft\" capability)")
+        n0 = req.get("decode_from") if req.get("mode") == "decode" else len(ids)
+        if not isinstance(n0, int) or not 1 <= n0 <= len(ids):
+            raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids)")
         if self.dump_ctx is None:
             self.tap = GraphTap(self.L)
             cp = self._context_params()
@@ -207,10 +212,13 @@ class LlamaCppEngine:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.dump_ctx), True)
         main, self.ctx = self.ctx, self.dump_ctx
         try:
-            self._decode(ids, 0, range(len(ids)))
+            self._decode(ids[:n0], 0, range(n0))  # the prompt pass; in decode mode, then one id per batch:
+            for t in range(n0, len(ids)):  # llama.cpp's decode path, the KV cache the earlier passes left
+                self._decode([ids[t]], t, range(1))
         finally:
             self.ctx = main
-        kept = {name: np.ascontiguousarray(rows[positions]) for name, rows in self.tap.rows.items()
+        joined = {name: np.concatenate(parts) for name, parts in self.tap.rows.items()}
+        kept = {name: np.ascontiguousarray(rows[positions]) for name, rows in joined.items()
                 if rows.shape[0] == len(ids)}
         path = os.path.join(req["directory"], "activations.safetensors")
         save_file(kept, path)
@@ -304,7 +312,7 @@ class GraphTap:
         self.lib.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
         self.lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self.wanted: set[str] | None = None
-        self.rows: dict[str, np.ndarray] = {}
+        self.rows: dict[str, list[np.ndarray]] = {}  # per point, each decode call's rows in order
         self.callback = L.ggml_backend_sched_eval_callback(self._eval)  # kept alive with the context
 
     def _eval(self, t, ask, _user) -> bool:
@@ -320,7 +328,7 @@ class GraphTap:
             return True
         buf = np.empty(n, dtype=np.float32)
         self.lib.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n * 4)
-        self.rows[point] = buf.reshape(-1, ne0)
+        self.rows.setdefault(point, []).append(buf.reshape(-1, ne0))
         return True
 
 
@@ -345,7 +353,7 @@ def serve(engine: LlamaCppEngine, out) -> int:
 
     send({
         "hello": PROTOCOL, "name": NAME, "version": llama_cpp.__version__, "model": engine.desc,
-        "capabilities": ["generate", "score", "dump"],
+        "capabilities": ["generate", "score", "dump", "dump_decode"],
         "versions": {"llama-cpp-python": llama_cpp.__version__, "numpy": np.__version__,
                      "system_info": llama_cpp.llama_print_system_info().decode().strip()},
         "settings": engine.settings,

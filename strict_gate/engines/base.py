@@ -68,6 +68,9 @@ class DumpRequest:
     positions: tuple[int, ...]
     directory: Path
     graft: Path | None = None
+    # decode: the first `decode_from` ids through prefill, then the rest one token at a time through
+    # the decode path with its cache (the path a generated token takes); None: one prefill pass
+    decode_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Engine(ABC):
     # Localisation (strict_gate/localize): activations at canonical points along the depth.
     can_dump: bool = False  # dump() writes activations
     can_graft: bool = False  # dump() honours DumpRequest.graft
+    can_dump_decode: bool = False  # dump() honours DumpRequest.decode_from (the decode path)
+    capabilities_at_start: ClassVar[bool] = False  # can_* are narrowed when it starts (a command hello)
     # The invariance variants: the ways this kind may serve. An engine that learns its own at
     # start (a command engine's hello) narrows `servings` on the instance then.
     servings: frozenset[Serving] = frozenset()

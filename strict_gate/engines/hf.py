@@ -54,6 +54,7 @@ class HFEngine(Engine):
     can_batch = True  # left-padded batches (the speed arm's concurrency rungs)
     can_dump = True  # forward hooks on the named modules (strict_gate/engines/torch_dump.py)
     can_graft = True
+    can_dump_decode = True  # a prefill, then one id at a time with past key values (torch_dump._passes)
     servings = frozenset({Serving.BATCH})  # one padded generate(); no prefill chunking or prefix cache
     log_libraries = ("transformers",)
 

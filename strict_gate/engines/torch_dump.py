@@ -41,6 +41,33 @@ def decoder_modules(base: Any) -> dict[str, Any]:
     return found
 
 
+# Points inside a layer (localize/points.OPS): (attribute path from the layer, read its input?)
+# An input is read where the point is what a projection is fed: the attention's output before
+# o_proj (`core`), the MLP's activated product before down_proj (`act`).
+_OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_proj", False),
+        "attn.k_proj": ("self_attn.k_proj", False), "attn.v_proj": ("self_attn.v_proj", False),
+        "attn.core": ("self_attn.o_proj", True), "attn.o_proj": ("self_attn.o_proj", False),
+        "mlp_norm": ("post_attention_layernorm", False), "mlp.gate_proj": ("mlp.gate_proj", False),
+        "mlp.up_proj": ("mlp.up_proj", False), "mlp.act": ("mlp.down_proj", True),
+        "mlp.down_proj": ("mlp.down_proj", False), "attn.forget": ("self_attn.forget_gate", False),
+        "attn.beta_proj": ("self_attn.b_proj", False), "attn.kda": ("self_attn.o_norm", True),
+        "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False)}
+
+
+def op_modules(model: Any) -> dict[str, tuple[Any, bool]]:
+    """Canonical op point -> (module, read its input), for every op this decoder has."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    found = {}
+    for i, layer in enumerate(base.layers):
+        for op, (attr, takes_input) in _OPS.items():
+            module = layer
+            for part in attr.split("."):
+                module = getattr(module, part, None)
+            if module is not None:
+                found[f"layers.{i}.{op}"] = (module, takes_input)
+    return found
+
+
 def graft_inputs(torch: Any, path: Path, n: int) -> dict[str, Any]:
     """The reference's layer inputs (every position), read from the graft file."""
     from safetensors.torch import load_file
@@ -71,43 +98,83 @@ def module_device(module: Any) -> Any:
 
 
 def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "activations") -> DumpReply:
-    """One forward pass over request.token_ids with hooks at the points asked for; the kept
-    positions go to <directory>/<name>.safetensors as float32 CPU tensors."""
+    """Hooks at the points asked for over request.token_ids: one forward pass, or (decode_from)
+    a prefill of the first ids then one id at a time through the model's cache (past key
+    values, a recurrent state: the path generate takes). The kept positions go to
+    <directory>/<name>.safetensors as float32 CPU tensors."""
     from safetensors.torch import save_file
 
-    modules = named_modules(model)
+    modules, ops = named_modules(model), op_modules(model)
     every = [*modules, "logits"]
-    wanted = [p for p in (request.points or every) if p in every]
-    pos = torch.tensor(list(request.positions), dtype=torch.long)
-    captured: dict[str, Any] = {}
+    wanted = [p for p in (request.points or every) if p in every or p in ops]
+    rows: dict[str, list] = {}
     hooks = []
 
     def keep(point: str) -> Callable:
         def hook(module, args, out):
-            captured[point] = _first(out)[0].index_select(0, pos.to(_first(out).device)).float().cpu().contiguous()
+            rows.setdefault(point, []).append(_first(out)[0].flatten(1).float().cpu())  # heads: one row
 
         return hook
+
+    def keep_input(point: str) -> Callable:
+        def pre(module, args):
+            rows.setdefault(point, []).append(args[0][0].flatten(1).float().cpu())
+
+        return pre
 
     for point in wanted:
         if point in modules:
             hooks.append(modules[point].register_forward_hook(keep(point)))
+        elif point in ops:
+            module, takes_input = ops[point]
+            hooks.append(module.register_forward_pre_hook(keep_input(point)) if takes_input
+                         else module.register_forward_hook(keep(point)))
     if request.graft is not None:
-        inputs = graft_inputs(torch, request.graft, len(request.token_ids))
-        layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
-        for i, point in enumerate(layers):
-            source = "embed" if i == 0 else f"layers.{i - 1}"
-            if source in inputs:
-                hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
-                                                                      with_kwargs=True))
+        if request.decode_from is not None:
+            raise EngineError("hf: grafting along the decode path is not supported (graft with a prefill dump)")
+        hooks += _graft_hooks(torch, modules, request)
     try:
         with torch.inference_mode():
-            ids = torch.tensor([list(request.token_ids)], device=module_device(model))
-            logits = model(input_ids=ids, use_cache=False).logits
-        if "logits" in wanted:
-            captured["logits"] = logits[0].index_select(0, pos.to(logits.device)).float().cpu().contiguous()
+            for logits in _passes(torch, model, request):
+                if "logits" in wanted:
+                    rows.setdefault("logits", []).append(logits[0].float().cpu())
     finally:
         for h in hooks:
             h.remove()
+    pos = torch.tensor(list(request.positions), dtype=torch.long)
+    captured = {p: torch.cat(r, 0).index_select(0, pos).contiguous() for p, r in rows.items()}
     path = Path(request.directory) / f"{name}.safetensors"
     save_file(captured, str(path))
     return DumpReply(path=path, points=tuple(p for p in wanted if p in captured))
+
+
+def _graft_hooks(torch: Any, modules: dict[str, Any], request: DumpRequest) -> list:
+    assert request.graft is not None
+    inputs = graft_inputs(torch, request.graft, len(request.token_ids))
+    layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
+    hooks = []
+    for i, point in enumerate(layers):
+        source = "embed" if i == 0 else f"layers.{i - 1}"
+        if source in inputs:
+            hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
+                                                                  with_kwargs=True))
+    return hooks
+
+
+def _passes(torch: Any, model: Any, request: DumpRequest):
+    """The forward passes of a dump, each yielding its logits: one over every id, or a prefill of
+    the first `decode_from` ids and then one pass per id with the cache the prefill left."""
+    device, ids = module_device(model), list(request.token_ids)
+    n0 = request.decode_from
+    if n0 is None:
+        yield model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits
+        return
+    if not 1 <= n0 <= len(ids):
+        raise EngineError(f"hf: decode_from {n0} is outside 1..{len(ids)} (the ids sent)")
+    out = model(input_ids=torch.tensor([ids[:n0]], device=device), use_cache=True)
+    yield out.logits
+    cache = out.past_key_values
+    for t in ids[n0:]:
+        out = model(input_ids=torch.tensor([[t]], device=device), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        yield out.logits

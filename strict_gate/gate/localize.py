@@ -46,6 +46,7 @@ class LocalizeKeys(Checked):
     points: list[str] | None = None
     graft: bool = True
     keep: bool = False
+    narrow: bool = True
     reference: dict | None = None
 
 
@@ -75,7 +76,7 @@ def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
     except ConfigError as e:
         raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
     settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
-                        keep=keys.keep)
+                        keep=keys.keep, narrow=keys.narrow)
     return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
 
 
@@ -148,7 +149,7 @@ def _old(report_dir: Path) -> dict:
 
 def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str | None = None,
                positions: int | None = None, tolerance: float | None = None, keep: bool = False,
-               graft: bool = True):
+               graft: bool = True, narrow: bool = True):
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
     reports in place, its verdict, diagnoses and drift kept as they were."""
     from strict_gate.gate.config import load_gate_config
@@ -179,7 +180,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         points=parse_points(points) if points is not None else base.points,
         positions=positions or base.positions,
         tolerance=check_tolerance(tolerance) if tolerance is not None else base.tolerance,
-        graft=graft and base.graft, keep=keep or base.keep)
+        graft=graft and base.graft, keep=keep or base.keep, narrow=narrow and base.narrow)
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     spec = GateSpec(
@@ -196,16 +197,33 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         raise InputError("nothing divergent to localise in this report", path=str(report_dir / "report.json"))
     if cfg.candidate is None:
         raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))
-    reference, candidate = cfg.reference.build(), cfg.candidate.build()
-    if activation_reference(cfg, reference)[0] is None or not candidate.can_dump:
-        why = activation_reference(cfg, reference)[2] or f"the candidate ({candidate.kind}) cannot dump activations"
-        raise ConfigError(why, path=str(report_dir / "gate.toml"))
+    candidate = cfg.candidate.build()
+    _can_dump_or_exit_2(candidate, report_dir / "gate.toml")  # before the reference loads anything
+    reference = cfg.reference.build()
+    if activation_reference(cfg, reference)[0] is None:
+        raise ConfigError(activation_reference(cfg, reference)[2] or "no activation reference",
+                          path=str(report_dir / "gate.toml"))
     result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
                              scope=scope, settings=settings, only=prompt)
     write_reports(result, report_dir)
-    if any(loc.error for loc in result.localization.values()):
-        raise EngineError("; ".join(f"{pid}: {loc.error}" for pid, loc in result.localization.items() if loc.error))
+    done = {p for p in result.localization if prompt is None or p == prompt}  # this run's, not old errors
+    if errors := [f"{pid}: {loc.error}" for pid, loc in result.localization.items() if pid in done and loc.error]:
+        raise EngineError("; ".join(errors))
     return GateOutcome(result, report_dir)
+
+
+def _can_dump_or_exit_2(candidate: Engine, config: Path) -> None:
+    """An arm that cannot dump is bad input (exit 2), found before anything heavy starts: an engine
+    that learns its capabilities at start (a command engine's hello) is started for its hello
+    alone and closed again."""
+    why = f"the candidate ({candidate.kind}) cannot dump activations"
+    if candidate.can_dump and type(candidate).capabilities_at_start:
+        try:
+            candidate.start()
+        finally:
+            candidate.close()
+    if not candidate.can_dump:
+        raise ConfigError(f"{why} (docs/localize.md: \"Adding dump to your engine\")", path=str(config))
 
 
 def _kept(result: GateResult, old: dict) -> GateResult:

@@ -20,12 +20,15 @@ class PointKind(StrEnum):
     LAYER = "layer"
     NORM = "norm"
     LOGITS = "logits"
+    OP = "op"  # a point inside a layer (layers.N.attn.q_proj, ...)
 
 
 def kind_of(name: str) -> PointKind:
     if name.startswith("layers."):
         parts = name.split(".")
-        return PointKind.LAYER if len(parts) == 2 else PointKind(parts[2])
+        if len(parts) == 2:
+            return PointKind.LAYER
+        return PointKind(parts[2]) if len(parts) == 3 and parts[2] in ("attn", "mlp") else PointKind.OP
     return PointKind(name)
 
 
@@ -55,6 +58,41 @@ class PointDiff:
 
 
 @dataclass(frozen=True)
+class Reproduction:
+    """Whether one arm's dump chose, at the divergence, the token that arm generated there: a
+    dump that did not took another path than the one that produced the divergence."""
+
+    arm: str  # "reference" | "candidate"
+    token: int  # the token the arm generated at the divergence
+    chosen: int | None  # the dump's argmax there (None: not checked)
+    source: str  # "logits" (the dump's own), "score" (a score of the same prefix) or why unchecked
+    path: str = "prefill"  # the dump's path: "prefill" | "decode"
+
+    @property
+    def reproduced(self) -> bool | None:
+        return None if self.chosen is None else self.chosen == self.token
+
+    def words(self) -> str:
+        if self.chosen is None:
+            return f"the {self.arm}'s dump was not checked against its token ({self.source})"
+        if self.reproduced:
+            return f"the {self.arm}'s {self.path} dump chooses its token {self.token} ({self.source})"
+        return (f"the {self.arm}'s {self.path} dump picks {self.chosen} where it generated {self.token} "
+                f"({self.source}): its generated token came from another path than the dump's "
+                f"({'decode, batching or cache' if self.path == 'prefill' else 'batching or cache'})")
+
+    def to_json(self) -> dict:
+        return {"arm": self.arm, "token": self.token, "chosen": self.chosen, "source": self.source,
+                "path": self.path, "reproduced": self.reproduced}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Reproduction:
+        chosen = d.get("chosen")
+        return cls(arm=str(d["arm"]), token=int(d["token"]), chosen=None if chosen is None else int(chosen),
+                   source=str(d["source"]), path=str(d.get("path") or "prefill"))
+
+
+@dataclass(frozen=True)
 class Localization:
     prompt_id: str
     positions: tuple[int, ...]  # indices into the ids both arms ran
@@ -67,6 +105,33 @@ class Localization:
     reference_note: str | None = None  # why this engine is the activation reference, when not the reference arm
     error: str | None = None  # the localisation failed for this prompt (an arm's dump, in words)
     kept: str | None = None  # where the tensors were kept (--keep)
+    reproduction: tuple[Reproduction, ...] = ()  # per arm: did its dump choose the token it generated
+    ops: tuple[PointDiff, ...] = ()  # the narrowing pass: the points inside the first-beyond layer
+
+    @property
+    def first_beyond_op(self) -> str | None:
+        """The first op beyond tolerance inside the layer the narrowing pass looked into."""
+        return next((p.name for p in self.ops if p.beyond), None)
+
+    @property
+    def not_reproduced(self) -> tuple[Reproduction, ...]:
+        return tuple(r for r in self.reproduction if r.reproduced is False)
+
+    @property
+    def unchecked(self) -> tuple[Reproduction, ...]:
+        return tuple(r for r in self.reproduction if r.reproduced is None)
+
+    @property
+    def not_compared(self) -> tuple[str, ...]:
+        """Points one arm did not give, before the first beyond (all of them when none is): the
+        error may start at any of them, so no summary may blame a later point alone."""
+        out = []
+        for p in self.points:
+            if p.name == self.first_beyond:
+                break
+            if p.rel_diff is None:
+                out.append(p.name)
+        return tuple(out)
 
     @property
     def mode(self) -> Mode:
@@ -93,13 +158,23 @@ class Localization:
         """The error curve in words: nothing, from the first point on, or from one point on."""
         if self.error is not None:
             return "not localised"
+        lead = "; ".join(r.words() for r in (*self.not_reproduced, *self.unchecked))
+        lead = f"{lead}: " if lead else ""
+        gap = f" (not compared: {', '.join(self.not_compared)})" if self.not_compared else ""
         if self.first_beyond is None:
-            return "every point within tolerance" + (f" (first difference at {self.first_differs})"
-                                                     if self.first_differs else ", every point equal")
+            if self.not_reproduced:
+                return lead + "no point beyond tolerance, which localises nothing: the dump did not take the path " \
+                              "that produced the divergence" + gap
+            return lead + "every point compared within tolerance" + (
+                f" (first difference at {self.first_differs})" if self.first_differs
+                else (", every point compared equal" if not self.unchecked else ", no difference")) + gap
         names = [p.name for p in self.points if p.rel_diff is not None]
+        if self.not_compared:
+            return (lead + f"beyond tolerance at {self.first_beyond}, or earlier at a point not compared "
+                           f"({', '.join(self.not_compared)}): the error may start at any of them")
         if names and names[0] == self.first_beyond:
-            return f"beyond tolerance from the first point captured ({self.first_beyond})"
-        return f"within tolerance up to {self.first_beyond}, beyond from there"
+            return lead + f"beyond tolerance from the first point captured ({self.first_beyond})"
+        return lead + f"within tolerance up to {self.first_beyond}, beyond from there"
 
     def to_json(self) -> dict:
         return {
@@ -119,6 +194,11 @@ class Localization:
             "reference_note": self.reference_note,
             "error": self.error,
             "kept": self.kept,
+            "not_compared": list(self.not_compared),
+            "reproduced": {r.arm: r.reproduced for r in self.reproduction},
+            "reproduction": [r.to_json() for r in self.reproduction],
+            "ops": [p.to_json() for p in self.ops],
+            "first_beyond_op": self.first_beyond_op,
         }
 
     @classmethod
@@ -130,4 +210,6 @@ class Localization:
             candidate_engine=str(d["candidate_engine"]),
             grafted=tuple(PointDiff.from_json(p) for p in d.get("grafted") or ()),
             reference_note=d.get("reference_note"), error=d.get("error"), kept=d.get("kept"),
+            reproduction=tuple(Reproduction.from_json(r) for r in d.get("reproduction") or ()),
+            ops=tuple(PointDiff.from_json(p) for p in d.get("ops") or ()),
         )

@@ -9,7 +9,9 @@ finite. Anything else is an engine failure naming the rule (DumpRule).
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ class DumpRule(StrEnum):
     DTYPE = "every tensor is float32"
     SHAPE = "every tensor is (positions asked for) x width"
     FINITE = "every value is finite"
+    NONZERO = "no tensor is all zeros"
 
 
 class DumpError(EngineError):
@@ -41,10 +44,33 @@ class DumpError(EngineError):
         super().__init__(f"{engine}: dump reply breaks the rule \"{rule}\": {detail}")
 
 
-def audited(engine_name: str, request: DumpRequest, reply: DumpReply) -> dict[str, Any]:
-    """The reply's tensors, once every rule holds."""
+@dataclass(frozen=True)
+class Audited:
+    """The file the reply named, as the audit read it: its tensors and the digest of its bytes,
+    so that a later read compares exactly what was audited (read_back)."""
+
+    path: Path
+    digest: str
+    tensors: dict[str, Any]
+
+
+def read_back(audited_file: Audited | Path, digest: str | None = None) -> dict[str, Any]:
+    """The tensors of a file the audit saw; a file changed since is refused."""
+    from safetensors.torch import load
+
+    path, want = (audited_file.path, audited_file.digest) if isinstance(audited_file, Audited) \
+        else (audited_file, digest)
+    data = path.read_bytes() if path.is_file() else b""
+    if hashlib.sha256(data).hexdigest() != want:
+        raise EngineError(f"dump file {path} changed after the audit read it: what was audited is not what "
+                          "would be compared")
+    return load(data)
+
+
+def audited(engine_name: str, request: DumpRequest, reply: DumpReply) -> Audited:
+    """The reply's file, read once, once every rule holds."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     def fail(rule: DumpRule, detail: str) -> DumpError:
         return DumpError(engine_name, rule, detail)
@@ -57,7 +83,8 @@ def audited(engine_name: str, request: DumpRequest, reply: DumpReply) -> dict[st
     if not path.is_file() or path.stat().st_size > MAX_DUMP_BYTES:
         raise fail(DumpRule.REGULAR, f"{path} is missing, not a file, or over {MAX_DUMP_BYTES} bytes")
     try:
-        tensors = load_file(str(path))
+        data = path.read_bytes()
+        tensors = load(data)
     except (SafetensorError, OSError, ValueError) as e:
         raise fail(DumpRule.READABLE, f"{path}: {e}") from None
     if sorted(tensors) != sorted(reply.points) or len(set(reply.points)) != len(reply.points):
@@ -75,10 +102,12 @@ def audited(engine_name: str, request: DumpRequest, reply: DumpReply) -> dict[st
             raise fail(DumpRule.SHAPE, f"{name} has shape {tuple(t.shape)}, expected ({n}, width)")
         if not bool(t.isfinite().all()):
             raise fail(DumpRule.FINITE, f"{name} holds NaN or infinity")
-    return tensors
+        if not bool(t.any()):
+            raise fail(DumpRule.NONZERO, f"{name} is all zeros: no activation is")
+    return Audited(path, hashlib.sha256(data).hexdigest(), tensors)
 
 
-def capture(engine: Engine, request: DumpRequest) -> dict[str, Any]:
+def capture(engine: Engine, request: DumpRequest) -> Audited:
     """One dump from one engine, audited; the directory is made fresh and empty."""
     Path(request.directory).mkdir(parents=True, exist_ok=False)
     with engine.scoped_env():

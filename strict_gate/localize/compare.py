@@ -8,12 +8,13 @@ docs/localize.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from strict_gate.errors import ConfigError
 from strict_gate.judge.localization import PointDiff
-from strict_gate.localize.points import in_depth_order
+from strict_gate.localize.points import in_depth_order, layer_of
 
 # rel_diff tolerance by the pair of dtypes the two arms computed in (order does not matter).
 TOLERANCES: dict[frozenset[str], float] = {
@@ -38,13 +39,17 @@ def check_tolerance(x: float) -> float:
 
 
 def point_diff(name: str, ref: Any, cand: Any, tolerance: float) -> PointDiff:
-    """One point's figures; a shape mismatch is not comparable, and says so."""
+    """One point's figures; a shape mismatch is not comparable, and says so; a figure that is
+    not finite is beyond (never 0: NaN compares false with everything)."""
     if tuple(ref.shape) != tuple(cand.shape):
         return PointDiff(name, note=f"not comparable: shapes differ (reference {tuple(ref.shape)}, "
                                     f"candidate {tuple(cand.shape)})")
     x, y = ref.double().flatten(), cand.double().flatten()
     sxx, syy, sxy = float((x * x).sum()), float((y * y).sum()), float((x * y).sum())
-    rel = 0.0 if sxx + syy == 0 else max(0.0, 1.0 - 2.0 * sxy / (sxx + syy))
+    rel = 0.0 if sxx + syy == 0 else 1.0 - 2.0 * sxy / (sxx + syy)
+    if not math.isfinite(rel):
+        return PointDiff(name, rel_diff=float("nan"), beyond=True, note="not finite: NaN or infinity in a tensor")
+    rel = max(0.0, rel)
     cos = 1.0 if sxx == 0 and syy == 0 else (sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0)
     return PointDiff(
         name=name,
@@ -67,6 +72,46 @@ def compare_points(ref: Mapping[str, Any], cand: Mapping[str, Any], tolerance: f
         else:
             out.append(point_diff(name, ref[name], cand[name], tolerance))
     return tuple(out)
+
+
+def refusal(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> str | None:
+    """Why two dumps cannot be compared at all, in words, or None. A point of differing width is
+    not the same point; a layer the reference's model lacks is not a point of this model; embed
+    rows are a table lookup (they differ by rounding only), so rows far from the reference's are
+    of other positions or other ids, and blaming `embed` for them would be a false localisation."""
+    widths = [f"{n} (reference {tuple(ref[n].shape)}, candidate {tuple(cand[n].shape)})"
+              for n in in_depth_order(set(ref) & set(cand)) if tuple(ref[n].shape) != tuple(cand[n].shape)]
+    if widths:
+        return f"the candidate's dump is not of the reference's points: shapes differ at {', '.join(widths)}"
+    depths = [i for i in map(layer_of, ref) if i is not None]
+    depth = max(depths) if depths else None
+    extra = [n for n in in_depth_order(cand) if depth is not None and (layer_of(n) or 0) > depth]
+    if extra:
+        return f"the candidate dumps {', '.join(extra)}, of layers the model lacks (its last layer is {depth})"
+    if "embed" in ref and "embed" in cand:
+        return _embed_rows(ref["embed"], cand["embed"])
+    return None
+
+
+EMBED_ROWS = 1e-2  # rel_diff per embed row: far beyond any dtype's rounding of a table lookup
+
+
+def _embed_rows(ref: Any, cand: Any) -> str | None:
+    def rel(a: Any, b: Any) -> float:
+        a, b = a.double(), b.double()
+        s = float((a * a).sum() + (b * b).sum())
+        return 0.0 if s == 0 else 1.0 - 2.0 * float((a * b).sum()) / s
+
+    wrong = [i for i in range(cand.shape[0]) if rel(ref[i], cand[i]) > EMBED_ROWS]
+    if not wrong:
+        return None
+    moved = [(i, j) for i in wrong for j in range(ref.shape[0]) if rel(ref[j], cand[i]) <= EMBED_ROWS]
+    if moved:
+        i, j = moved[0]
+        return (f"the candidate's embed row {i} matches the reference's row {j} (of {len(wrong)} rows that differ "
+                "from the reference's by more than rounding): the dump is of other positions (or ids that recur)")
+    return (f"the candidate's embed rows {wrong} match no row of the reference's (rel_diff {rel(ref[wrong[0]], cand[wrong[0]]):.3g} "
+            "at the first): the dump is of other ids or of positions outside those asked")
 
 
 def first_beyond(points: tuple[PointDiff, ...]) -> str | None:

@@ -9,7 +9,7 @@ from strict_gate.judge.localization import Localization, PointDiff, kind_of
 from strict_gate.judge.result import GateResult
 
 _KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
-                 "norm": "#8250df", "logits": "#bf8700"}
+                 "norm": "#8250df", "logits": "#bf8700", "op": "#57606a"}
 
 
 def _g(x: float | None) -> str:
@@ -19,13 +19,33 @@ def _g(x: float | None) -> str:
 def headline(loc: Localization) -> str:
     if loc.error is not None:
         return f"not localised: {loc.error}"
-    head = f"first beyond tolerance: {loc.first_beyond or 'none'}"
+    head = f"first beyond tolerance: {first_beyond(loc)}"
+    if loc.ops:
+        head += f"; inside it, first op beyond: {loc.first_beyond_op or 'none of ' + str(len(loc.ops))}"
     if loc.first_differs and loc.first_differs != loc.first_beyond:
         head += f"; first difference: {loc.first_differs}"
     if loc.grafted:
-        head += (f"; grafted, beyond alone: {', '.join(loc.grafted_beyond) or 'none'}, "
+        head += (f"; grafted, beyond alone: {grafted_beyond(loc)}, "
                  f"first to differ alone: {loc.grafted_differs or 'none'}")
+    if loc.not_reproduced:
+        head += "; NOT REPRODUCED by the " + " and the ".join(f"{r.arm}'s {r.path} dump" for r in loc.not_reproduced)
     return head + f" (rel_diff tolerance {loc.tolerance:g}, {loc.mode})"
+
+
+def first_beyond(loc: Localization) -> str:
+    """The first point beyond, never alone when points before it were not compared."""
+    gap = f" (or earlier, not compared: {', '.join(loc.not_compared)})" if loc.not_compared else ""
+    return f"{loc.first_beyond or 'none'}{gap}"
+
+
+def grafted_beyond(loc: Localization) -> str:
+    missing = [p.name for p in loc.grafted if p.rel_diff is None]
+    gap = f" (not compared: {', '.join(missing)})" if missing else ""
+    return f"{', '.join(loc.grafted_beyond) or 'none'}{gap}"
+
+
+def reproduction_line(loc: Localization) -> str | None:
+    return "; ".join(r.words() for r in loc.reproduction) or None
 
 
 def text_lines(loc: Localization) -> list[str]:
@@ -34,12 +54,17 @@ def text_lines(loc: Localization) -> list[str]:
            f"  reference activations: {loc.reference_engine}; candidate: {loc.candidate_engine}"]
     if loc.reference_note:
         out.append(f"  {loc.reference_note}")
+    if (line := reproduction_line(loc)) is not None:
+        out.append(f"  {line}")
     grafted = {p.name: p for p in loc.grafted}
     for p in loc.points:
         g = grafted.get(p.name)
         extra = f"  grafted rel_diff {_g(g.rel_diff)}{' BEYOND' if g.beyond else ''}" if g else ""
         body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
         out.append(f"  {'>' if p.beyond else ' '} {p.name:<16} {body}{extra}")
+    for p in loc.ops:
+        body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
+        out.append(f"  {'>' if p.beyond else ' '} {p.name:<22} {body}  (narrowing pass)")
     return out
 
 
@@ -49,21 +74,31 @@ def localization_markdown(r: GateResult) -> list[str]:
         return []
     out = ["## Localisation", "",
            "| prompt | first beyond | rel_diff there | first difference | grafted: beyond alone | grafted: first to "
-           "differ alone | mode | reference |",
-           "|---|---|---|---|---|---|---|---|"]
+           "differ alone | reproduced | mode | reference |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for pid, loc in r.localization.items():
         at = next((p for p in loc.points if p.name == loc.first_beyond), None)
         if loc.error is not None:
-            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | |")
+            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | | |")
             continue
-        out.append(f"| `{pid}` | {loc.first_beyond or 'none'} | {_g(at.rel_diff) if at else '–'} | "
-                   f"{loc.first_differs or 'none'} | {', '.join(loc.grafted_beyond) or ('none' if loc.grafted else '–')}"
-                   f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {loc.mode} | {loc.reference_engine} |")
+        op = f" → {loc.first_beyond_op}" if loc.first_beyond_op else ""
+        out.append(f"| `{pid}` | {first_beyond(loc)}{op} | {_g(at.rel_diff) if at else '–'} | "
+                   f"{loc.first_differs or 'none'} | {grafted_beyond(loc) if loc.grafted else '–'}"
+                   f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {_reproduced(loc)} | {loc.mode} | "
+                   f"{loc.reference_engine} |")
     tols = sorted({loc.tolerance for loc in r.localization.values()})
     notes = sorted({loc.reference_note for loc in r.localization.values() if loc.reference_note})
+    out += [f"- `{pid}`: {reproduction_line(loc)}" for pid, loc in r.localization.items()
+            if loc.not_reproduced or loc.unchecked]
     out += ["", f"rel_diff = 1 - 2Σxy/(Σx²+Σy²) per point, tolerance {', '.join(f'{t:g}' for t in tols)} "
                 "(docs/localize.md)."] + [f"{n}." for n in notes] + [""]
     return out
+
+
+def _reproduced(loc: Localization) -> str:
+    """Per arm: yes, NO (the dump took another path than the generated token) or unchecked."""
+    word = {True: "yes", False: "NO", None: "unchecked"}
+    return ", ".join(f"{r.arm} {word[r.reproduced]} ({r.path})" for r in loc.reproduction) or "–"
 
 
 def _y(v: float, lo: float, hi: float, h: int) -> float:
@@ -110,8 +145,10 @@ def html_section(loc: Localization) -> str:
     rows = "".join(
         f"<tr{_BEYOND if p.beyond else ''}><td>{escape(p.name)}</td><td>{_g(p.max_abs)}</td>"
         f"<td>{_g(p.rel_diff)}</td><td>{_g(p.cosine)}</td><td>{_g(p.scale)}</td><td>{escape(p.note or '')}</td></tr>"
-        for p in loc.points)
+        for p in (*loc.points, *loc.ops))
     note = f"<p>{escape(loc.reference_note)}</p>" if loc.reference_note else ""
+    if (line := reproduction_line(loc)) is not None:
+        note += f"<p>{escape(line)}.</p>"
     return (f'<div class="localization"><h4>Localisation</h4><p>{escape(headline(loc))}. {escape(loc.pattern)}.</p>'
             f"{note}{svg_curve(loc)}<table><tr><th>point</th><th>max |Δ|</th><th>rel_diff</th><th>cosine</th>"
             f"<th>scale</th><th></th></tr>{rows}</table></div>")

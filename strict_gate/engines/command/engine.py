@@ -53,6 +53,8 @@ class CommandEngine(EngineProcess, Engine):
     can_score = True  # narrowed per instance to what the hello declares
     can_dump = True  # narrowed per instance to what the hello declares ("dump", "graft")
     can_graft = True
+    can_dump_decode = True
+    capabilities_at_start = True  # the hello says what it can: dump, graft, dump_decode
     in_process = False
     writes_log = True
     servings = frozenset(Serving)  # what the hello may declare; narrowed per instance at start
@@ -309,6 +311,11 @@ class CommandEngine(EngineProcess, Engine):
             req["points"] = list(request.points)
         if request.graft is not None:
             req["graft"] = str(request.graft)
+        if request.decode_from is not None:
+            if not self.can_dump_decode:
+                raise EngineError(f'command engine {self._name()}: {label}: a decode-path dump was asked for and '
+                                  'its hello capabilities lack "dump_decode"')
+            req["mode"], req["decode_from"] = "decode", request.decode_from
         obj = self._request(req, label)
         if "error" in obj:
             raise EngineError(f"command engine {self._name()}: {label}: the engine answered {obj['error']!r}")

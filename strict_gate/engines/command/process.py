@@ -73,6 +73,7 @@ class EngineProcess:
     can_score: bool
     can_dump: bool
     can_graft: bool
+    can_dump_decode: bool
     servings: frozenset[Serving]
     _proc: subprocess.Popen | None
     _pgid: int | None
@@ -177,6 +178,7 @@ class EngineProcess:
         self.streams = "stream" in caps  # token events for the speed arm (command_speed.py)
         self.can_dump = "dump" in caps  # activations for strict_gate/localize
         self.can_graft = self.can_dump and "graft" in caps
+        self.can_dump_decode = self.can_dump and "dump_decode" in caps  # DumpRequest.decode_from
 
     def close(self) -> None:
         """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group.

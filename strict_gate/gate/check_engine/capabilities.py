@@ -93,7 +93,7 @@ def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, po
     request = DumpRequest(ids, points, tuple(positions), where / name, graft)
     probe.start()
     try:
-        return capture(probe.engine, request)
+        return capture(probe.engine, request).tensors
     except EngineError as e:
         raise Failed(f"dump ({name}): {e}") from None
 
