@@ -10,7 +10,9 @@
 #   3. the cost of a localisation across all 30 layers, hf against hf with a planted bug
 #      (benchmarks/localize_cost.py --model), bfloat16 and float32;
 #   4. the speed ladder, TTFT and decode tok/s at 128/1024/4096 prompt tokens, bfloat16 and float32
-#      (benchmarks/gpu.py ladder --dtype).
+#      (benchmarks/gpu.py ladder --dtype);
+#   5. with STAGES=overhead: the gate's own cost on the hf arm, gate / bare, the first $PROMPTS (32)
+#      prompts at 16 and 128 tokens (benchmarks/overhead.py).
 #
 #   SITE=/tmp/site bash benchmarks/gpu_real.sh     # on the GPU machine, from the repository root
 #   STAGES="runs invariance" ...                    # some stages only (convert always runs: it is a no-op when done)
@@ -59,5 +61,10 @@ want ladder && for dt in bfloat16 float32; do
     --json "$work/ladder-$dt.json" --md "$work/ladder-$dt.md" 2>&1 | log
 done
 
+want overhead && for dt in bfloat16 float32; do  # the gate's own cost on the hf arm (benchmarks/overhead.py)
+  $py benchmarks/overhead.py --engines hf --model pypi:smollm2-135m --dtype $dt --device cuda --limit ${PROMPTS:-32} \
+    --max-tokens 16 128 --reps 3 --md "$work/overhead-$dt.md" --json "$work/overhead-$dt.json" 2>&1 | log
+done
+
 uptime | tee -a "$out/machine.txt"
-(cd "$work" && tar czf "$out/results-${stages// /-}.tgz" $(ls -d runs invariance.txt localize.txt ladder-* 2>/dev/null)) 2>&1 | log
+(cd "$work" && tar czf "$out/results-${stages// /-}.tgz" $(ls -d runs invariance.txt localize.txt ladder-* overhead-* 2>/dev/null)) 2>&1 | log
