@@ -26,13 +26,14 @@ WINGS: dict[str, frozenset[str]] = {
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
     "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
-    "report": frozenset({"invariance", "judge", "speed", "runs", "core", "errors"}),
+    "noise": frozenset({"invariance", "judge", "engines", "runs", "core", "errors"}),
+    "report": frozenset({"noise", "invariance", "judge", "speed", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
-    "gate": frozenset({"localize", "report", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "localize", "report", "invariance", "judge", "speed", "engines", "runs", "core",
+    "gate": frozenset({"localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
+    "nightly": frozenset({"gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core",
                           "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
-    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "invariance", "judge", "speed", "engines",
+    "face": frozenset({"battery", "nightly", "gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines",
                        "runs", "core", "errors"}),
 }
 

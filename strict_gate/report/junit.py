@@ -12,7 +12,7 @@ from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.result import GateResult
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, noise_view, speed_view
 from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.text import visible
 
@@ -24,6 +24,8 @@ def _text(s: str) -> str:
 def render(r: GateResult) -> str:
     verdicts = {v.id: v for v in r.verdict.prompts}
     speed = speed_view.of(r)
+    nz = noise_view.of(r)
+    placed = {f.id: f for f in nz.flips} if nz is not None else {}
     cls = visible(f"strict-gate.{r.name}")
     suite = ET.Element("testsuite", name=cls, tests="0", failures="0", errors="0", skipped="0")  # counted last
     props = ET.SubElement(suite, "properties")
@@ -34,6 +36,7 @@ def render(r: GateResult) -> str:
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
         *junit_properties(r.drift),
         *((("speed_verdict", speed.verdict),) if speed is not None else ()),
+        *((("noise", nz.headline()), ("noise_band_rule", nz.band_rule or "the band is the config's")) if nz else ()),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
     for p in r.comparison.prompts:
@@ -43,6 +46,10 @@ def render(r: GateResult) -> str:
             ET.SubElement(case, "error", message=p.status).text = _text(v.reason)
         elif not v.passed:
             ET.SubElement(case, "failure", message=p.status).text = _text(v.reason)
+        if nz is not None and p.id in placed:
+            f = placed[p.id]
+            ET.SubElement(case, "system-out").text = _text(f"noise: gap {f.gap} at position {f.position}: "
+                                                           f"{nz.describe(f.where)}")
     if r.verdict.verdict == "incomplete" and not r.comparison.prompts:
         case = ET.SubElement(suite, "testcase", classname=cls, name="gate")
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))
