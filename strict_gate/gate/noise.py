@@ -19,7 +19,7 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.noise_band import arm_facts, baseline_dir, file_sha256
+from strict_gate.gate.noise_band import arm_facts, baseline_dir, file_sha256, shown
 from strict_gate.noise.flips import exact_ties
 from strict_gate.noise.kruns import check_k_runs
 from strict_gate.noise.measure import Measured, NoisePlan, k_runs, live_variations, prefill_decode, second_builds
@@ -131,7 +131,7 @@ def measure_noise(cfg: GateConfig, *, plan_batch: Sequence[int] = (8,), chunks: 
         _check_battery(golden, ps, sampling)
         k, notes = check_k_runs(golden, expected=cfg.reference.runs if cfg.reference.runs > 1 else None)
         m.notes += notes
-        k_runs(m, golden, k, f"the baseline {base_path}")
+        k_runs(m, golden, k, f"the baseline {shown(base_path)}")
     elif live is not None:
         k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else DEFAULT_K)
         engine = live.build()
@@ -151,7 +151,7 @@ def measure_noise(cfg: GateConfig, *, plan_batch: Sequence[int] = (8,), chunks: 
         base = live_variations(m, plan, live.build, inputs, report_dir / "invariance", runner, golden
                                if base_path is not None else None) or golden
         if prefill:
-            prefill_decode(m, live.build, base, cfg.top_logprobs)
+            prefill_decode(m, live.build, base, cfg.top_logprobs, report_dir / "prefill-decode.log")
     else:
         m.notes.append("no live engine of the reference's build: only its K runs were measured")
     builds = dict(_second_build(s, ps, inputs, runner, report_dir) for s in against)
@@ -164,7 +164,7 @@ def measure_noise(cfg: GateConfig, *, plan_batch: Sequence[int] = (8,), chunks: 
             battery=Battery(name=ps.name, sha256=ps.sha256, count=len(ps)), model=facts.model,
             model_digest=facts.model_digest, dtype=facts.dtype, engine=base.manifest.engine.kind,
             versions={k: str(v) for k, v in base.manifest.engine.versions.items()}, k=k,
-            baseline=None if base_path is None else str(base_path), baseline_sha256=facts.baseline_sha256 or (
+            baseline=None if base_path is None else shown(base_path), baseline_sha256=facts.baseline_sha256 or (
                 None if base_path is None else _records_sha(base_path)),
             max_tokens=cfg.max_tokens, top_logprobs=cfg.top_logprobs, created=now_iso(), notes=m.notes),
         variations=m.variations, self_flips=m.flips, largest_self_flip_gap=None, largest_magnitude=None,

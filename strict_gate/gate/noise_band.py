@@ -9,6 +9,7 @@ profile fits exactly when it describes this reference. Nothing here loads a mode
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,16 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def shown(path: Path) -> str:
+    """A path as a profile stores it: relative to the working directory when inside it (a
+    committed profile names no machine's directories), else normalised."""
+    p = Path(os.path.normpath(path.resolve()))
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.as_posix()
 
 
 def baseline_dir(arm: Any) -> Path | None:
@@ -87,7 +98,7 @@ def noise_setting(band: float | str, table: dict | None, reference: Any, prompts
         raise ConfigError(f"the noise profile {profile_path} does not fit this gate: {'; '.join(problems)}",
                           path=path, line=line_of("profile") or line_of("band"))
     measured = measured_band(profile, keys, path) if band == MEASURED else None
-    return NoiseSetting(str(profile_path), profile, measured)
+    return NoiseSetting(shown(profile_path), profile, measured)
 
 
 def _profile_path(keys: NoiseKeys, reference: Any, path: str) -> Path:
@@ -111,6 +122,10 @@ def with_noise(result, setting: NoiseSetting | None):
 
     from strict_gate.noise.annotate import judge_noise
 
+    sha = result.prompt_set.get("sha256")
+    if sha != setting.profile.provenance.battery.sha256:  # the config's prompts were replaced after it was read
+        return replace(result, notes=(*result.notes, f"the noise profile {setting.path} was measured on another "
+                                      "battery than this gate ran: its flips are not placed against it"))
     dtypes = {"reference": result.reference.options.get("dtype"), "candidate": result.candidate.options.get("dtype")}
     m = setting.measured
     used = m is not None and result.verdict.band == m.value

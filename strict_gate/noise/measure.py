@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput, Serving
 from strict_gate.errors import EngineError, IncompleteRunError
 from strict_gate.invariance.config import InvarianceConfig, Variant, VariantKind
@@ -106,25 +107,29 @@ def live_variations(m: Measured, plan: NoisePlan, build: Callable[[], Engine], i
     return base
 
 
-def prefill_decode(m: Measured, build: Callable[[], Engine], base: Run, k: int) -> None:
-    """Teacher-force the batch-1 run's own tokens through the engine that decoded them."""
+def prefill_decode(m: Measured, build: Callable[[], Engine], base: Run, k: int, log: Path) -> None:
+    """Teacher-force the batch-1 run's own tokens through the engine that decoded them; the
+    engine's output goes to `log`."""
     engine = build()
     if not engine.can_score:
         m.notes.append(f"prefill-decode not run: the {engine.kind} engine cannot score")
         engine.close()
         return
     scored: dict[str, Sequence[ScoredStep]] = {}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if engine.writes_log:
+        engine.set_log_path(log)
     try:
-        with engine.scoped_env():
+        with engine.scoped_env(), engine_log(log, engine.log_libraries):
             engine.start()
-        for pid, rec in base.records.items():
-            if rec.error is None and rec.token_ids:
-                with engine.scoped_env():
+            for pid, rec in base.records.items():
+                if rec.error is None and rec.token_ids:
                     scored[pid] = engine.score(rec.prompt_token_ids, rec.token_ids, k)
     except (EngineError, IncompleteRunError, RuntimeError, ValueError) as e:
         m.notes.append(f"prefill-decode stopped after {len(scored)} prompt(s): {type(e).__name__}: {e}")
     finally:
-        engine.close()
+        with engine_log(log, engine.log_libraries):
+            engine.close()
     if scored:
         m.add("prefill-decode", "prefill_decode", "each step's decode argmax against the argmax of the same "
               "tokens teacher-forced in one prefill", scored_sites(base.records, scored))
