@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
-from noise_fixtures import BF16, FP32, gate, layout, plant_self_flip
+from helpers import write_gate
+from noise_fixtures import BF16, FP32, ROOT, gate, layout, plant_self_flip
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -139,3 +141,26 @@ def test_the_ulps_rule_raises_the_band_with_the_magnitude(here):
     report = json.loads(next((here / "reports").glob("gate-*/report.json")).read_text())
     assert report["band"] == pytest.approx(max(1e6 * spacing, p.largest_self_flip_gap))
     assert "1e+06 x float32 spacing" in report["noise"]["band_rule"]
+
+
+@pytest.mark.slow
+def test_live_variations_on_a_real_engine(tmp_path, monkeypatch):
+    """The bundled model through transformers (float32, a real engine): K live runs, batch 4
+    against batch 1, prefill against decode at every step, and vLLM's fp32 golden as a second
+    build, on the smoke prompts. Chunked prefill is asked for and transformers cannot serve it:
+    said, not silently skipped."""
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(layout(tmp_path))
+    shutil.copy(ROOT / "prompts" / "smoke.jsonl", tmp_path / "prompts")
+    write_gate(tmp_path / "gates", file="hf.toml", prompts="../prompts/smoke.jsonl", max_tokens=8, top_logprobs=5,
+               reference={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"})
+    r = cli("noise", "gates/hf.toml", "--runs", "2", "--batch", "4", "--chunk", "16", "--out", "hf-noise.json")
+    assert r.exit_code == 0, r.output
+    p = load_profile(tmp_path / "hf-noise.json")
+    names = [v.name for v in p.variations]
+    assert names == ["runs-2", "batch-4", "prefill-decode"], names
+    pd = p.variations[-1]
+    assert pd.prompts == 8 and 0 < pd.positions <= 64  # every step of every prompt's own tokens
+    assert p.provenance.k == 2 and p.provenance.baseline is None and p.provenance.engine == "hf"
+    assert any("chunked prefill not run" in n for n in p.provenance.notes)
+    assert list((tmp_path / "reports").glob("hf-noise-*/invariance/reference/batch-4/records.jsonl"))
