@@ -164,3 +164,13 @@ def test_live_variations_on_a_real_engine(tmp_path, monkeypatch):
     assert p.provenance.k == 2 and p.provenance.baseline is None and p.provenance.engine == "hf"
     assert any("chunked prefill not run" in n for n in p.provenance.notes)
     assert list((tmp_path / "reports").glob("hf-noise-*/invariance/reference/batch-4/records.jsonl"))
+
+
+def test_a_flip_is_placed_by_the_references_own_reach_then_the_band():
+    from strict_gate.noise.annotate import Where, place
+
+    assert place(0.2, 0.2, 0.5) == Where.WITHIN  # the reference itself flipped a choice this close
+    assert place(0.2000001, 0.2, 0.5) == Where.BEYOND_NOISE
+    assert place(0.5, 0.2, 0.5) == Where.BEYOND_NOISE and place(0.51, 0.2, 0.5) == Where.BEYOND_BAND
+    assert place(0.0, None, 0.5) == Where.BEYOND_NOISE  # it never flipped: even an exact tie is beyond its noise
+    assert place(None, 0.2, 0.5) == Where.UNKNOWN
