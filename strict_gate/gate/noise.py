@@ -171,7 +171,7 @@ def measure_noise(cfg: GateConfig, *, plan_batch: Sequence[int] = (8,), chunks: 
         exact_ties=exact_ties(golden.records.values()))
     target = out or ((base_path if base_path is not None else Path("baselines") / safe_name(cfg.name)) / PROFILE_NAME)
     written = write_profile(profile, target)
-    return NoiseOutcome(written, target, report_dir)
+    return NoiseOutcome(written, Path(shown(target)), Path(shown(report_dir)))
 
 
 def _records_sha(base: Path) -> str:
