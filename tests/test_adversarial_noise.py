@@ -173,3 +173,14 @@ def test_a_profile_that_is_not_json_or_not_a_profile_is_refused(here):
         path.write_text(text)
         r = cli("gate", "gates/gate.toml")
         assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_a_profile_with_a_field_this_version_does_not_know_is_refused(here):
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["variations"][0]["trust_me"] = True
+    raw["seal"] = seal_of(raw)
+    path.write_text(json.dumps(raw))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "malformed" in r.output and "trust_me" in r.output
