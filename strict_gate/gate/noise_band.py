@@ -126,7 +126,8 @@ def with_noise(result, setting: NoiseSetting | None):
     if sha != setting.profile.provenance.battery.sha256:  # the config's prompts were replaced after it was read
         return replace(result, notes=(*result.notes, f"the noise profile {setting.path} was measured on another "
                                       "battery than this gate ran: its flips are not placed against it"))
-    dtypes = {"reference": result.reference.options.get("dtype"), "candidate": result.candidate.options.get("dtype")}
+    dtypes = {arm: info.options.get("dtype") or (info.options.get("hello") or {}).get("dtype")  # a command engine's hello
+              for arm, info in (("reference", result.reference), ("candidate", result.candidate))}
     m = setting.measured
     used = m is not None and result.verdict.band == m.value
     note = judge_noise(setting.profile, setting.path, result.comparison, band=result.verdict.band,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from strict_gate.judge.compare import BAND_EPS, Comparison, Divergence, Status
+from strict_gate.judge.compare import BAND_EPS, Comparison, Rescored, Status
 from strict_gate.noise.profile import NoiseProfile, largest
 from strict_gate.noise.ulp import gap_ulps
 from strict_gate.runs.records import TopK
@@ -127,9 +127,9 @@ def _mag(top: TopK | None, a: int | None, b: int | None) -> float | None:
     return max(vals) if vals else None
 
 
-def _ref_gap(d: Divergence) -> float | None:
-    r = d.reference_rescored
-    return largest([d.reference_gap, None if r is None or r.gap is None else abs(r.gap)])
+def _gap(decode: float | None, rescored: Rescored | None) -> float | None:
+    """A side's gap at the divergence: its decode gap or its re-scored |gap|, the larger known."""
+    return largest([decode, None if rescored is None or rescored.gap is None else abs(rescored.gap)])
 
 
 def place(gap: float | None, largest_self: float | None, band: float) -> Where:
@@ -149,8 +149,8 @@ def judge_noise(profile: NoiseProfile, path: str, comparison: Comparison, *, ban
         if pc.status not in (Status.NEAR_TIE, Status.DIVERGENT) or d is None or d.candidate_token is None \
                 or d.reference_token is None:
             continue
-        gap = _ref_gap(d)
-        cgap = d.candidate_gap
+        gap = _gap(d.reference_gap, d.reference_rescored)
+        cgap = _gap(d.candidate_gap, d.candidate_rescored)
         flips.append(FlipNote(
             pc.id, d.position, gap, gap_ulps(gap, dtypes.get("reference"), _mag(d.reference_top, d.reference_token,
                                                                                d.candidate_token)),
