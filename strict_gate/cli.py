@@ -473,17 +473,21 @@ def bisect(
         "--prompts-from", metavar="REPORT_DIR", help="only the prompts that failed in this gate report")] = None,
     output_dir: Annotated[Path | None, typer.Option(
         "--output-dir", "-o", help="bisect.json and each step's report go to DIR/<name>-bisect-<timestamp>/")] = None,
+    variant: Annotated[str | None, typer.Option(
+        "--variant", help="bisect on this [invariance] variant of the candidate: where it moves is bad "
+                          "(default: the gate's tokens only)")] = None,
 ) -> None:
     """The first candidate commit that fails the gate, by git bisect run: pass -> good, fail ->
-    bad, an engine failure or a failed build -> skip. Exit 0 when it is named, 3 when skipped
-    commits leave it open, 2 bad input (the repository is left as it was)."""
+    bad, an engine failure or a failed build -> skip. Each step is the gate's tokens only, or
+    with --variant that one variant too. Exit 0 when it is named, 3 when skipped commits leave
+    it open, 2 bad input (the repository is left as it was)."""
     from strict_gate.gate.config import load_gate_config
     from strict_gate.nightly.bisect import run_bisect
     from strict_gate.report.text import visible
 
     cfg = load_gate_config(config)
     done = run_bisect(cfg, repo=repo, good=good, bad=bad, build=build, prompts_from=prompts_from,
-                      output_dir=output_dir)
+                      output_dir=output_dir, variant=variant)
     for s in done.steps:
         console.print(visible(f"{s.commit[:12]} {s.verdict}" + (f" (gate exit {s.exit_code})" if s.exit_code is not None
                                                              else "") + (f": {s.message}" if s.message else "")))

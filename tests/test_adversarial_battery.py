@@ -82,7 +82,8 @@ def test_hostile_ids_are_escaped_in_the_terminal_and_the_page(tmp_path):
     ps.write_text("".join(json.dumps({"id": i, "text": "x", "tags": [i]}) + "\n" for i in ids), encoding="utf-8")
     prompts = load_prompts(ps)
     tops = [step((5, -0.1), (6, -0.2))]
-    run = write_run(tmp_path / "run", [rec(i, [5], tops=tops) for i in ids], sha=prompts.sha256)
+    run = write_run(tmp_path / "run", [rec(i, [5], prompt=(1, k), tops=tops) for k, i in enumerate(ids)],
+                    sha=prompts.sha256)  # distinct token ids: a copy would be counted once, and not shown
     doc = score(prompts, load_run(run), 0.5)
     from io import StringIO
 
@@ -104,3 +105,45 @@ def test_nonsense_rule_parameters_are_exit_2_before_the_reference_runs(tmp_path,
                             "--out", str(tmp_path / "b.jsonl")])
     assert r.exit_code == 2, r.output
     assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "b.run").exists()
+
+
+# ---------------------------------------------------------------------------- issue 26, item 15: copies
+
+
+def test_one_prompt_four_times_is_scored_as_one(tmp_path, monkeypatch):
+    """A set of one prompt under four ids (the reference gives the same record for each): was
+    detection 1 - (1 - p)^4 over four "independent" prompts (93 % where one copy gives 49 %).
+    The stored run is written by hand: its records are what any greedy reference gives a copy."""
+    monkeypatch.chdir(tmp_path)
+    tops = [step((5, -0.60), (6, -0.61)), step((7, -0.1), (8, -0.2))]
+    for name, ids in (("one", ["a"]), ("four", ["a", "b", "c", "d"])):
+        Path(f"{name}.jsonl").write_text("".join(json.dumps({"id": i, "text": "the same words"}) + "\n" for i in ids),
+                                         encoding="utf-8")
+        write_run(Path(f"{name}.run"), [rec(i, [5, 7], prompt=(1, 9, 9), tops=tops) for i in ids],
+                  sha=load_prompts(Path(f"{name}.jsonl")).sha256)
+    docs = {name: score(load_prompts(Path(f"{name}.jsonl")), load_run(Path(f"{name}.run")), 0.5)
+            for name in ("one", "four")}
+    assert docs["four"]["sensitivity"]["detection"] == docs["one"]["sensitivity"]["detection"]
+    shown = runner.invoke(app, ["battery", "score", "four.jsonl", "--run", "four.run"], terminal_width=200)
+    assert shown.exit_code == 0 and "3 prompts the reference errored on or copies of another" in shown.output
+    assert [e["id"] for e in docs["four"]["excluded"]] == ["b", "c", "d"]
+    assert "a copy of prompt 'a' (the same token ids)" in docs["four"]["excluded"][0]["error"]
+
+
+def test_a_pool_with_copies_never_puts_two_in_a_battery(tmp_path, monkeypatch):
+    """A .jsonl pool holding one text under three ids beside one other, the bundled model
+    through hf (real). Was: --size 3 built a battery holding copies (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    texts = {"x1": "The cat sat on the", "x2": "The cat sat on the", "x3": "The cat sat on the", "y": "One, two,"}
+    Path("pool.jsonl").write_text("".join(json.dumps({"id": i, "text": t, "tags": ["g"]}) + "\n"
+                                          for i, t in texts.items()), encoding="utf-8")
+    argv = ["battery", "build", "pool.jsonl", "--reference", REF, "--max-tokens", "4", "--max-share", "1",
+            "--out", "b.jsonl"]
+    r = runner.invoke(app, [*argv, "--size", "3"], terminal_width=200)
+    assert r.exit_code == 2 and "2 distinct prompts the reference answered" in r.output, r.output
+    r = runner.invoke(app, [*argv, "--size", "2"], terminal_width=200)  # the reference run above is reused
+    assert r.exit_code == 0, r.output
+    chosen = sorted(json.loads(line)["text"] for line in Path("b.jsonl").read_text().splitlines())
+    assert chosen == sorted(set(texts.values()))
+    prov = json.loads(Path("b.provenance.json").read_text())
+    assert [e["id"] for e in prov["pool"]["excluded"]] == ["x2", "x3"]

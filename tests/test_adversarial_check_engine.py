@@ -38,6 +38,11 @@ BROKEN = {
     "check_score_crash": ({"score": "fail", "prefill_decode": "skipped"}, "exited with code 134"),
     "check_score_undeclared": ({"score": "fail", "prefill_decode": "not_applicable"}, "does not declare it"),
     "check_prefill": ({"prefill_decode": "fail"}, "max |Δ logprob| 0.05 nats"),
+    "check_score_next_top": ({"prefill_decode": "fail"}, "the prefill's argmax is another token"),
+    "check_in_flight": ({"in_flight": "fail"}, "the tokens depend on how they are served"),
+    "check_prefill_chunk": ({"prefill_chunk": "fail"}, "with prefill_chunk"),
+    "check_dump": ({"dump": "fail"}, "the dump is not of this computation"),
+    "check_graft": ({"graft": "fail"}, "the graft is ignored"),
     "check_stream": ({"stream": "fail"}, "must be the response's token_ids"),
     "check_unknown_op": ({"unknown_op": "fail"}, "exited with code 1"),
     "check_any_op_generates": ({"unknown_op": "fail"}, "not {\"id\": 'check-unknown-op', \"error\""),
@@ -48,7 +53,7 @@ BROKEN = {
 
 
 def arm(script: str, timeout_s: float = 10, **env: str) -> ArmConfig:
-    options = CommandOptions(command=["python", str(ENGINES / f"{script}.py")], timeout_s=timeout_s,
+    options = CommandOptions(command=[sys.executable, str(ENGINES / f"{script}.py")], timeout_s=timeout_s,
                              startup_timeout_s=30)
     return ArmConfig("engine", "command", options, env=env, base_dir=ROOT)
 
@@ -69,7 +74,7 @@ def test_a_broken_engine_fails_its_check_and_only_that_one(tmp_path, script):
     assert statuses(checklist) == {n: changed.get(n, "pass") for n in NAMES}, checklist.lines()
     failed = [c for c in checklist.checks if c.status.value == "fail"]
     assert len(failed) == 1 and phrase in failed[0].detail, failed[0].detail
-    assert failed[0].finding == (failed[0].name == "prefill_decode")
+    assert failed[0].finding == (failed[0].name in ("prefill_decode", "in_flight", "prefill_chunk"))
     assert checklist.exit_code == 1
 
 
@@ -124,3 +129,28 @@ def test_a_secret_the_engine_echoes_is_not_in_the_checklist(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert secret not in r.stdout + r.stderr
         assert "my token is" in r.stdout  # the reply was quoted, the secret in it redacted
+
+
+@pytest.mark.parametrize("script, check", [("check_in_flight", "in_flight"), ("check_dump", "dump"),
+                                           ("check_graft", "graft"), ("check_prefill_chunk", "prefill_chunk")])
+def test_a_declared_capability_is_exercised_from_the_cli(tmp_path, monkeypatch, script, check):
+    """Issue 26, item 10: an engine declaring dump, graft, prefill_chunk and max_in_flight 4,
+    one of them broken, through `strict-gate check-engine engine.toml` from its directory.
+    Was: exit 0, no check sent dump, graft, prefill_chunk or two requests at once."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "engines").symlink_to(ENGINES)
+    Path("engine.toml").write_text(f'kind = "command"\ncommand = {json.dumps([sys.executable, f"engines/{script}.py"])}\n',
+                                   encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "strict_gate.cli", "check-engine", "engine.toml", "--json"], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [c["name"] for c in json.loads(r.stdout)["checks"] if c["status"] == "fail"]
+    assert failed == [check]
+
+
+def test_a_prefill_decode_check_that_cannot_tell_the_paths_apart_says_so(tmp_path):
+    """Issue 26, item 12: generate logprobs that are a prefill pass agree with score bit for bit
+    in bfloat16. Was: a plain pass, "0 nats", with nothing said."""
+    checklist = check_engine(arm("check_prefill_as_decode"), log_dir=tmp_path)
+    (pd,) = [c for c in checklist.checks if c.name == "prefill_decode"]
+    assert pd.status.value == "pass" and "cannot tell the two paths apart" in pd.detail, pd.detail

@@ -429,3 +429,41 @@ def test_an_env_name_exec_would_refuse_is_exit_2_at_load(name):
         parse_gate_config(text, "g.toml")
     assert e.value.exit_code == 2
     assert e.value.line == (8 if "u0000" in name else 10)  # a NUL name is not found in the text: its table's line
+
+
+# ---------------------------------------------------------------------------- issue 26, item 17: text-only servers
+
+
+def test_a_server_that_ignores_a_token_id_prompt_is_named_from_its_usage(fake_openai, tmp_path, monkeypatch):
+    """A vllm.cpp-like server: 200 OK, usage.prompt_tokens 1 for the ids sent, a completion of the
+    empty prompt as text. Was: "its tokens came back as text (e.g. [])"."""
+    from engines.fake_openai_server import Mode
+
+    monkeypatch.chdir(tmp_path)
+    url = fake_openai(Mode.IGNORE_IDS).url
+    Path("p.jsonl").write_text(json.dumps({"id": "p0", "token_ids": list(range(1, 45))}) + "\n")
+    Path("gate.toml").write_text(
+        'prompts = "p.jsonl"\nmax_tokens = 4\ntop_logprobs = 2\noutput_dir = "out"\n'
+        f'[reference]\nkind = "command"\ncommand = {json.dumps([sys.executable, str(FAKE)])}\n'
+        f'[candidate]\nkind = "openai"\nbase_url = "{url}"\nretries = 0\n')
+    r = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    assert r.exit_code == 3, r.output
+    said = " ".join(r.output.split())
+    assert "44 token ids were sent as the prompt, and the server says it read 1 (usage.prompt_tokens)" in said, said
+    assert "came back as text" not in said
+
+
+def test_check_engine_on_an_openai_arm_keeps_the_log_tail_lines_and_never_points_to_the_hello(tmp_path, monkeypatch):
+    """A launched "server" that prints two lines and exits: was "\\x0a" between the log tail's
+    lines and "-> read docs/engine-protocol.md, section 4 hello" (the command protocol's)."""
+    monkeypatch.chdir(tmp_path)
+    serve = [sys.executable, "-c", "import sys; print('first log line'); print('second log line'); sys.exit(3)",
+             "--port", "{port}"]
+    Path("engine.toml").write_text(f'kind = "openai"\nserve = {json.dumps(serve)}\n')
+    r = subprocess.run([sys.executable, "-m", "strict_gate.cli", "check-engine", "engine.toml"],
+                       capture_output=True, text=True, timeout=120, env=os.environ | {"COLUMNS": "200"})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "\\x0a" not in r.stdout
+    lines = r.stdout.splitlines()
+    assert any(ln.strip() == "first log line" for ln in lines) and any(ln.strip() == "second log line" for ln in lines)
+    assert "engine-protocol.md" not in r.stdout and "What the openai arm needs from a server" in r.stdout

@@ -68,11 +68,11 @@ def test_tokens_that_move_with_requests_in_flight_fail_naming_the_variants(tmp_p
 
 
 def test_tokens_that_move_with_the_prefill_chunk_fail_naming_the_variant(tmp_path):
-    p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [0, 2, 64], "batch": [4]})))
+    p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [0, 2], "batch": [4]})))
     assert p.returncode == 5, p.stdout + p.stderr
     v = _variants(tmp_path)
     assert {n: x["verdict"] for n, x in v.items()} == {
-        "batch-4": "pass", "chunked_prefill-0": "pass", "chunked_prefill-2": "fail", "chunked_prefill-64": "pass"}
+        "batch-4": "pass", "chunked_prefill-0": "pass", "chunked_prefill-2": "fail"}
     assert v["chunked_prefill-2"]["prompts_exact"] == 0
 
 
@@ -169,3 +169,74 @@ def test_an_openai_server_under_concurrent_requests(fake_openai, tmp_path):
     v = _variants(tmp_path)
     assert v["concurrency-3"]["verdict"] == v["batch-4"]["verdict"] == "pass"
     assert v["concurrency-3"]["prompts_exact"] == 7
+
+
+# ---------------------------------------------------------------------------- issue 26, item 19: the console table
+
+
+@pytest.mark.parametrize("arms", [("candidate",), ("candidate", "reference")])
+def test_the_console_table_never_cuts_a_figure_at_80_columns(arms):
+    """128 prompts of 128 tokens over three variants: was "128/…" and "409…" in every figure
+    column of an 80-column terminal. Rendering only: the figures are the ones a run of this size has."""
+    from rich.console import Console
+
+    from strict_gate.invariance.config import InvariancePolicy
+    from strict_gate.invariance.verdict import InvarianceResult, VariantResult, VariantVerdict
+    from strict_gate.report.invariance_view import print_invariance
+
+    variants = tuple(VariantResult(n, a, (), 128, 127, 16384, 16380, 2, 1, (), VariantVerdict.PASS, seconds=10.0,
+                                   baseline_seconds=5.0)
+                     for n in ("batch-32", "concurrency-8", "chunked_prefill-256") for a in arms)
+    console = Console(width=80, record=True)
+    print_invariance(InvarianceResult(InvariancePolicy.STRICT, 0.5, {}, variants, {}), console)
+    lines = console.export_text().splitlines()
+    rows = [ln for ln in lines if " pass " in ln]
+    assert len(rows) == len(variants), lines
+    for ln in rows:
+        assert "127/128" in ln and "16380/16384" in ln and "2 (1 prompts)" in ln and "2.00x" in ln, lines
+    assert "…" not in "".join(lines) and max(map(len, lines)) <= 80
+
+
+# ---------------------------------------------------------------------------- issue 26, items 13-14: not exercised
+
+
+def _one_prompt_gate(tmp_path: Path, mode: str, invariance: dict) -> Path:
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"id": "q0", "token_ids": [3, 11, 20, 7, 2]}) + "\n", encoding="utf-8")
+    arm = {"kind": "command", "command": ["python", ENGINE, "--mode", mode], "timeout_s": 5.0}
+    return write_gate(tmp_path, prompts="one.jsonl", max_tokens=4, top_logprobs=2, output_dir="out",
+                      reference={"kind": "command", "command": ["python", ENGINE]}, candidate=arm,
+                      invariance={"policy": "strict"} | invariance)
+
+
+def test_batches_of_one_prompt_do_not_read_as_invariant(tmp_path, monkeypatch):
+    """One prompt, batch 8, needle, concurrency 4, on an engine whose tokens move only when
+    requests share a batch: every variant served the prompt alone. Was: INVARIANT, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    _one_prompt_gate(tmp_path, "in_flight", {"batch": [8], "needle": True, "concurrency": [4]})
+    p = _cli("invariance", "gate.toml")
+    assert p.returncode == 3, p.stdout + p.stderr
+    v = _variants(tmp_path)
+    assert {n: x["verdict"] for n, x in v.items()} == {"batch-8": "incomplete", "concurrency-4": "incomplete",
+                                                       "needle": "incomplete"}
+    assert all("could not exercise what it names: the prompt set has 1 prompt" in x["problems"][0]
+               for x in v.values())
+    assert "INVARIANCE INCOMPLETE (batch-8, concurrency-4, needle)" in p.stdout
+
+
+def test_a_prefill_chunk_longer_than_every_prompt_is_not_a_pass(tmp_path):
+    """chunked_prefill 256 over 5-token prompts never splits a prefill. Was: a pass, no note."""
+    p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [2, 256]})))
+    assert p.returncode == 3, p.stdout + p.stderr  # chunk 2 moved, but a variant not exercised is incomplete
+    assert "INVARIANCE INCOMPLETE (chunked_prefill-2, chunked_prefill-256)" in p.stdout
+    v = _variants(tmp_path)
+    assert v["chunked_prefill-256"]["verdict"] == "incomplete"
+    assert "no prompt is longer than 256 tokens (the longest has 5)" in v["chunked_prefill-256"]["problems"][0]
+    assert not list((tmp_path / "out").glob("*/invariance/candidate/chunked_prefill-256"))  # no engine started
+
+
+def test_a_move_under_a_prefill_chunk_is_not_called_batch_dependence(tmp_path):
+    p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [2]})))
+    assert p.returncode == 5, p.stdout + p.stderr
+    (d, *_) = _variants(tmp_path)["chunked_prefill-2"]["divergences"]
+    assert d["label"] == "prefill-chunk dependence", d  # was: "batch dependence"

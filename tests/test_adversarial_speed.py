@@ -12,6 +12,7 @@ assert verdicts and exit codes, not timings.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,60 @@ def test_an_unknown_context_is_not_claimed_beside_a_stated_one(tmp_path):
                             'rungs = ["8/4", "128/8"]')
     assert any("128/8 dropped" in n and "candidate's max context (64)" in n for n in data["notes"])
     assert not any("unknown" in n for n in data["notes"]), data["notes"]  # was: both, side by side
+
+
+# ---------------------------------------------------------------------------- issue 26, item 16: nothing measured
+
+
+def test_a_bench_that_measured_nothing_on_an_arm_is_incomplete_without_a_bar(tmp_path):
+    """The candidate dies before its first timed request, no min_speed_ratio: every rung is
+    "not measured" on it. Was: exit 0, "speed: informational"."""
+    dead = arm(HONEST).replace(f'"{HONEST}"', '"-c", "import sys; sys.exit(5)"')
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"), dead, 'rungs = ["8/4"]')
+    assert code == 3 and data["verdict"] == "incomplete", out
+    assert "nothing was measured on the candidate" in " ".join(data["speed_verdict"]["reasons"])
+
+
+def test_a_bench_whose_every_rung_was_dropped_is_incomplete_without_a_bar(tmp_path):
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"),
+                            arm(HONEST, "--per-token", "0.01", "--hello-json", '{"max_context": 8}'), 'rungs = ["8/4"]')
+    assert data["rungs"] == [] and code == 3 and data["verdict"] == "incomplete", out  # was: exit 0
+
+
+# ---------------------------------------------------------------------------- issue 26, item 18: the interval
+
+
+def test_an_inverted_interval_of_an_underflowed_estimate_does_not_raise():
+    """A reference of 1e200 tok/s against 1e-200: the estimate underflows to 0. Was:
+    ZeroDivisionError from Interval.inverted() through the Python API."""
+    from strict_gate.speed.interval import ratio_interval
+
+    i = ratio_interval([1e-200] * 4, [1e200] * 4)
+    assert i is not None and i.estimate == 0.0
+    inv = i.inverted()
+    assert inv.estimate == math.inf and inv.lower == math.inf and not inv.reached
+
+
+def test_all_equal_samples_are_not_certainty():
+    """5 x 5 identical repetitions on both arms (a timer at its resolution): was a zero-width
+    interval [1, 1] at 96.8 % that passed a bar of 1.0."""
+    from strict_gate.speed.interval import ratio_interval
+    from strict_gate.speed.model import (
+        ArmFigures,
+        Figure,
+        Method,
+        Rung,
+        RungResult,
+        SpeedVerdictKind,
+        TokenCheck,
+        judge_speed,
+    )
+
+    figs = ArmFigures(Figure((0.5,) * 5), Figure((20.0,) * 5), Figure((20.0,) * 5), tokens=4)
+    rung = RungResult(Rung("8/4", 8, 4), figs, figs, token_check=TokenCheck(checked=1))
+    verdict = judge_speed([rung], {"decode": 1.0}, method=Method.STREAM)
+    assert verdict.kind is SpeedVerdictKind.NOT_SEPARABLE and verdict.exit_code == 3
+    (reason,) = verdict.reasons
+    assert "samples tie" in reason and "runs per arm would separate" not in reason
+    i = ratio_interval([0.5] * 5, [0.5] * 5)
+    assert i is not None and i.tied and not i.reached

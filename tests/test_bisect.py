@@ -135,3 +135,62 @@ def test_the_nightly_summary_prints_the_bisect_command_from_the_history(tmp_path
 def test_bisect_is_in_the_help():
     r = runner.invoke(app, ["bisect", "--help"], terminal_width=200)
     assert r.exit_code == 0 and "--prompts-from" in r.output and sys.executable not in r.output
+
+
+SPEC_ENGINE = '''#!/usr/bin/env python
+import json
+import sys
+
+BROKEN = {broken}
+print(json.dumps({{"hello": "strict-gate/engine@1", "name": "spec", "version": "1",
+                  "capabilities": ["generate", "speculative"]}}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if req.get("op") == "shutdown":
+        break
+    spec = req.get("speculative")
+    base = req["prompt_token_ids"][-1]
+    flip = BROKEN and spec is not None and req["id"] == "p1"
+    toks = [(base + i + 1 + (500 if flip and i == 2 else 0)) % 1000 for i in range(req["max_tokens"])]
+    out = {{"id": req["id"], "token_ids": toks, "finish_reason": "length",
+           "top_logprobs": [[[t, -0.1], [(t + 1) % 1000, -5.0]] for t in toks]}}
+    if spec is not None:
+        out["speculative"] = {{"drafted": 3, "accepted": 1}}
+    print(json.dumps(out), flush=True)
+'''
+
+
+def test_bisect_finds_the_commit_that_broke_speculation_alone(tmp_path):
+    """The plain tokens never change; from commit 3 on speculation changes p1's third token. With
+    `--variant` the candidate's speculative variant runs at every step, and its exit 5 marks the
+    commit bad (steps are the tokens only without it)."""
+    from bisect_repo import PROMPTS, commit
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    shas = [commit(repo, "1: engine", **{"engine.py": SPEC_ENGINE.format(broken=False)}),
+            commit(repo, "2: docs", README="v2\n"),
+            commit(repo, "3: a faster verifier", **{"engine.py": SPEC_ENGINE.format(broken=True)}),
+            commit(repo, "4: docs", README="v4\n")]
+    (tmp_path / "ref.py").write_text(SPEC_ENGINE.format(broken=False))
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    config = tmp_path / "gate.toml"
+    config.write_text(
+        f'name = "spec-bisect"\nprompts = "{tmp_path / "p.jsonl"}"\nmax_tokens = 4\ntop_logprobs = 2\n'
+        f'policy = "strict"\noutput_dir = "{tmp_path / "reports"}"\n'
+        f'[reference]\nkind = "command"\ncommand = {json.dumps([sys.executable, str(tmp_path / "ref.py")])}\n'
+        f'[candidate]\nkind = "command"\ncommand = {json.dumps([sys.executable, str(repo / "engine.py")])}\n'
+        '[invariance]\narms = ["candidate", "reference"]\npolicy = "strict"\n'
+        'speculative = [{ method = "ngram", num_speculative_tokens = 3 }]\n')
+    r = bisect(config, "--repo", repo, "--good", shas[0], "--bad", "main", "--build", BUILD,
+               "--variant", "speculative-ngram-3")
+    assert r.exit_code == 0, r.output
+    assert f"first bad commit: {shas[2]}" in r.output
+    clean(repo, shas[3])
+    (out,) = (tmp_path / "reports").glob("spec-bisect-bisect-*/")
+    steps = {s["commit"]: s for s in json.loads((out / "bisect.json").read_text())["steps"]}
+    assert steps[shas[2]]["verdict"] == "bad" and steps[shas[2]]["exit_code"] == 5
+    assert steps[shas[0]]["verdict"] == "good"

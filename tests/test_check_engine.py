@@ -66,10 +66,13 @@ def test_a_conformant_engine_passes_every_check(tmp_path):
 
 
 def test_the_minimal_engine_passes_what_it_implements(tmp_path):
-    """No score, no token events, no ignore_eos: those are not applicable, never a pass."""
+    """No score, no token events, no ignore_eos, nothing in flight, no prefill_chunk, no dump:
+    those are not applicable, never a pass."""
     checklist = check_engine(command_arm(["python", str(MINIMAL)]), log_dir=tmp_path)
     assert statuses(checklist) == expect(ignore_eos="not_applicable", prefill_decode="not_applicable",
-                                         stream="not_applicable"), checklist.lines()
+                                         stream="not_applicable", in_flight="not_applicable",
+                                         prefill_chunk="not_applicable", dump="not_applicable",
+                                         graft="not_applicable"), checklist.lines()
     by_name = {c.name: c for c in checklist.checks}
     assert "does not implement ignore_eos" in by_name["ignore_eos"].detail
     assert "not declared, and a score request gets an error reply" in by_name["score"].detail
@@ -80,14 +83,14 @@ def test_the_cli_prints_the_checklist_and_json(tmp_path):
     toml = write_engine_toml(tmp_path / "engine.toml", CONFORMANT)
     text = cli(str(toml))
     assert text.returncode == 0, text.stderr
-    assert "15 checks: 15 pass, 0 fail, 0 n/a, 0 skipped -> exit 0" in text.stdout
+    assert "19 checks: 19 pass, 0 fail, 0 n/a, 0 skipped -> exit 0" in text.stdout
     out = cli(str(toml), "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["schema"] == "strict-gate/check-engine@1" and report["exit_code"] == 0
     assert [c["name"] for c in report["checks"]] == NAMES
     assert all(set(c) == {"name", "status", "section", "detail", "finding"} for c in report["checks"])
-    assert report["counts"] == {"pass": 15, "fail": 0, "not_applicable": 0, "skipped": 0}
+    assert report["counts"] == {"pass": 19, "fail": 0, "not_applicable": 0, "skipped": 0}
     assert report["engine"]["versions"]["conformant"] == "1.0"
 
 

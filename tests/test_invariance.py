@@ -241,3 +241,21 @@ def test_diff_reports_a_variant_that_started_to_move():
     assert diff_reports(_night([held]), _night([moved]), fail_on=(Rule.VARIANT_MOVED,)).exit_code == 1
     assert diff_reports(_night([moved]), _night([held])).regressions == ()  # it stopped moving: no regression
     assert diff_reports(_night([]), _night([moved])).regressions == ()  # new tonight: listed, not a regression
+
+
+def test_diff_treats_a_speculative_variant_like_the_others_and_shows_its_acceptance():
+    held = {"arm": "candidate", "name": "speculative-ngram-3", "verdict": "pass", "prompts_exact": 8,
+            "prompts_total": 8, "exact": True, "acceptance": {"acceptance_rate": 0.25, "drafted": 40}}
+    moved = held | {"verdict": "fail", "prompts_exact": 6, "acceptance": {"acceptance_rate": 0.5}}
+    d = diff_reports(_night([held]), _night([moved]))
+    assert [r.rule for r in d.regressions] == [Rule.VARIANT_MOVED]
+    assert "candidate speculative-ngram-3" in d.regressions[0].detail
+    (change,) = d.variants
+    assert change.old["acceptance_rate"] == 0.25 and change.new["acceptance_rate"] == 0.5
+    from strict_gate.nightly.variants_diff import markdown_lines
+
+    assert "| candidate speculative-ngram-3 | pass, 8/8 exact, acceptance 25.0% | fail, 6/8 exact, acceptance 50.0% |" \
+        in "\n".join(markdown_lines(d.variants))
+    cheaper = held | {"acceptance": {"acceptance_rate": 0.1}}  # it stopped paying: listed, not a regression
+    d = diff_reports(_night([held]), _night([cheaper]))
+    assert d.regressions == () and len(d.variants) == 1

@@ -319,7 +319,8 @@ def test_the_interval_holds_its_estimate_and_swapping_the_arms_inverts_it(cand, 
     pairs = [c / r for c in cand for r in ref]
     assert min(pairs) * (1 - 1e-9) <= i.lower and i.upper <= max(pairs) * (1 + 1e-9)
     # the widest interval (every pairwise ratio) has confidence 1 - 2 / C(m + n, m): 95 % needs C >= 40
-    assert (i.confidence >= 0.95) == (math.comb(len(cand) + len(ref), len(cand)) >= 40)
+    assert (i.confidence >= 0.95) == (math.comb(len(cand) + len(ref), len(cand)) >= 40 and not i.tied)
+    assert i.tied == (i.lower == i.upper and len(cand) * len(ref) > 1)  # ties carry no confidence (issue 26, item 18)
     swapped = Ratio.of(Figure(tuple(ref)), Figure(tuple(cand))).interval
     assert math.isclose(swapped.estimate, 1 / i.estimate, rel_tol=1e-9)
     assert math.isclose(swapped.lower, 1 / i.upper, rel_tol=1e-9) and math.isclose(swapped.upper, 1 / i.lower, rel_tol=1e-9)

@@ -100,14 +100,20 @@ def reference_records(arm: ArmConfig, ps: PromptSet, sampling: Sampling, run_dir
 
 
 def profiles_of(ps: PromptSet, records: Mapping[str, Record]) -> tuple[list[MarginProfile], list[dict]]:
-    """Margin profiles in the set's order; prompts the reference errored on are left out (listed)."""
+    """Margin profiles in the set's order; prompts the reference errored on are left out (listed),
+    and so is every copy of a prompt seen before (the same token ids): a copy flips exactly when
+    its original does, so counting it as an independent prompt would inflate the detection."""
     out, excluded = [], []
+    first: dict[tuple[int, ...], str] = {}
     for pid in ps.ids:
         rec = records.get(pid)
         if rec is None:
             raise InputError(f"the reference run has no record of prompt {pid!r}")
         if rec.error is not None:
             excluded.append({"id": pid, "error": rec.error})
+            continue
+        if (seen := first.setdefault(tuple(rec.prompt_token_ids), pid)) != pid:
+            excluded.append({"id": pid, "error": f"a copy of prompt {seen!r} (the same token ids): counted once"})
             continue
         out.append(profile(rec))
     return out, excluded
@@ -136,6 +142,10 @@ def build(pool: Pool, arm: ArmConfig, sampling: Sampling, rule: Rule, out: Path,
         prompt_flip_probabilities([], rule.scale)  # a bad --scale is refused now, not after the run
     run = reference_records(arm, pool.prompts, sampling, run_dir_for(out), progress)
     profiles, excluded = profiles_of(pool.prompts, run.records)
+    if len(profiles) < rule.size:
+        raise InputError(f"the pool holds {len(profiles)} distinct prompts the reference answered ({len(excluded)} "
+                         f"left out: errors or copies of another), fewer than --size {rule.size}",
+                         path=pool.sources[0].path)
     sigma = rule.scale if rule.scale is not None else calibrate(profiles, CALIBRATION_TARGET)
     groups = sorted({pool.groups[p.id] for p in profiles})
     coverage = rule.coverage(len(groups))

@@ -50,6 +50,10 @@ def _header(doc: dict) -> list[tuple[str, str]]:
         ("sampling", f"T = {smp.get('max_tokens')} tokens, K = {smp.get('top_logprobs')} top logprobs, "
                      f"band {doc['sensitivity'].get('band')} nats"),
     ]
+    if doc.get("excluded"):  # `score`: prompts its figures leave out
+        rows.append(("excluded", f"{len(doc['excluded'])} prompts the reference errored on or copies of another "
+                                 f"(the same token ids): the figures are over the other "
+                                 f"{len(doc['sensitivity']['prompts'])}"))
     rule, pool = doc.get("rule"), doc.get("pool")
     if pool:
         rows.append(("pool", f"{pool.get('count')} prompts, sha256 {pool.get('sha256')}"))
@@ -58,7 +62,8 @@ def _header(doc: dict) -> list[tuple[str, str]]:
         if pool.get("split"):
             rows.append(("  split", ", ".join(f"{k} {v}" for k, v in pool["split"].items())))
         if pool.get("excluded"):
-            rows.append(("  excluded", f"{len(pool['excluded'])} prompts the reference errored on"))
+            rows.append(("  excluded", f"{len(pool['excluded'])} prompts the reference errored on or copies "
+                                       "of another (the same token ids)"))
     if rule:
         rows.append(("rule", f"{rule.get('name')}: sigma {rule.get('sigma')} nats ({rule.get('sigma_from')}), "
                              f"coverage {rule.get('coverage')}, seed {rule.get('seed')}"))

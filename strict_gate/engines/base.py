@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from strict_gate.core.redact import register_env
+from strict_gate.engines.speculative import Acceptance, Speculation
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
 
 
@@ -42,6 +43,7 @@ class Serving(StrEnum):
     CONCURRENCY = "concurrency"  # generate_concurrent(): up to N requests in flight, a sliding window
     CHUNKED_PREFILL = "chunked_prefill"  # with_prefill_chunk(n): an engine that prefills n tokens at a time
     PREFIX_CACHE = "prefix_cache"  # with_prefix_cache(): an engine that reuses a served prompt's prefix
+    SPECULATIVE = "speculative"  # with_speculative(spec): an engine that drafts and verifies (engines/speculative.py)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,16 @@ class Engine(ABC):
         """This engine when it reuses cached prefixes, else one like it that does (only with
         Serving.PREFIX_CACHE)."""
         raise NotImplementedError(f"engine {self.kind!r} has no prefix cache")
+
+    def with_speculative(self, spec: Speculation) -> Engine:
+        """An engine (not started) like this one that decodes speculatively by `spec` (only with
+        Serving.SPECULATIVE)."""
+        raise NotImplementedError(f"engine {self.kind!r} cannot decode speculatively")
+
+    def acceptance(self) -> Acceptance | None:
+        """Speculative acceptance counts since start, cumulative (the variant subtracts two
+        readings); None: this engine gives none."""
+        return None
 
     @contextmanager
     def scoped_env(self):

@@ -8,6 +8,7 @@ concurrency = [8]               # requests in flight at once (servers, command e
 chunked_prefill = [0, 64, 256]  # prompt tokens prefilled per step; 0: the whole prompt in one step
 prefix_cache = true             # each prompt again after a prompt sharing all but its last token
 needle = true                   # each prompt inside a batch of others, random size and position
+speculative = [{ method = "ngram", num_speculative_tokens = 3 }]  # speculative decoding on: exact, always
 repeats = 1                     # every variant K times; distinct outputs per prompt are counted
 policy = "informational"        # strict | near-tie | informational (never changes the exit code)
 seed = 0                        # of the needle batches
@@ -15,7 +16,9 @@ seed = 0                        # of the needle batches
 
 Every value is checked when the config is read, before any engine starts: an unknown key or
 variant, batch 0, a chunk beyond the arm's context, a variant an arm's engine cannot serve,
-each an exit 2 naming the file and line.
+each an exit 2 naming the file and line. A speculative variant is judged exactly whatever the
+policy says of near-ties (a greedy speculator is lossless by construction): under a strict or
+near-tie policy any token it changes fails the variant.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Annotated
 
 from strict_gate.core.options import Checked, NonNegativeInt, Parse, PositiveInt, Rule, did_you_mean, parse_options
 from strict_gate.engines.base import Engine, Serving
+from strict_gate.engines.speculative import Speculation, read_speculations
 from strict_gate.errors import ConfigError
 
 ARMS = ("candidate", "reference")
@@ -42,6 +46,7 @@ class VariantKind(StrEnum):
     CHUNKED_PREFILL = "chunked_prefill"
     PREFIX_CACHE = "prefix_cache"
     NEEDLE = "needle"
+    SPECULATIVE = "speculative"
 
 
 # what each variant asks of an engine
@@ -51,6 +56,7 @@ SERVING = {
     VariantKind.CHUNKED_PREFILL: Serving.CHUNKED_PREFILL,
     VariantKind.PREFIX_CACHE: Serving.PREFIX_CACHE,
     VariantKind.NEEDLE: Serving.BATCH,
+    VariantKind.SPECULATIVE: Serving.SPECULATIVE,
 }
 
 
@@ -91,6 +97,7 @@ class InvarianceKeys(Checked):
     chunked_prefill: Chunks = field(default_factory=list)
     prefix_cache: bool = False
     needle: bool = False
+    speculative: Annotated[list[Speculation], Parse(read_speculations, takes=list)] = field(default_factory=list)
     repeats: PositiveInt = 1
     policy: Annotated[InvariancePolicy, Parse(check_invariance_policy, takes=str)] = InvariancePolicy.INFORMATIONAL
     seed: NonNegativeInt = 0
@@ -100,10 +107,18 @@ class InvarianceKeys(Checked):
 class Variant:
     kind: VariantKind
     size: int | None = None  # batch size, requests in flight, prefill chunk; None for the others
+    spec: Speculation | None = None  # the speculative variant's configuration
 
     @property
     def name(self) -> str:
+        if self.spec is not None:
+            return self.spec.name
         return str(self.kind) if self.size is None else f"{self.kind}-{self.size}"
+
+    @property
+    def exact(self) -> bool:
+        """Judged exactly under any failing policy: a lossless speculator flips not even a near-tie."""
+        return self.kind == VariantKind.SPECULATIVE
 
 
 BASELINE = Variant(VariantKind.BASELINE)
@@ -120,7 +135,8 @@ class InvarianceConfig:
 
     def to_json(self) -> dict:
         return {"arms": list(self.arms), "variants": [v.name for v in self.variants], "repeats": self.repeats,
-                "policy": self.policy.value, "seed": self.seed, "needle_max": self.needle_max}
+                "policy": self.policy.value, "seed": self.seed, "needle_max": self.needle_max,
+                "speculative": [v.spec.to_json() for v in self.variants if v.spec is not None]}
 
 
 def _variants(keys: InvarianceKeys) -> tuple[Variant, ...]:
@@ -129,6 +145,7 @@ def _variants(keys: InvarianceKeys) -> tuple[Variant, ...]:
     out += [Variant(VariantKind.CHUNKED_PREFILL, n) for n in keys.chunked_prefill]
     out += [Variant(VariantKind.PREFIX_CACHE)] if keys.prefix_cache else []
     out += [Variant(VariantKind.NEEDLE)] if keys.needle else []
+    out += [Variant(VariantKind.SPECULATIVE, spec=s) for s in keys.speculative]
     return tuple(out)
 
 
@@ -143,7 +160,7 @@ def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], li
     variants = _variants(keys)
     if not variants:
         raise ConfigError("[invariance] names no variant: give batch, concurrency, chunked_prefill, "
-                          "prefix_cache or needle", path=path, line=line_of("invariance"))
+                          "prefix_cache, needle or speculative", path=path, line=line_of("invariance"))
     for arm in keys.arms:
         build = arms.get(arm)
         _check_arm(arm, build() if build is not None else None, variants, line_of)

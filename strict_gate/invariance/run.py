@@ -6,7 +6,9 @@ each prefill chunk size gets an engine of its own (for vLLM a new engine; for a 
 engine the same binary, started afresh), and so does a prefix cache the arm had turned off.
 Engine start-up is timed apart, so a variant's cost is its serving time over the batch-1
 run's. Runs go through the gate's own runner (`run`, gate/arm.py's run_arm): same run format,
-same audit; a run that fails keeps its prompts and makes its variant incomplete.
+same audit; a run that fails keeps its prompts and makes its variant incomplete. A speculative
+variant gets an engine of its own too (engine.with_speculative), and its acceptance counts are
+the engine's counters read before and after its runs.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, IncompleteRunError
 from strict_gate.invariance.config import BASELINE, InvarianceConfig, Variant, VariantKind
-from strict_gate.invariance.variants import VariantEngine
-from strict_gate.invariance.verdict import InvarianceResult, VariantResult, judge_variant, not_run
+from strict_gate.invariance.variants import VariantEngine, unexercised
+from strict_gate.invariance.verdict import CAUSES, InvarianceResult, VariantResult, judge_variant, not_run
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run
 
@@ -70,6 +72,7 @@ class _Arm:
         if v is not BASELINE and self.baseline is None:
             return  # the batch-1 run failed: the variant was marked not run
         runs, problems = [], []
+        before = engine.acceptance() if v.exact else None
         t0 = time.perf_counter()
         for k, out in enumerate(_dirs(self.out, v, self.inv.repeats), start=1):
             label = f"{self.arm} {v.name}" + (f" ({k}/{self.inv.repeats})" if self.inv.repeats > 1 and v is not BASELINE
@@ -81,6 +84,8 @@ class _Arm:
                 problems.append(f"{self.arm} {v.name} engine failed: {e}")
                 runs.append(load_run(out, allow_incomplete=True))
         seconds = time.perf_counter() - t0
+        after = engine.acceptance() if v.exact else None
+        accepted = after.since(before) if after is not None and before is not None else after
         if v is BASELINE:
             self.baseline, self.baseline_s = runs[0], seconds
             if problems:  # nothing can be compared with a batch-1 run that failed
@@ -91,16 +96,18 @@ class _Arm:
         assert self.baseline is not None  # checked on entry
         self.results.append(judge_variant(v.name, self.arm, self.baseline, runs, policy=self.inv.policy,
                                           band=self.band, problems=problems, seconds=seconds,
-                                          baseline_seconds=self.baseline_s))
+                                          baseline_seconds=self.baseline_s, cause=CAUSES.get(v.kind, "batch"),
+                                          exact=v.exact, acceptance=accepted))
 
 
 def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, list[Variant]]]:
     """Which engine serves which variants, in the order they run (the base engine first)."""
     cache = base.with_prefix_cache() if any(v.kind == VariantKind.PREFIX_CACHE for v in variants) else base
-    own = [v for v in variants if v.kind != VariantKind.CHUNKED_PREFILL
+    own = [v for v in variants if v.kind not in (VariantKind.CHUNKED_PREFILL, VariantKind.SPECULATIVE)
            and not (v.kind == VariantKind.PREFIX_CACHE and cache is not base)]
     plan: list[tuple[Engine, list[Variant]]] = [(base, [BASELINE, *own])]
     plan += [(base.with_prefill_chunk(v.size or 0), [v]) for v in variants if v.kind == VariantKind.CHUNKED_PREFILL]
+    plan += [(base.with_speculative(v.spec), [v]) for v in variants if v.spec is not None]
     if cache is not base:
         plan.append((cache, [v for v in variants if v.kind == VariantKind.PREFIX_CACHE]))
     return plan
@@ -111,14 +118,16 @@ def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engin
     """Every arm of `inv.arms`: its batch-1 run, then its variants, each judged against it."""
     results: list[VariantResult] = []
     baselines = {}
+    skipped = {v: why for v in inv.variants if (why := unexercised(v, inputs)) is not None}
     for arm in inv.arms:
         a = _Arm(arm, inv, inputs, out_dir / arm, run, band)
         base = builders[arm]()
-        for engine, variants in _engines(base, inv.variants):
+        for engine, variants in _engines(base, [v for v in inv.variants if v not in skipped]):
             if a.baseline is None and BASELINE not in variants:
                 break  # the batch-1 run failed: every variant was marked not run
             a.serve(engine, variants)
-        results += a.results
+        said = {r.name for r in a.results}
+        results += a.results + [not_run(v.name, arm, why) for v, why in skipped.items() if v.name not in said]
         if a.baseline is not None:
             baselines[arm] = a.baseline.path
     order = {v.name: i for i, v in enumerate(inv.variants)}

@@ -3,7 +3,8 @@
 The gate's own runner (gate/arm.py's run_arm) drives it, so a variant's run is an ordinary run
 directory, written record by record and audited like any arm's. Only the way prompts reach
 the engine differs: one at a time (the batch-1 baseline, chunked prefill), in batches, with
-requests in flight, after a prompt that shares the prefix, or hidden in a batch of others.
+requests in flight, after a prompt that shares the prefix, or hidden in a batch of others; a
+speculative variant serves them one at a time, on an engine that drafts and verifies.
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ def needle_batches(prompts: Sequence[PromptInput], max_size: int, seed: int) -> 
         group.insert(rng.randint(0, len(group)), p)
         out.append((p, group))
     return out
+
+
+def unexercised(v: Variant, prompts: Sequence[PromptInput]) -> str | None:
+    """Why the variant, on this prompt set, cannot exercise what it names (None: it can). A batch
+    of 8 over one prompt serves batches of one; a chunk of 256 never splits a 40-token prompt: such
+    a run passes whatever the engine does, so it is incomplete, never a pass."""
+    n, longest = len(prompts), max((len(p.token_ids) for p in prompts), default=0)
+    if n < 2 and (v.kind == VariantKind.NEEDLE or (v.kind in (VariantKind.BATCH, VariantKind.CONCURRENCY)
+                                                     and (v.size or 1) > 1)):
+        return (f"{v.name} could not exercise what it names: the prompt set has {n} prompt"
+                f"{'' if n == 1 else 's'}, so every request was served alone")
+    if v.kind == VariantKind.CHUNKED_PREFILL and v.size and longest <= v.size:
+        return (f"{v.name} could not exercise what it names: no prompt is longer than {v.size} tokens (the "
+                f"longest has {longest}), so no prefill was split into chunks")
+    if v.kind == VariantKind.PREFIX_CACHE and longest < 2:
+        return f"{v.name} could not exercise what it names: no prompt has two tokens, so none shares a prefix"
+    return None
 
 
 class VariantEngine(Engine):
@@ -78,7 +96,7 @@ class VariantEngine(Engine):
             raise EngineError(f"the {self.variant.name} variant needs an engine that serves {needed}; this "
                               f"{inner.kind} engine, once started, serves {serves} (a command engine declares them "
                               "in its hello: docs/engine-protocol.md, section 5)")
-        if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL):
+        if kind in (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL, VariantKind.SPECULATIVE):
             for p in prompts:  # one prompt per call, whatever the arm's own `batch` says
                 yield from inner.generate([p], sampling)
         elif kind == VariantKind.BATCH:

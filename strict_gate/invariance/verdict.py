@@ -5,9 +5,16 @@ A prompt that moved is classified from both runs' margins, as the gate classifie
 against its reference: a flip inside the band is a batch-variant near-tie (the reduction order
 changed and two almost-equal logits swapped), beyond it a real batch dependence. `distinct
 outputs` counts the token sequences one prompt had over the batch-1 run and the variant's
-repeats. A variant whose run failed, or any prompt missing or errored, is incomplete: never a
+repeats. A variant whose run failed, that could not exercise what it names on the prompt set
+(variants.unexercised), or any prompt missing or errored, is incomplete: never a
 pass. Under the informational policy (the default) the figures are reported and the exit code
 stays the token verdict's.
+
+A speculative variant is exact: under a strict or near-tie policy any token it changes fails it,
+a flipped near-tie too (verification recomputes the very logits the plain run chose from; a
+near-tie that flips says its verify pass sums in another order, worth seeing). Its acceptance
+counts ride along; counts that say it drafted nothing make it incomplete (speculation was never
+exercised), counts that are absent leave acceptance unknown.
 """
 
 from __future__ import annotations
@@ -16,15 +23,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import ExitCode
-from strict_gate.invariance.config import InvariancePolicy
+from strict_gate.invariance.config import InvariancePolicy, VariantKind
 from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status, compare_runs
 from strict_gate.runs.records import Run
 
 # how far a prompt moved: its worst status over a variant's repeats is the one reported
 _RANK = {Status.MATCH: 0, Status.NEAR_TIE: 1, Status.DIVERGENT: 2, Status.LENGTH_MISMATCH: 2,
          Status.NOT_GREEDY: 3, Status.TOKENIZATION_MISMATCH: 3, Status.MISSING: 4, Status.ERROR: 4}
-LABELS = {Status.NEAR_TIE: "batch-variant near-tie", Status.DIVERGENT: "batch dependence"}
+LABELS = {Status.NEAR_TIE: "{}-variant near-tie", Status.DIVERGENT: "{} dependence"}
+# what a variant varies, named in its labels ("batch" for the rest): a move under a prefill
+# chunk is no batch dependence
+CAUSES = {VariantKind.CHUNKED_PREFILL: "prefill-chunk", VariantKind.PREFIX_CACHE: "prefix-cache"}
+EXACT_LABELS = {Status.NEAR_TIE: "speculation flipped a near-tie (a lossless speculator flips none)",
+                Status.DIVERGENT: "speculation changed a token",
+                Status.NOT_GREEDY: "speculation emitted a token that is not its own argmax"}
 
 
 class VariantVerdict(StrEnum):
@@ -48,10 +62,14 @@ class Moved:
     reason: str
     baseline_tokens: tuple[int, ...] = ()  # both sequences, for the report's agreement strip
     variant_tokens: tuple[int, ...] = ()
+    cause: str = "batch"  # what the variant varied (CAUSES)
+    exact: bool = False  # of a speculative variant
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.status, str(self.status))
+        if self.exact:
+            return EXACT_LABELS.get(self.status, str(self.status))
+        return LABELS[self.status].format(self.cause) if self.status in LABELS else str(self.status)
 
     def to_json(self) -> dict:
         return {"id": self.id, "run": self.run, "status": self.status.value, "label": self.label,
@@ -77,6 +95,8 @@ class VariantResult:
     problems: tuple[str, ...] = ()
     seconds: float | None = None  # wall clock of the variant's runs (engine start excluded)
     baseline_seconds: float | None = None
+    exact: bool = False  # a speculative variant: no near-tie allowance
+    acceptance: Acceptance | None = None  # its acceptance counts; None: unknown
 
     @property
     def cost(self) -> float | None:
@@ -98,7 +118,8 @@ class VariantResult:
                 "problems": list(self.problems),
                 "seconds": None if self.seconds is None else round(self.seconds, 3),
                 "baseline_seconds": None if self.baseline_seconds is None else round(self.baseline_seconds, 3),
-                "cost": None if self.cost is None else round(self.cost, 3)}
+                "cost": None if self.cost is None else round(self.cost, 3), "exact": self.exact,
+                "acceptance": None if self.acceptance is None else self.acceptance.to_json()}
 
 
 @dataclass(frozen=True)
@@ -147,22 +168,32 @@ def _tokens(run: Run, pid: str) -> tuple[int, ...]:
     return () if rec is None or rec.error is not None else tuple(rec.token_ids)
 
 
-def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run]) -> Moved:
+def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str, exact: bool) -> Moved:
     d = p.first_divergence
     return Moved(p.id, k, p.status, d.position if d else None, d.reference_token if d else None,
                  d.candidate_token if d else None, d.reference_gap if d else None,
                  d.candidate_gap if d else None, d.reason if d else p.detail,
-                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id))
+                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact)
 
 
-def _fails(status: Status, policy: InvariancePolicy) -> bool:
-    allowed = (Status.MATCH, Status.NEAR_TIE) if policy == InvariancePolicy.NEAR_TIE else (Status.MATCH,)
+def _fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
+    near_ok = policy == InvariancePolicy.NEAR_TIE and not exact
+    allowed = (Status.MATCH, Status.NEAR_TIE) if near_ok else (Status.MATCH,)
     return status not in allowed
+
+
+def _acceptance_problem(name: str, acc: Acceptance | None) -> str | None:
+    """Counts that say nothing was drafted: speculation was never exercised, nothing is proven."""
+    if acc is None or acc.drafted > 0 or (acc.replies == 0 and acc.drafts is None):
+        return None
+    return (f"{name}: the engine drafted no token over the whole run (its counts say drafted 0): speculation "
+            "was not exercised, so the run proves nothing about it")
 
 
 def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, policy: InvariancePolicy,
                   band: float, problems: Sequence[str] = (), seconds: float | None = None,
-                  baseline_seconds: float | None = None) -> VariantResult:
+                  baseline_seconds: float | None = None, cause: str = "batch", exact: bool = False,
+                  acceptance: Acceptance | None = None) -> VariantResult:
     """Every run of the variant against the batch-1 run, prompt by prompt, its worst run reported."""
     ids = list(baseline.manifest.prompt_ids or baseline.records)
     worst: dict[str, tuple[PromptComparison, int]] = {}
@@ -180,19 +211,23 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
     for label, run in (("batch-1 run", baseline), *((f"run {k}", r) for k, r in enumerate(runs, start=1))):
         if not run.complete and not any(run.manifest.error and run.manifest.error in p for p in problems):
             problems.append(f"{name} {label} is {run.manifest.status}: {run.manifest.error or 'not finished'}")
+    idle = _acceptance_problem(name, acceptance) if exact and not problems else None
+    problems += [idle] if idle else []
     statuses = [p.status for p, _ in worst.values()]
     if problems or not runs or any(s in UNCOMPARED for s in statuses):
         verdict = VariantVerdict.INCOMPLETE
     else:
-        verdict = VariantVerdict.FAIL if any(_fails(s, policy) for s in statuses) else VariantVerdict.PASS
+        verdict = VariantVerdict.FAIL if any(_fails(s, policy, exact) for s in statuses) else VariantVerdict.PASS
     return VariantResult(
         name=name, arm=arm, runs=tuple(r.path for r in runs), prompts_total=len(ids),
         prompts_exact=sum(1 for s in statuses if s == Status.MATCH) if runs else 0,
         positions_total=sum(width.values()), positions_matched=sum(matched.values()),
         distinct_outputs=max(distinct.values(), default=0),
         prompts_distinct=sum(1 for n in distinct.values() if n > 1),
-        divergences=tuple(_moved(p, k, baseline, runs) for p, k in worst.values() if p.status != Status.MATCH),
+        divergences=tuple(_moved(p, k, baseline, runs, cause, exact) for p, k in worst.values()
+                          if p.status != Status.MATCH),
         verdict=verdict, problems=tuple(problems), seconds=seconds, baseline_seconds=baseline_seconds,
+        exact=exact, acceptance=acceptance,
     )
 
 

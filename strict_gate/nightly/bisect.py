@@ -3,13 +3,16 @@
 Each step builds the candidate's checkout with the user's command and runs the gate against a
 stored reference (the config's recorded baseline, or the live reference run once before the
 bisection, into the bisect directory: vLLM is never reloaded), tokens only (no [speed], no
-drift, no teacher-forced diagnosis: nothing that loads another engine). The gate's exit code
+drift, no teacher-forced diagnosis, no [invariance], no [localize]: nothing that loads another
+engine or judges anything but the tokens), unless `--variant NAME` asks to bisect on one
+[invariance] variant of the candidate (a commit where it moves is bad). The gate's exit code
 becomes git's: pass -> good (0), fail -> bad (1), an engine failure or incomplete gate, or a
 build that fails -> skip (125), bad input -> abort (128, the message kept). Both ends are
 tested first: a --good that fails or a --bad that passes is bad input, not a bisection.
 
 The repository is left as it was: `git bisect reset` (or a checkout of the original HEAD)
-runs in a `finally`, after the step process group is stopped, on Ctrl-C too.
+runs in a `finally`, after the step process group is stopped, on Ctrl-C too; and when bisect
+itself is killed (SIGKILL: no `finally` runs), by a watchdog (bisect_watch.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from strict_gate.engines.recorded import RecordedOptions
-from strict_gate.errors import InputError, StrictGateError
+from strict_gate.errors import ExitCode, InputError, StrictGateError
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.run import new_report_dir, run_gate
+from strict_gate.invariance.config import InvarianceConfig, InvariancePolicy
 from strict_gate.judge.stored import load_report
+from strict_gate.nightly.bisect_watch import Watchdog
 from strict_gate.runs.records import write_text_atomic
 
 BISECT_FILE = "bisect.json"
@@ -47,7 +52,9 @@ class StepVerdict(StrEnum):
 
 
 GIT_CODE = {StepVerdict.GOOD: 0, StepVerdict.BAD: 1, StepVerdict.SKIP: 125, StepVerdict.ABORT: 128}
-VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP}
+# 5: an [invariance] variant moved (a speculative run changed a token): as bad as a flip
+VERDICT_OF_EXIT = {0: StepVerdict.GOOD, 1: StepVerdict.BAD, 2: StepVerdict.ABORT, 3: StepVerdict.SKIP,
+                   5: StepVerdict.BAD}
 
 
 @dataclass(frozen=True)
@@ -169,12 +176,27 @@ def _stored_reference(cfg: GateConfig, prompts: Path, out: Path) -> Path:
     return out / "reference"
 
 
-def step_config(cfg: GateConfig, prompts: Path, reference: Path, out: Path) -> GateConfig:
-    """The gate each step runs: tokens only, against the stored reference."""
+def only_variant(cfg: GateConfig, name: str) -> InvarianceConfig:
+    """The config's [invariance] cut to the candidate's variant `name`, judged strictly unless
+    the config says near-tie (informational would never fail a step); else bad input."""
+    inv = cfg.invariance
+    if inv is None:
+        raise InputError(f"--variant {name!r}: the gate has no [invariance] table", path=cfg.path)
+    chosen = [v for v in inv.variants if v.name == name]
+    if not chosen:
+        raise InputError(f"--variant {name!r} is not one of the [invariance] variants: "
+                         + ", ".join(v.name for v in inv.variants), path=cfg.path)
+    policy = InvariancePolicy.STRICT if inv.policy == InvariancePolicy.INFORMATIONAL else inv.policy
+    return replace(inv, arms=("candidate",), variants=tuple(chosen), policy=policy)
+
+
+def step_config(cfg: GateConfig, prompts: Path, reference: Path, out: Path, variant: str | None = None) -> GateConfig:
+    """The gate each step runs: tokens only (or with one variant), against the stored reference."""
     recorded = ArmConfig("reference", "recorded", RecordedOptions(path=str(reference.resolve())),
                          base_dir=cfg.reference.base_dir)
     return replace(cfg, prompts=prompts, reference=recorded, rescorer=None, diagnose=False, drift=False,
-                   speed=None, output_dir=out / "steps")
+                   speed=None, localize=None, invariance=None if variant is None else only_variant(cfg, variant),
+                   output_dir=out / "steps")
 
 
 # ---------------------------------------------------------------------------- one step
@@ -199,7 +221,7 @@ def run_step(state_path: Path) -> int:
 def _gate_step(commit: str, state: dict, out: Path) -> Step:
     try:
         cfg = load_gate_config(state["config"])
-        cfg = step_config(cfg, Path(state["prompts"]), Path(state["reference"]), out)
+        cfg = step_config(cfg, Path(state["prompts"]), Path(state["reference"]), out, state.get("variant"))
         outcome = run_gate(cfg)
     except StrictGateError as e:
         verdict = VERDICT_OF_EXIT.get(e.exit_code, StepVerdict.SKIP)
@@ -207,7 +229,8 @@ def _gate_step(commit: str, state: dict, out: Path) -> Step:
     except Exception as e:  # an engine bug at this commit: it cannot be judged here
         return Step(commit, StepVerdict.SKIP, 3, None, f"{type(e).__name__}: {e}")
     code = outcome.result.exit_code
-    verdict = VERDICT_OF_EXIT.get(code, StepVerdict.SKIP)
+    moved = {ExitCode.NOT_INVARIANT: StepVerdict.BAD} if state.get("variant") else {}
+    verdict = (VERDICT_OF_EXIT | moved).get(code, StepVerdict.SKIP)
     return Step(commit, verdict, code, str(outcome.report_dir), "" if verdict is not StepVerdict.SKIP
                 else "; ".join(outcome.result.problems) or "the gate was incomplete")
 
@@ -223,10 +246,13 @@ def _steps(out: Path) -> list[Step]:
     return [Step(**{**d, "verdict": StepVerdict(d["verdict"])}) for d in map(json.loads, lines)]
 
 
-def _endpoint(repo: Path, state: Path, sha: str, flag: str, want: StepVerdict) -> None:
+def _endpoint(repo: Path, state: Path, sha: str, flag: str, want: StepVerdict, watchdog: Watchdog) -> None:
     git(repo, "checkout", "-q", "--detach", sha)
-    run_step(state)
-    step = _steps(state.parent)[-1]
+    _in_group([sys.executable, "-m", "strict_gate.nightly.bisect", str(state)], repo, watchdog)
+    steps = _steps(state.parent)
+    if not steps:
+        raise InputError(f"{flag} {sha[:12]}: the step recorded nothing")
+    step = steps[-1]
     if step.verdict is not want:
         said = {StepVerdict.GOOD: "passes the gate", StepVerdict.BAD: "fails the gate"}.get(
             step.verdict, f"cannot be judged ({step.message})")
@@ -234,11 +260,11 @@ def _endpoint(repo: Path, state: Path, sha: str, flag: str, want: StepVerdict) -
                          f"to bisect between them" + (f"; its report: {step.report_dir}" if step.report_dir else ""))
 
 
-def _bisect_run(repo: Path, state: Path) -> str:
-    """`git bisect run` on the step, in its own process group, stopped with us."""
-    cmd = ["git", "bisect", "run", sys.executable, "-m", "strict_gate.nightly.bisect", str(state)]
+def _in_group(cmd: list[str], repo: Path, watchdog: Watchdog) -> str:
+    """`cmd` in its own process group, named to the watchdog, stopped with us; its output."""
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    watchdog.group(proc.pid)
     try:
         output, _ = proc.communicate()
     except BaseException:
@@ -261,8 +287,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_bisect(cfg: GateConfig, *, repo: Path, good: str, bad: str, build: str,
-               prompts_from: Path | None = None, output_dir: Path | None = None) -> BisectOutcome:
+               prompts_from: Path | None = None, output_dir: Path | None = None,
+               variant: str | None = None) -> BisectOutcome:
     """Bisect `repo` between good and bad; writes <output_dir>/<name>-bisect-<stamp>/bisect.json."""
+    if variant is not None:
+        only_variant(cfg, variant)  # bad input before anything is checked out
     root, good_sha, bad_sha = check_repo(repo, good, bad)
     ids = failing_prompts(prompts_from) if prompts_from is not None else None
     out = new_report_dir(output_dir or cfg.output_dir, f"{cfg.name}-bisect").resolve()
@@ -271,20 +300,24 @@ def run_bisect(cfg: GateConfig, *, repo: Path, good: str, bad: str, build: str,
     write_text_atomic(state, json.dumps({
         "repo": str(root), "out": str(out), "build": build, "config": str(Path(cfg.path).resolve()),
         "prompts": str(Path(prompts).resolve()), "reference": str(_stored_reference(cfg, prompts, out).resolve()),
+        "variant": variant,
     }))
     original, started = _original_head(root), False
+    watchdog = Watchdog(root, original)  # restores the repository should we be killed
     try:
-        _endpoint(root, state, bad_sha, "--bad", StepVerdict.BAD)
-        _endpoint(root, state, good_sha, "--good", StepVerdict.GOOD)
+        _endpoint(root, state, bad_sha, "--bad", StepVerdict.BAD, watchdog)
+        _endpoint(root, state, good_sha, "--good", StepVerdict.GOOD, watchdog)
         git(root, "checkout", "-q", original)
         git(root, "bisect", "start", bad_sha, good_sha)
         started = True
-        output = _bisect_run(root, state)
+        output = _in_group(["git", "bisect", "run", sys.executable, "-m", "strict_gate.nightly.bisect", str(state)],
+                           root, watchdog)
     finally:
         if started:
             git(root, "bisect", "reset", check=False)
         else:
             git(root, "checkout", "-q", original, check=False)
+        watchdog.done()
     return _finish(root, out, good_sha, bad_sha, build, output)
 
 

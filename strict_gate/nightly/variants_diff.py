@@ -3,7 +3,8 @@ tonight (fewer prompts equal to the arm's batch-1 run, or a verdict that got wor
 
 Read from report.json's `invariance.variants[]` (no engine, no torch). A variant only one night
 ran is listed as added or removed, never as a regression; a report without the object has no
-variants to compare.
+variants to compare. A speculative variant is compared the same way (exact prompts, verdict);
+its acceptance rate rides along, so a night whose speculation stopped paying is listed too.
 """
 
 from __future__ import annotations
@@ -56,7 +57,18 @@ def _variants(report: dict, path: str) -> dict[tuple[str, str], dict]:
             raise InputError(f"invariance.variants[{i}] needs arm, name, verdict ({', '.join(_ORDER)}), "
                              "prompts_exact and prompts_total", path=path)
         out[(v["arm"], v["name"])] = {k: v[k] for k in ("verdict", "prompts_exact", "prompts_total")}
+        rate = _rate(v.get("acceptance"))
+        if rate is not None:
+            out[(v["arm"], v["name"])]["acceptance_rate"] = rate
     return out
+
+
+def _rate(acceptance: object) -> float | None:
+    """A speculative variant's acceptance rate, when its report gives one (a number in [0, 1])."""
+    rate = acceptance.get("acceptance_rate") if isinstance(acceptance, dict) else None
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 <= rate <= 1:
+        return float(rate)
+    return None
 
 
 def variant_changes(old: dict, new: dict, *, old_path: str = "old", new_path: str = "new") -> tuple[VariantChange, ...]:
@@ -74,7 +86,10 @@ def markdown_lines(changes: tuple[VariantChange, ...]) -> list[str]:
         return []
 
     def cell(x: dict | None) -> str:
-        return "not run" if x is None else f"{x['verdict']}, {x['prompts_exact']}/{x['prompts_total']} exact"
+        if x is None:
+            return "not run"
+        rate = f", acceptance {x['acceptance_rate']:.1%}" if "acceptance_rate" in x else ""
+        return f"{x['verdict']}, {x['prompts_exact']}/{x['prompts_total']} exact{rate}"
 
     out = ["### Invariance variants", "", "| variant | last night | tonight | |", "|---|---|---|---|"]
     out += [f"| {md(c.label)} | {cell(c.old)} | {cell(c.new)} | {'started to move' if c.started_moving else ''} |"

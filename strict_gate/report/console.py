@@ -119,6 +119,11 @@ def print_speed(view: speed_view.SpeedView, console: Console) -> None:
         console.print(Text(f"  {visible(line)}"))
 
 
+def _lines(text: str) -> str:
+    """Escaped, its own newlines kept as indented lines (a server's log tail), never \\x0a."""
+    return visible(text, keep_newlines=True).replace("\n", "\n    ")
+
+
 def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
     console = console or Console()
     r = scrub_obj(r)
@@ -131,7 +136,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         if len(bad) > ROWS:
             console.print(f"... {len(bad) - ROWS} more non-matching prompts in the report")
     for line in missing_lines(r.comparison.prompts):
-        console.print(Text(visible(line)))
+        console.print(Text(_lines(line)))
     counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != Status.MATCH)
     console.print(
         Text.assemble(
@@ -144,7 +149,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     if r.drift is not None:
         console.print(Text(f"  {visible(console_line(r.drift))}"))
     for reason in v.reasons[:6]:
-        console.print(Text(f"  {visible(reason)}"))
+        console.print(Text(f"  {_lines(reason)}"))
     view = speed_view.of(r)
     if view is not None:
         print_speed(view, console)

@@ -47,6 +47,32 @@ def row(v: VariantResult) -> tuple[str, ...]:
             _cost(v))
 
 
+SPEC_HEAD = ("speculative variant", "arm", "tokens", "drafted", "accepted", "acceptance", "mean accepted length",
+             "time (batch-1 run)")
+
+
+def _counts(v: VariantResult) -> tuple[str, str, str, str]:
+    a = v.acceptance
+    if a is None or (a.replies == 0 and a.drafts is None):  # no counter, or every reply came without counts
+        return ("unknown",) * 4
+    some = f" ({a.replies}/{a.replies + a.replies_without} replies)" if a.replies_without else ""
+    mean = "–" if a.mean_accepted_length is None else f"{a.mean_accepted_length:.2f}"
+    return (f"{a.drafted}{some}", str(a.accepted), "–" if a.rate is None else f"{a.rate:.1%}", mean)
+
+
+def speculation_row(v: VariantResult) -> tuple[str, ...]:
+    """Lossless, and worth it? Tokens against the plain run, the engine's counts, the time."""
+    equal = "equal" if v.prompts_exact == v.prompts_total and not v.problems else "MOVED" \
+        if v.divergences else "incomplete"
+    time = "–" if v.seconds is None or v.baseline_seconds is None else \
+        f"{v.seconds:.3g} s ({v.baseline_seconds:.3g} s, {_cost(v)})"
+    return (v.name, v.arm, f"{equal}, {v.prompts_exact}/{v.prompts_total} exact", *_counts(v), time)
+
+
+def _speculative(inv: InvarianceResult) -> list[VariantResult]:
+    return [v for v in inv.variants if v.exact]
+
+
 def _why(m: Moved) -> str:
     gaps = ", ".join(f"{k} gap {x:.4f}" for k, x in (("batch-1", m.baseline_gap), ("variant", m.variant_gap))
                      if x is not None)
@@ -62,6 +88,11 @@ def markdown_section(inv: InvarianceResult) -> list[str]:
     out += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     out += ["| " + " | ".join(md(c) for c in row(v)) + " |" for v in inv.variants]
     out.append("")
+    if spec := _speculative(inv):
+        out += ["Speculative decoding, judged exactly (a lossless speculator flips not even a near-tie); counts "
+                "as the engine reports them; mean accepted length: tokens per verification step, the "
+                "verifier's own included.", "", "| " + " | ".join(SPEC_HEAD) + " |", "|" + "---|" * len(SPEC_HEAD)]
+        out += ["| " + " | ".join(md(c) for c in speculation_row(v)) + " |" for v in spec] + [""]
     for v in inv.variants:
         if v.divergences or v.problems:
             out += [f"### {md(v.arm)} {md(v.name)}", ""]
@@ -78,15 +109,21 @@ _STYLE = {VariantVerdict.PASS: "bold green", VariantVerdict.FAIL: "bold red", Va
 
 
 def console_table(inv: InvarianceResult) -> Table:
-    t = Table(title=Text("invariance", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t = Table(title=Text("invariance", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
     one_arm = len({v.arm for v in inv.variants}) <= 1  # then the arm is said once, in the title
     if one_arm and inv.variants:
         t.title = Text(f"invariance ({inv.variants[0].arm})", no_wrap=True)
-    for h in HEAD:
-        if not (one_arm and h == "arm"):
-            t.add_column(h, no_wrap=h in ("variant", "verdict", "cost"))
-    for v in inv.variants:
-        cells = [Text(visible(c)) for i, c in enumerate(row(v)) if not (one_arm and i == 1)]
+    heads = [h for h in HEAD if not (one_arm and h == "arm")]
+    short = {"candidate": "cand", "reference": "ref"}  # the arm in few columns: the figures need them
+    rows = [[visible(short.get(c, c) if i == 1 else c) for i, c in enumerate(row(v)) if not (one_arm and i == 1)]
+            for v in inv.variants]
+    for k, h in enumerate(heads):
+        if h in ("variant", "arm"):  # a long name folds onto a second line where 80 columns are too few
+            t.add_column(h, overflow="fold", min_width=min(len(h), 9))
+        else:  # a figure is never cut ("128/…"): its column is fixed to its widest cell or header word
+            t.add_column(h, width=max([len(r[k]) for r in rows] + [len(w) for w in h.split()]))
+    for v, texts in zip(inv.variants, rows, strict=True):
+        cells = [Text(c, no_wrap=heads[k] not in ("variant", "arm")) for k, c in enumerate(texts)]
         cells[1 if one_arm else 2].stylize(_STYLE[v.verdict])
         t.add_row(*cells)
     return t
@@ -95,6 +132,11 @@ def console_table(inv: InvarianceResult) -> Table:
 def print_invariance(inv: InvarianceResult, console: Console) -> None:
     """The variants table, then the invariance verdict on its own line and what moved first."""
     console.print(console_table(inv))
+    for v in _speculative(inv):
+        cells = dict(zip(SPEC_HEAD, speculation_row(v)))
+        console.print(Text(visible(f"  {v.name}: tokens {cells['tokens']}; drafted {cells['drafted']}, accepted "
+                                   f"{cells['accepted']} ({cells['acceptance']}), mean accepted length "
+                                   f"{cells['mean accepted length']}; time {cells['time (batch-1 run)']}")))
     console.print(Text.assemble((inv.verdict.value.upper(), _STYLE[inv.verdict]), f"  {visible(inv.verdict_line)}"))
     for v in inv.variants:
         for p in v.problems[:2]:
@@ -127,6 +169,11 @@ def html_section(inv: InvarianceResult) -> str:
         probs = "".join(f"<li>problem: {escape(p)}</li>" for p in v.problems)
         if items or probs:
             strips.append(f"<h3>{escape(v.arm)} {escape(v.name)}</h3><ul>{probs}{items}</ul>")
+    spec = _speculative(inv)
+    if spec:
+        shead = "".join(f"<th>{escape(h)}</th>" for h in SPEC_HEAD)
+        srows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in speculation_row(v)) + "</tr>" for v in spec)
+        rows += f"</table><table class='speed'><tr>{shead}</tr>{srows}"
     return (f"<h2 id='invariance'>Invariance</h2><p class='speedv {escape(inv.verdict.value)}'>"
             f"{escape(inv.verdict_line)}</p><p class='none'>Each variant against the arm's own batch-1 run; one "
             f"strip per prompt that moved (hover a cell for the tokens).</p><table class='speed'><tr>{head}</tr>"
@@ -144,7 +191,8 @@ def junit_cases(suite: ET.Element, inv: InvarianceResult, cls: str) -> None:
             ET.SubElement(case, "failure", message=visible(f"{v.name} moved")).text = why
         elif inv.policy != InvariancePolicy.INFORMATIONAL and v.verdict == VariantVerdict.INCOMPLETE:
             ET.SubElement(case, "error", message=visible(f"{v.name} incomplete")).text = why
-        ET.SubElement(case, "system-out").text = visible(" | ".join(row(v)))
+        out = " | ".join(row(v)) + ("\n" + " | ".join(speculation_row(v)) if v.exact else "")
+        ET.SubElement(case, "system-out").text = visible(out, keep_newlines=True)
 
 
 def _junit(inv: InvarianceResult, name: str) -> str:

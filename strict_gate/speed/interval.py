@@ -9,6 +9,8 @@ independent draws from one distribution (no drift: why bench can interleave the 
 the two distributions differ by a factor (a shift of log time); ties count as if broken at
 random. Few repetitions cannot reach LEVEL at all (3 x 3 at most 90 %): the interval is then
 the widest one (every pairwise ratio) with the confidence it has, and it never separates.
+Ties do not shrink the uncertainty: an interval whose ends are equal (all samples equal, a
+timer's resolution) has no confidence at all, never certainty.
 
 Swapping the arms inverts everything exactly (1/x, ends swapped): the logs only change sign.
 """
@@ -35,13 +37,20 @@ class Interval:
     upper: float
     confidence: float  # what the interval achieves: >= LEVEL, or less when the runs are too few
     log_sd: float | None  # the pooled standard deviation of log samples (None: one sample per arm)
+    tied: bool = False  # its ends are equal over several ratios: the samples tie, and it says nothing
 
     @property
     def reached(self) -> bool:
         return self.confidence >= LEVEL - 1e-12
 
     def inverted(self) -> Interval:
-        return Interval(1.0 / self.estimate, 1.0 / self.upper, 1.0 / self.lower, self.confidence, self.log_sd)
+        return Interval(_inv(self.estimate), _inv(self.upper), _inv(self.lower), self.confidence, self.log_sd,
+                        self.tied)
+
+
+def _inv(x: float) -> float:
+    """1 / x over [0, inf]: an estimate that underflowed to 0 inverts to inf, not a ZeroDivisionError."""
+    return math.inf if x == 0 else 0.0 if math.isinf(x) else 1.0 / x
 
 
 @lru_cache(maxsize=256)
@@ -98,7 +107,9 @@ def ratio_interval(candidate: Sequence[float], reference: Sequence[float]) -> In
         return None
     d = sorted(x - y for x in c for y in r)
     k, confidence = _k(len(c), len(r))
-    return Interval(_exp(statistics.median(d)), _exp(d[k - 1]), _exp(d[-k]), confidence, _pooled_sd(c, r))
+    tied = len(d) > 1 and d[k - 1] == d[-k]  # ties broken at random could put the ratio anywhere near: no confidence
+    return Interval(_exp(statistics.median(d)), _exp(d[k - 1]), _exp(d[-k]), 0.0 if tied else confidence,
+                    _pooled_sd(c, r), tied)
 
 
 def _exp(x: float) -> float:
@@ -113,8 +124,8 @@ def runs_needed(interval: Interval, bar: float, runs: int) -> int | None:
     """Repetitions per arm that would likely separate the estimate from `bar`, from the spread:
     the interval's half-width shrinks as sqrt(2 / n) x Z x sd (x HL's efficiency factor).
     One run has no spread: MIN_RUNS, the fewest that can reach LEVEL. None: the estimate is at
-    the bar, and no number of runs is likely to separate them."""
-    if not (math.isfinite(bar) and bar > 0 and math.isfinite(interval.estimate)):
+    the bar, or its samples tie (no spread to estimate from)."""
+    if interval.tied or not (math.isfinite(bar) and bar > 0 and math.isfinite(interval.estimate)):
         return None
     gap = abs(math.log(interval.estimate) - math.log(bar))
     if gap == 0:

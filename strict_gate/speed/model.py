@@ -374,7 +374,8 @@ def _reason(check: SpeedCheck, rung: RungResult) -> str:
         " (two-request decode is held against e2e: it cannot tell a slow max_tokens=1 request from fast decoding)")
     if check.outcome is CheckOutcome.BELOW:
         return f"rung {check.rung}: {what} {shown} < {bar}x{held}"
-    short = "" if i.reached else f", which reach only {i.confidence:.0%} confidence, not {LEVEL:.0%}"
+    short = ("" if i.reached else ", whose samples tie (every ratio the same): ties carry no confidence"
+             if i.tied else f", which reach only {i.confidence:.0%} confidence, not {LEVEL:.0%}")
     more = (f"; about {check.runs_needed} runs per arm would separate it (estimated from the spread)"
             if check.runs_needed else "; the spread does not say how many runs would separate it")
     return (f"rung {check.rung}: {what} {shown} is not separable from the bar {bar}x at {runs} "
@@ -388,20 +389,32 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float], 
     flattering mismatch or unverified timed tokens make it not comparable. Without a bar there
     is no verdict, but what blocks one is still said."""
     blocked = blockers(rungs, mismatches)
+    void = _unmeasured_arms(rungs)
     if not min_speed_ratio:
-        return SpeedVerdict(SpeedVerdictKind.INFORMATIONAL, {}, reasons=tuple(blocked))
+        kind = SpeedVerdictKind.INCOMPLETE if void else SpeedVerdictKind.INFORMATIONAL
+        return SpeedVerdict(kind, {}, reasons=tuple(blocked + void))
     checks = [c for rung in rungs for key, bar in min_speed_ratio.items() for c in _checks(rung, key, bar, method)]
     by_name = {r.rung.name: r for r in rungs}
-    reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed]))
+    reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed] + void))
     outcomes = {c.outcome for c in checks}
-    if not rungs:
-        reasons.append("no rung was measured")
     kind = (SpeedVerdictKind.NOT_COMPARABLE if blocked
-            else SpeedVerdictKind.INCOMPLETE if not rungs or CheckOutcome.NOT_MEASURED in outcomes
+            else SpeedVerdictKind.INCOMPLETE if void or CheckOutcome.NOT_MEASURED in outcomes
             else SpeedVerdictKind.FAIL if CheckOutcome.BELOW in outcomes
             else SpeedVerdictKind.NOT_SEPARABLE if CheckOutcome.NOT_SEPARABLE in outcomes
             else SpeedVerdictKind.PASS)
     return SpeedVerdict(kind, dict(min_speed_ratio), tuple(checks), tuple(reasons))
+
+
+def _unmeasured_arms(rungs: Sequence[RungResult]) -> list[str]:
+    """A bench that measured nothing on an arm is incomplete, bar or no bar (issue 26, item 16)."""
+    if not rungs:
+        return ["no rung was measured"]
+    out = []
+    for role in ("reference", "candidate"):
+        figs = [getattr(r, role) for r in rungs]
+        if not any(f is not None and any(f.figure(n).samples for n in FigureName) for f in figs):
+            out.append(f"nothing was measured on the {role}: every rung is not measured")
+    return out
 
 
 def _r(x: float | None) -> float | None:

@@ -2,8 +2,11 @@
 """An engine that does everything docs/engine-protocol.md asks, for check-engine's tests.
 
 The minimal engine's toy model (32 tokens, logits from the sum of the ids, exact ties between t
-and t + 17), plus score, token events, ignore_eos, timing and the hello's facts. Computed in
-float64, so score and generate agree exactly. The tests/engines/check_*.py engines subclass
+and t + 17), plus score, token events, ignore_eos, timing, the hello's facts, requests in
+flight (max_in_flight 4, answered in turn), prefill_chunk (the toy has no prefill to split),
+and dump with graft: a one-layer toy (embed, layers.0 = 2 x its input + 1, norm, logits),
+written as safetensors by hand (the engine needs nothing outside the standard library).
+Computed in float64, so score and generate agree exactly. The tests/engines/check_*.py engines subclass
 Conformant and break one thing each (tests/test_adversarial_check_engine.py).
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import sys
 import time
 from typing import ClassVar
@@ -26,8 +30,37 @@ def log_softmax(x: list[float]) -> list[float]:
     return [v - lse for v in x]
 
 
+def write_safetensors(path: str, tensors: dict[str, list[list[float]]]) -> None:
+    header, blobs, at = {}, [], 0
+    for name, rows in tensors.items():
+        blob = struct.pack(f"<{sum(map(len, rows))}f", *(x for r in rows for x in r))
+        header[name] = {"dtype": "F32", "shape": [len(rows), len(rows[0])], "data_offsets": [at, at + len(blob)]}
+        blobs.append(blob)
+        at += len(blob)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def read_safetensors(path: str) -> dict[str, list[list[float]]]:
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    out = {}
+    for name, meta in json.loads(data[8 : 8 + n]).items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        flat = struct.unpack(f"<{(b - a) // 4}f", data[8 + n + a : 8 + n + b])
+        w = meta["shape"][1]
+        out[name] = [list(flat[i : i + w]) for i in range(0, len(flat), w)]
+    return out
+
+
 class Conformant:
-    capabilities: ClassVar[list[str]] = ["generate", "score", "stream"]
+    capabilities: ClassVar[list[str]] = ["generate", "score", "stream", "dump", "graft", "prefill_chunk"]
+    max_in_flight = 4
 
     def __init__(self) -> None:
         self.proto = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol keeps the real stdout
@@ -52,7 +85,7 @@ class Conformant:
     def hello(self) -> dict:
         return {"hello": "strict-gate/engine@1", "name": "conformant", "version": "1.0",
                 "capabilities": self.capabilities, "dtype": "float64", "eager": True, "kv_cache": "none",
-                "prefix_cache": False, "max_context": 4096}
+                "prefix_cache": False, "max_context": 4096, "max_in_flight": self.max_in_flight}
 
     def send(self, obj: dict) -> None:
         self.proto.write(json.dumps(obj) + "\n")
@@ -105,12 +138,30 @@ class Conformant:
             ids.append(tok)
         return {"id": req["id"], "steps": steps}
 
+    def points(self, ids: list[int], graft: dict | None) -> dict[str, list[list[float]]]:
+        """Every point at every position of the one-layer toy."""
+        embed = [[float(t), float(p), 1.0, 0.0] for p, t in enumerate(ids)]
+        fed = graft["embed"] if graft else embed
+        layer = [[2 * x + 1 for x in row] for row in fed]
+        return {"embed": embed, "layers.0": layer, "norm": [[x / 10 for x in row] for row in layer],
+                "logits": [self.logprobs(ids[: p + 1]) for p in range(len(ids))]}
+
+    def dump(self, req: dict) -> dict:
+        graft = read_safetensors(req["graft"]) if req.get("graft") and "graft" in self.capabilities else None
+        every = self.points(req["prompt_token_ids"], graft)
+        names = [n for n in (req.get("points") or every) if n in every]
+        path = os.path.join(req["directory"], "activations.safetensors")
+        write_safetensors(path, {n: [every[n][p] for p in req["positions"]] for n in names})
+        return {"id": req["id"], "path": path, "points": names}
+
     def answer(self, req: dict) -> dict:
         op = req.get("op")
         if op == "generate":
             return self.generate(req)
         if op == "score" and "score" in self.capabilities:
             return self.score(req)
+        if op == "dump" and "dump" in self.capabilities:
+            return self.dump(req)
         return {"id": req.get("id"), "error": f"unsupported op {op!r}"}
 
     def handle(self, line: str) -> None:

@@ -7,6 +7,8 @@ its top-k alternatives the next ids with falling logprobs. What a server does is
   Mode.DIE    like IDS, but the server stops listening on request number die_after + 1
   Mode.STATUS every completion answers HTTP `status` (503: retried; 400: not retried); with
               quote_auth its error message quotes the Authorization header it was sent
+  Mode.IGNORE_IDS  a text-only server (vllm.cpp's): a prompt of token ids is silently ignored
+              (the empty prompt is completed, `usage.prompt_tokens` 1), tokens as text, no logprobs
 plus delay (seconds before each answer), pace ((ttft, per_token): a server of known speed),
 prompt_logprobs (off: a server that cannot score) and events (a file that gets a line per request).
 
@@ -40,6 +42,7 @@ class Mode(enum.Enum):
     TEXT = "text"
     DIE = "die"
     STATUS = "status"
+    IGNORE_IDS = "ignore_ids"
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,12 @@ class _Handler(BaseHTTPRequestHandler):
         if b.mode is Mode.STATUS:
             quoted = f" (sent {self.headers.get('Authorization')})" if b.quote_auth else ""
             self._send(b.status, {"error": {"message": f"fake error {b.status}{quoted}", "code": b.status}})
+            return
+        if b.mode is Mode.IGNORE_IDS:
+            gen = [fake_token([], i) for i in range(body["max_tokens"])]
+            self._send(200, {"object": "text_completion", "model": MODEL, "usage": {
+                "prompt_tokens": 1, "completion_tokens": len(gen), "total_tokens": 1 + len(gen)}, "choices": [
+                {"index": 0, "text": "".join(f"tok{t}" for t in gen), "finish_reason": "length", "logprobs": None}]})
             return
         choice, gen, prompt = _completion(b, body)
         if body.get("stream"):

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -28,6 +29,7 @@
 
 #include "json.hpp"
 #include "llama.hpp"
+#include "speculative.hpp"
 
 namespace {
 
@@ -153,9 +155,11 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 class Engine {
  public:
-  Engine(llama::Model& m, Prefill mode, std::vector<long long> eos) : m_(m), mode_(mode), eos_(std::move(eos)) {}
+  Engine(llama::Model& m, Prefill mode, std::vector<long long> eos, spec::Bug bug = spec::Bug::None)
+      : m_(m), mode_(mode), eos_(std::move(eos)), bug_(bug) {}
 
   Value generate(const Value& req, const Value& id) {
+    if (spec::read_request(req).k > 0) return generate_speculative(req, id);  // speculative.hpp
     const int V = m_.c.vocab;
     const std::vector<int> prompt = token_ids(req, "prompt_token_ids", V);
     const long long max_tokens = integer(req, "max_tokens", -1, 1), k = integer(req, "top_logprobs", 0, 0);
@@ -202,6 +206,55 @@ class Engine {
     return out;
   }
 
+  // Speculative decoding (a request with "speculative"): the same prefill and the same first
+  // token, then speculative.hpp's draft-and-verify loop, whose verify rows are computed with the
+  // decode path's arithmetic. The reply adds "speculative": {"drafted", "accepted", "drafts"}.
+  Value generate_speculative(const Value& req, const Value& id) {
+    const int V = m_.c.vocab;
+    const spec::Request sr = spec::read_request(req);
+    const std::vector<int> prompt = token_ids(req, "prompt_token_ids", V);
+    const long long max_tokens = integer(req, "max_tokens", -1, 1), k = integer(req, "top_logprobs", 0, 0);
+    const bool stream = flag(req, "stream");
+    if (prompt.empty()) throw std::runtime_error("\"prompt_token_ids\" is empty");
+    // the plain rule: a draft is never longer than the tokens still to emit minus one, so a verify
+    // pass writes no position beyond the last one plain decoding would reach
+    if (prompt.size() + max_tokens - 1 > size_t(m_.c.max_pos))
+      throw std::runtime_error(std::to_string(prompt.size()) + " prompt ids + max_tokens " + std::to_string(max_tokens) +
+                               " do not fit max_position_embeddings " + std::to_string(m_.c.max_pos));
+    const std::set<long long> eos = request_eos(req);
+    const auto t0 = std::chrono::steady_clock::now();
+    double ttft = 0;
+    json::Array toks, tops;
+    bool stopped = false;
+    auto emit = [&](const float* row, int forced) {
+      const std::vector<double> lp = log_softmax(row, V);
+      std::vector<int> top = best(lp, std::max<long long>(k, 1));
+      const int tok = forced >= 0 ? forced : top[0];  // greedy: the argmax, the lowest id on an exact tie
+      if (std::find(top.begin(), top.end(), tok) == top.end()) top.push_back(tok);  // the chosen token is listed
+      toks.push_back(tok);
+      if (k > 0) tops.push_back(pairs(lp, top));
+      if (toks.size() == 1) ttft = since(t0);
+      if (stream) send(json::Object{{"event", "token"}, {"id", id}, {"token_id", tok}});
+      stopped = stopped || eos.count(tok) > 0;
+      return tok;
+    };
+    auto greedy = [&](const float* row) { return best(log_softmax(row, V), 1)[0]; };
+    auto forward = [&](const std::vector<int>& feed, int start) {
+      return m_.forward(feed, start, 0, llama::dot_sequential);  // the decode path's arithmetic
+    };
+    auto left = [&]() { return stopped ? 0 : int(max_tokens - (long long)toks.size()); };
+    const std::vector<float> logits = prefill(prompt, int(prompt.size()) - 1);
+    std::vector<int> seq = prompt;
+    seq.push_back(emit(logits.data(), -1));
+    const spec::Stats st = spec::decode(seq, int(prompt.size()), sr, bug_, V, forward, greedy, emit, left);
+    json::Object out{{"id", id}, {"prompt_token_ids", *req.find("prompt_token_ids")}, {"token_ids", toks},
+                     {"finish_reason", stopped ? "stop" : "length"}};
+    if (k > 0) out.emplace_back("top_logprobs", tops);
+    out.emplace_back("timing", json::Object{{"ttft_s", ttft}, {"total_s", since(t0)}});
+    out.emplace_back("speculative", json::Object{{"drafted", st.drafted}, {"accepted", st.accepted}, {"drafts", st.drafts}});
+    return out;
+  }
+
   // Teacher forcing: prompt + continuation[:-1] through the prompt path; step j is the
   // distribution at position len(prompt) - 1 + j, i.e. given everything before continuation[j].
   Value score(const Value& req, const Value& id) {
@@ -229,6 +282,21 @@ class Engine {
   llama::Model& m_;
   const Prefill mode_;
   const std::vector<long long> eos_;
+  const spec::Bug bug_;  // a planted speculation bug (tests only); None in normal use
+
+  // The request's eos_token_ids when it has them, else the model's; none under ignore_eos.
+  std::set<long long> request_eos(const Value& req) const {
+    std::set<long long> eos;
+    if (flag(req, "ignore_eos")) return eos;
+    const Value* e = req.find("eos_token_ids");
+    if (!e || e->is(Kind::Null)) return std::set<long long>(eos_.begin(), eos_.end());
+    if (!e->is(Kind::Array)) throw std::runtime_error("\"eos_token_ids\" must be a list of token ids");
+    for (const Value& t : e->a) {
+      if (!t.is(Kind::Int) || t.i < 0) throw std::runtime_error("\"eos_token_ids\" must be a list of token ids");
+      eos.insert(t.i);
+    }
+    return eos;
+  }
 
   // The prompt path: toks at positions 0..n-1 (the cache is overwritten from 0, so nothing of
   // an earlier request is seen), the logits of positions logits_from..n-1.
@@ -296,19 +364,28 @@ int main(int argc, char** argv) {
   }
   if (model_dir.empty()) return usage("--model DIR is required (a directory with config.json and model.safetensors)");
   if (prefill != "batched" && prefill != "stepwise") return usage(("--prefill " + prefill + ": not batched or stepwise").c_str());
+  const char* planted = std::getenv("STRICT_GATE_CPP_SPEC_BUG");  // tests only: speculative.hpp
+  const std::string bug_name = planted ? planted : "";
+  spec::Bug bug;
+  try {
+    bug = spec::bug_named(bug_name);
+  } catch (const std::exception& e) {
+    return usage(e.what());
+  }
   try {
     llama::Model model(model_dir);
     const std::vector<long long> eos = model_eos(model_dir);
-    Engine engine(model, prefill == "batched" ? Prefill::Batched : Prefill::Stepwise, eos);
+    Engine engine(model, prefill == "batched" ? Prefill::Batched : Prefill::Stepwise, eos, bug);
     json::Array eos_json(eos.begin(), eos.end());
     const std::string kv = "float32, " + std::to_string(model.c.max_pos) + " tokens";
     send(json::Object{
         {"hello", PROTOCOL}, {"name", "strict-gate-cpp"}, {"version", VERSION}, {"model", model_dir},
-        {"capabilities", json::Array{"generate", "score", "stream"}},
+        {"capabilities", json::Array{"generate", "score", "stream", "speculative"}},
         {"versions", json::Object{{"compiler", __VERSION__}, {"c++", std::to_string(__cplusplus)}}},
         {"settings", json::Object{{"prefill", prefill}, {"dtype", "float32"}, {"threads", 1},
                                   {"logprobs", "full vocabulary, log_softmax in double"},
-                                  {"tied_head", model.c.tied}, {"model_eos_token_ids", eos_json}}},
+                                  {"tied_head", model.c.tied}, {"model_eos_token_ids", eos_json},
+                                  {"speculative", bug_name.empty() ? "ngram (prompt lookup)" : "PLANTED BUG " + bug_name}}},
         // facts the speed arm's matched-config check compares (docs/engine-protocol.md, section 5)
         {"dtype", "float32"}, {"eager", true}, {"kv_cache", kv}, {"prefix_cache", false},
         {"max_context", model.c.max_pos}});

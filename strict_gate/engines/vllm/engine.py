@@ -68,6 +68,7 @@ from strict_gate.core.model_files import find_tokenizer_json, model_digest, port
 from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving
 from strict_gate.engines.process import signals_deferred
+from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, metric_counters
 from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
 from strict_gate.engines.vllm.outputs import output_record, scored_steps
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
@@ -169,7 +170,7 @@ class VLLMEngine(Engine):
     can_score = True
     can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
     can_dump = True  # hooks in the worker through LLM.apply_model (engines/vllm/dump.py); no grafting
-    servings = frozenset({Serving.BATCH, Serving.CHUNKED_PREFILL, Serving.PREFIX_CACHE})
+    servings = frozenset({Serving.BATCH, Serving.CHUNKED_PREFILL, Serving.PREFIX_CACHE, Serving.SPECULATIVE})
     log_libraries = ("vllm", "transformers")
 
     def __init__(self, options: VLLMOptions, env=None, base_dir="."):
@@ -433,6 +434,20 @@ class VLLMEngine(Engine):
             return self
         args = dict(self.options.engine_args) | {"enable_prefix_caching": True}
         return VLLMEngine(replace(self.options, engine_args=args), self.env, self.base_dir)
+
+    def with_speculative(self, spec: Speculation) -> VLLMEngine:
+        """`speculative_config` set to `spec`, and vLLM's statistics on (its spec-decode counters)."""
+        args = dict(self.options.engine_args) | {"speculative_config": spec.to_json(), "disable_log_stats": False}
+        return VLLMEngine(replace(self.options, engine_args=args), self.env, self.base_dir)
+
+    def acceptance(self) -> Acceptance | None:
+        """vLLM's spec-decode counters (process-wide, cumulative); None before start or without them."""
+        if self._llm is None or "speculative_config" not in self.options.engine_args:
+            return None
+        try:
+            return counters_acceptance(metric_counters(self._llm.get_metrics()))
+        except Exception:  # statistics off, or a vLLM without get_metrics: acceptance unknown
+            return None
 
     def speed_settings(self) -> dict:
         return vllm_speed_settings(self.options, self._effective or {}, self.model_path)

@@ -10,7 +10,8 @@ import enum
 from dataclasses import dataclass
 
 SCHEMA = "strict-gate/check-engine@1"
-PAGE = "docs/engine-protocol.md"
+PAGE = "docs/engine-protocol.md"  # the command protocol's page: for command engines
+OTHER_PAGE = "README.md, section \"Engines\" (what each kind needs; openai: \"What the openai arm needs from a server\")"
 DETAIL_CHARS = 1200  # an engine's stderr tail is quoted in a failure; the checklist keeps its start
 
 
@@ -72,11 +73,15 @@ class Checklist:
         out = [f"check-engine: {e.get('kind')} engine, model {e.get('model')}" + (f" ({versions})" if versions else ""),
                f"prompts: {self.prompts}", f"tolerance: {self.tolerance}", f"engine log: {self.log}", ""]
         width = max(len(c.name) for c in self.checks)
+        pad = " " * (width + 12)
         for c in self.checks:
-            out.append(f"  {c.status.label:<8} {c.name:<{width}}  {c.detail}")
+            first, *rest = c.detail.splitlines() or [""]  # an engine's log tail: its own lines
+            out.append(f"  {c.status.label:<8} {c.name:<{width}}  {first}")
+            out += [pad + line for line in rest]
             if c.status is Status.FAIL:
                 what = "an engine finding, not a protocol error; see" if c.finding else "read"
-                out.append(f"  {'':<8} {'':<{width}}  -> {what} {PAGE}, section {c.section}")
+                where = f"{PAGE}, section {c.section}" if e.get("kind") == "command" else OTHER_PAGE
+                out.append(f"{pad}-> {what} {where}")
         n = self.counts()
         out += ["", f"{len(self.checks)} checks: {n['pass']} pass, {n['fail']} fail, {n['not_applicable']} n/a, "
                     f"{n['skipped']} skipped -> exit {self.exit_code}"]

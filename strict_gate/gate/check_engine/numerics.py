@@ -56,8 +56,8 @@ class Tolerance:
 
     def describe(self) -> str:
         if self.dtype is None:
-            return (f"{self.nats:g} nats: the dtype is not stated, so the loosest tolerance; state `dtype` "
-                    "in the hello or pass --dtype for a tighter check")
+            how = "state `dtype` in the hello or pass --dtype" if self.source == "the hello" else "pass --dtype"
+            return f"{self.nats:g} nats: the dtype is not stated, so the loosest tolerance; {how} for a tighter check"
         if dtype_bits(self.dtype) is None:
             return f"{self.nats:g} nats: dtype {self.dtype!r} ({self.source}) is outside the vocabulary, so the loosest"
         return f"{self.nats:g} nats for {self.dtype} ({self.source})"

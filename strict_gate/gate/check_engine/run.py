@@ -18,6 +18,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import scrub
 from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, EngineError
+from strict_gate.gate.check_engine.capabilities import dump, graft, in_flight, prefill_chunk
 from strict_gate.gate.check_engine.checklist import Check, Checklist, Status, clip
 from strict_gate.gate.check_engine.generation import (
     determinism,
@@ -59,6 +60,10 @@ CHECKS = (
     Spec("ties", "4 generate (exact ties at the argmax)", ties),
     Spec("score", "4 score", score),
     Spec("prefill_decode", "4 score (prefill and decode)", prefill_decode, finding=True),
+    Spec("in_flight", "5 (requests in flight: max_in_flight)", in_flight, protocol_only=True, finding=True),
+    Spec("prefill_chunk", "5 (requests in flight: prefill_chunk)", prefill_chunk, protocol_only=True, finding=True),
+    Spec("dump", "4 dump", dump),
+    Spec("graft", "4 dump (graft)", graft),
     Spec("stream", "5 (token events)", stream, protocol_only=True),
     Spec("unknown_op", "4 hello (an op you do not know)", unknown_op, protocol_only=True),
     Spec("malformed", "4 generate (a request you cannot read)", malformed, protocol_only=True),

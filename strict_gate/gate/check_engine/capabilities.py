@@ -1,0 +1,151 @@
+"""The checks of what a command engine's hello declares beyond generate and score: requests in
+flight (`max_in_flight` above 1), `prefill_chunk`, `dump` and `graft`.
+
+A declared capability nobody sends is a claim nobody checked: a gate's invariance variants and
+`strict-gate localize` would be the first to use it, and trust it. Each check sends what those
+send. Requests in flight and a prefill chunk must give the greedy check's tokens (a flip inside
+the tolerance is said, beyond it is a finding: the tokens depend on how they were served). A
+dump goes through the localiser's own audit (strict_gate/localize/capture.py), and its
+`logits`, where given, must choose the tokens the engine generated. A graft of the engine's own
+layer inputs must give its own dump back, and a graft of other inputs must change it: a graft
+that is ignored passes the first only.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from strict_gate.engines.base import DumpRequest, Serving
+from strict_gate.errors import EngineError
+from strict_gate.gate.check_engine.checklist import Status
+from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe, Skipped, first_difference
+from strict_gate.runs.records import Record
+
+Verdict = tuple[Status, str]
+GRAFT_REL = 1e-2  # a graft of its own inputs is the same computation: it must come back this close
+GRAFT_SCALE = 1.5  # the other inputs: its own, scaled
+
+
+def _compare(what: str, got: dict[str, Record], runs: dict[str, Record], probe: Probe) -> Verdict:
+    """Tokens served another way against the greedy check's: equal, a flip within tolerance, or a finding."""
+    notes = []
+    for pid, rec in got.items():
+        want = runs[pid]
+        if rec.error is not None:
+            raise Failed(f"{what}: prompt {pid!r}: the engine answered an error: {rec.error!r}")
+        i = first_difference(want.token_ids, rec.token_ids)
+        if i is None:
+            continue
+        if i >= min(len(want.token_ids), len(rec.token_ids)):
+            raise Failed(f"{what}: prompt {pid!r} ends at {len(rec.token_ids)} tokens, not {len(want.token_ids)}")
+        a, b = want.logprob_at(i, want.token_ids[i]), want.logprob_at(i, rec.token_ids[i])
+        gap = None if a is None or b is None else a - b
+        said = (f"prompt {pid!r} position {i}: {want.token_ids[i]} alone, {rec.token_ids[i]} {what} (the "
+                f"alone run's gap " + ("unknown" if gap is None else f"{gap:.3g} nats") + ")")
+        if gap is None or gap > probe.tolerance.nats:
+            raise Failed(f"the tokens depend on how they are served: {said}; tolerance {probe.tolerance.nats:g}")
+        notes.append(said)
+    n = sum(len(r.token_ids) for r in got.values())
+    if notes:
+        return Status.PASS, f"{len(got)} prompts {what}: a flip within the tolerance: " + "; ".join(notes[:2])
+    return Status.PASS, f"{len(got)} prompts {what}: the greedy check's {n} tokens"
+
+
+def in_flight(probe: Probe) -> Verdict:
+    command = probe.command
+    n = int((command.hello or {}).get("max_in_flight", 1)) if command is not None else 1
+    if command is None or Serving.BATCH not in command.servings or n < 2:
+        return Status.NOT_APPLICABLE, "max_in_flight is 1: one request at a time"
+    runs = probe.need_runs()
+    prompts = [probe.prompt(pid) for pid in runs][:n]
+    probe.start()
+    try:
+        got = {r.id: r for r in command.generate_batch(prompts, SAMPLING)}
+    except EngineError as e:
+        raise Failed(f"{len(prompts)} requests in flight (max_in_flight {n}): {e}") from None
+    return _compare(f"in flight together ({len(prompts)} of max_in_flight {n})", got, runs, probe)
+
+
+def prefill_chunk(probe: Probe) -> Verdict:
+    command = probe.command
+    if command is None or Serving.CHUNKED_PREFILL not in command.servings:
+        return Status.NOT_APPLICABLE, "\"prefill_chunk\" is not declared"
+    runs = probe.need_runs()
+    longest = max(len(probe.prompt(pid).token_ids) for pid in runs)
+    if longest < 2:
+        raise Skipped("no prompt of two tokens or more: no prefill can be split")
+    chunk = max(1, longest // 3)
+    chunked = command.with_prefill_chunk(chunk)
+    try:
+        chunked.start()
+        got = {r.id: r for pid in runs for r in chunked.generate([probe.prompt(pid)], SAMPLING)}
+    except EngineError as e:
+        raise Failed(f"prefill_chunk {chunk}: {e}") from None
+    finally:
+        chunked.close()
+    return _compare(f"with prefill_chunk {chunk} (the longest prompt {longest} tokens)", got, runs, probe)
+
+
+def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, positions, graft=None) -> dict:
+    from strict_gate.localize.capture import capture
+
+    request = DumpRequest(ids, points, tuple(positions), where / name, graft)
+    probe.start()
+    try:
+        return capture(probe.engine, request)
+    except EngineError as e:
+        raise Failed(f"dump ({name}): {e}") from None
+
+
+def dump(probe: Probe) -> Verdict:
+    if not probe.engine.can_dump:
+        return Status.NOT_APPLICABLE, "\"dump\" is not declared"
+    pid, rec = next(iter(probe.need_runs().items()))
+    ids = probe.prompt(pid).token_ids + rec.token_ids
+    positions = range(max(0, len(ids) - 8), len(ids))
+    with tempfile.TemporaryDirectory(prefix="strict-gate-check-dump-") as tmp:
+        tensors = _dump(probe, Path(tmp), "dump", ids, None, positions)
+    prompt_len = len(probe.prompt(pid).token_ids)
+    logits = tensors.get("logits")
+    if logits is not None:
+        for row, p in enumerate(positions):
+            k = p + 1 - prompt_len  # the generated token chosen from position p
+            if 0 <= k < len(rec.token_ids) and logits[row][rec.token_ids[k]] < logits[row].max():
+                raise Failed(f"dump of prompt {pid!r}: logits at position {p} put {int(logits[row].argmax())} above "
+                             f"{rec.token_ids[k]}, the token generate chose there: the dump is not of this computation")
+    return Status.PASS, (f"{len(tensors)} points at {len(positions)} positions, audited"
+                         + ("; its logits choose the generated tokens" if logits is not None else "; no logits"))
+
+
+def graft(probe: Probe) -> Verdict:
+    if not probe.engine.can_graft:
+        return Status.NOT_APPLICABLE, "\"graft\" is not declared"
+    from safetensors.torch import save_file
+
+    from strict_gate.localize.points import layer_inputs
+
+    pid, rec = next(iter(probe.need_runs().items()))
+    ids = probe.prompt(pid).token_ids + rec.token_ids
+    every = range(len(ids))
+    with tempfile.TemporaryDirectory(prefix="strict-gate-check-graft-") as tmp:
+        where = Path(tmp)
+        own = _dump(probe, where, "own", ids, None, every)
+        inputs = {k: v.contiguous() for k, v in own.items() if k in layer_inputs(own)}
+        outputs = [k for k in own if k.startswith("layers.")]
+        if "embed" not in inputs or not outputs:
+            raise Failed(f"a dump of every point holds {sorted(own)}: no embed or no layer to graft")
+        save_file(inputs, str(where / "own.safetensors"))
+        save_file({k: v * GRAFT_SCALE for k, v in inputs.items()}, str(where / "other.safetensors"))
+        same = _dump(probe, where, "grafted-own", ids, tuple(outputs), every, where / "own.safetensors")
+        other = _dump(probe, where, "grafted-other", ids, tuple(outputs), every, where / "other.safetensors")
+    for k in outputs:
+        rel = float((same[k] - own[k]).abs().max()) / (float(own[k].abs().max()) or 1.0)
+        if rel > GRAFT_REL:
+            raise Failed(f"a graft of its own layer inputs changes {k} (max rel {rel:.3g}): the graft is not fed "
+                         "where docs/engine-protocol.md says")
+    if all(bool((other[k] == own[k]).all()) for k in outputs):
+        raise Failed(f"a graft of other layer inputs (its own x {GRAFT_SCALE}) changes none of {len(outputs)} layer "
+                     "outputs: the graft is ignored")
+    return Status.PASS, (f"its own layer inputs grafted give its own {len(outputs)} layer outputs back; other inputs "
+                         "change them")
