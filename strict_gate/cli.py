@@ -260,6 +260,39 @@ def invariance(
 
 @app.command()
 @_fail_cleanly
+def noise(
+    config: Annotated[Path, typer.Argument(help="capture config or gate TOML: its [reference] is profiled")],
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="the K-run baseline (default: a recorded "
+                                                  "reference's, else baselines/<name> when there)")] = None,
+    batch: Annotated[list[int] | None, typer.Option("--batch", min=1, help="batch sizes against batch 1 (default 8)")] = None,
+    chunk: Annotated[list[int] | None, typer.Option("--chunk", min=1, help="prefill chunk sizes, where served")] = None,
+    against: Annotated[list[str] | None, typer.Option("--against", help="a second build: a run directory or "
+                                                      "CONFIG[:arm]")] = None,
+    prefill: Annotated[bool, typer.Option("--prefill-decode/--no-prefill-decode")] = True,
+    runs: Annotated[int | None, typer.Option("--runs", "-k", min=2, help="K live runs when there is no baseline")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="default: noise.json in the baseline")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where the live runs go")] = None,
+) -> None:
+    """Measure the reference against itself (K runs, batch, prefill/decode, chunks, a second build)
+    into a sealed noise profile (docs/noise.md). Exit 0, 2 bad input, 3 an engine failed."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.noise import measure_noise
+    from strict_gate.report.noise_view import profile_lines
+    from strict_gate.report.text import visible
+
+    cfg = load_gate_config(config, require_candidate=False)
+    progress, hook = _progress()
+    with progress:
+        outcome = measure_noise(cfg, plan_batch=batch or [8], chunks=chunk or [], prefill=prefill,
+                                against=against or [], baseline=baseline, runs=runs, out=out, output_dir=output_dir,
+                                progress=hook)
+    for line in profile_lines(outcome.profile):
+        console.print(visible(line), soft_wrap=True)
+    console.print(f"  profile: {visible(str(outcome.path))}; runs: {visible(str(outcome.report_dir))}")
+
+
+@app.command()
+@_fail_cleanly
 def run(
     engine_config: Annotated[Path, typer.Argument(help="engine TOML (kind, options, [env]) or a gate config")],
     prompts: Annotated[Path, typer.Option("--prompts", "-p", help="prompt set .jsonl")],

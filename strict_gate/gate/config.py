@@ -20,9 +20,11 @@ from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.localize import LocalizeConfig, parse_localize
+from strict_gate.gate.noise_band import NoiseSetting, noise_setting
 from strict_gate.invariance.config import InvarianceConfig, parse_invariance
-from strict_gate.judge.compare import DEFAULT_BAND, check_band
+from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.policy import Policy, check_policy
+from strict_gate.noise.band import check_gate_band
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
 from strict_gate.speed.config import SpeedConfig, parse_speed
@@ -41,7 +43,7 @@ class GateKeys(Checked):
     max_tokens: PositiveInt = 16
     top_logprobs: TopLogprobs = 5
     policy: Annotated[Policy, Parse(check_policy, takes=str)] = Policy.AUTO
-    band: Annotated[float, Parse(check_band)] = DEFAULT_BAND
+    band: Annotated[float | str, Parse(check_gate_band)] = DEFAULT_BAND  # or "measured" (docs/noise.md)
     greedy_tolerance: Annotated[float, Bound(ge=0, unit="nats"), Parse(float)] = DEFAULT_GREEDY_TOLERANCE
     output_dir: str = "reports"
     diagnose: bool = True
@@ -50,6 +52,7 @@ class GateKeys(Checked):
     rescorer: dict | None = None
     speed: dict | None = None
     invariance: dict | None = None
+    noise: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class GateConfig:
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
     localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
     invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)
+    noise: NoiseSetting | None = None  # the reference's noise profile ([noise], band = "measured"; docs/noise.md)
 
     @property
     def speed_reference(self) -> ArmConfig:
@@ -190,6 +194,8 @@ def parse_gate_config(
     localize = parse_localize(data["localize"], lines.finder("localize"),
                               lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
     invariance = _invariance(data["invariance"], arms, lines) if "invariance" in data else None
+    noise = noise_setting(keys.band, keys.noise, arms["reference"], prompts if prompts.is_absolute() else base_dir / prompts,
+                          path=path, line_of=lambda k: lines.find(k, "noise") or lines.find(k))
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
@@ -197,7 +203,7 @@ def parse_gate_config(
         max_tokens=keys.max_tokens,
         top_logprobs=keys.top_logprobs,
         policy=keys.policy,
-        band=keys.band,
+        band=noise.measured.value if noise is not None and noise.measured is not None else keys.band,
         greedy_tolerance=keys.greedy_tolerance,
         output_dir=Path(keys.output_dir),
         diagnose=keys.diagnose,
@@ -208,6 +214,7 @@ def parse_gate_config(
         speed=speed,
         localize=localize,
         invariance=invariance,
+        noise=noise,
     )
 
 

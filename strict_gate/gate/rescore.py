@@ -20,6 +20,7 @@ from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
 from strict_gate.gate.judgement import cross_judge, judge
+from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.run import GateOutcome, build_rescorer
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
@@ -98,5 +99,5 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     finally:
         candidate.close()
     result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
-    write_reports(result, report_dir)
+    write_reports(with_noise(result, cfg.noise), report_dir)
     return GateOutcome(result, report_dir)

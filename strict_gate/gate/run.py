@@ -24,6 +24,7 @@ from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
+from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
 from strict_gate.judge.drift import DriftReport, measure_drift
@@ -451,6 +452,7 @@ def _write_phase(result: GateResult, g: _Gate) -> GateResult:
     from strict_gate.report import write_reports
 
     report = g.report
+    result = with_noise(result, g.cfg.noise)
     result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)),
                                  report.path)
     record_verdicts(report, g.state, verdicts(result), result.exit_code)

@@ -68,6 +68,12 @@ class SecondVerdict(Protocol):
     def to_json(self) -> dict: ...
 
 
+class NoiseNote(Protocol):
+    """What a GateResult needs of the noise judgement (strict_gate/noise/annotate.py): its JSON."""
+
+    def to_json(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class GateResult:
     name: str
@@ -94,6 +100,7 @@ class GateResult:
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
     localization: dict[str, Localization] = field(default_factory=dict)  # prompt id -> where it first differs
     invariance: SecondVerdict | None = None  # the [invariance] variants (strict_gate/invariance)
+    noise: NoiseNote | None = None  # the candidate's flips against the reference's noise profile (strict_gate/noise)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -216,4 +223,4 @@ def to_json(r: GateResult) -> dict:
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
         "drift": r.drift.to_json() if r.drift is not None else None,
         "invariance": r.invariance.to_json() if r.invariance is not None else None,
-    }
+    } | ({"noise": r.noise.to_json()} if r.noise is not None else {})  # the key only with a noise profile

@@ -11,7 +11,7 @@ from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.cascade import Later, later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, matched_drift
-from strict_gate.report import invariance_view, speed_view
+from strict_gate.report import invariance_view, noise_view, speed_view
 from strict_gate.report.drift_view import console_line
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, visible
@@ -175,5 +175,8 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         print_speed(view, console)
     if (inv := invariance_view.of(r)) is not None:
         invariance_view.print_invariance(inv, console)
+    if (nz := noise_view.of(r)) is not None:
+        for line in noise_view.console_lines(nz):
+            console.print(Text(f"  {visible(line)}"))
     if report_dir:
         console.print(Text(visible(f"  report: {report_dir}/{ReportFile.MARKDOWN}")))

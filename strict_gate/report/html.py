@@ -10,7 +10,7 @@ from __future__ import annotations
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, status_label, to_json
-from strict_gate.report import invariance_view, later_view, speed_view
+from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.localization import html_section
@@ -201,6 +201,7 @@ def render(r: GateResult) -> str:
 {_matching(matching)}
 {_speed(speed)}
 {invariance_view.html_section(inv) if (inv := invariance_view.of(r)) is not None else ""}
+{noise_view.html_section(nz) if (nz := noise_view.of(r)) is not None else ""}
 {"<h2>Side by side</h2>" if details else ""}{''.join(details)}
 {_engines(r)}
 <p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>

@@ -13,7 +13,7 @@ from xml.etree import ElementTree as ET
 from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult
-from strict_gate.report import invariance_view, later_view, speed_view
+from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import junit_properties
 from strict_gate.report.text import visible
 
@@ -25,6 +25,8 @@ def _text(s: str) -> str:
 def render(r: GateResult) -> str:
     verdicts = {v.id: v for v in r.verdict.prompts}
     speed = speed_view.of(r)
+    nz = noise_view.of(r)
+    placed = {f.id: f for f in nz.flips} if nz is not None else {}
     cls = visible(f"strict-gate.{r.name}")
     suite = ET.Element("testsuite", name=cls, tests="0", failures="0", errors="0", skipped="0")  # counted last
     props = ET.SubElement(suite, "properties")
@@ -37,6 +39,7 @@ def render(r: GateResult) -> str:
         *junit_properties(r.drift),
         *later_view.junit_properties(r),
         *((("speed_verdict", speed.verdict),) if speed is not None else ()),
+        *((("noise", nz.headline()), ("noise_band_rule", nz.band_rule or "the band is the config's")) if nz else ()),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
     for p in r.comparison.prompts:
@@ -48,8 +51,12 @@ def render(r: GateResult) -> str:
             ET.SubElement(case, "error", message="unverified").text = _text(v.reason)
         elif not v.passed:
             ET.SubElement(case, "failure", message=p.status).text = _text(v.reason)
-        if (line := later_view.prompt_line(r, p)) is not None:
-            ET.SubElement(case, "system-out").text = _text(line)
+        out = [line] if (line := later_view.prompt_line(r, p)) is not None else []
+        if nz is not None and p.id in placed:
+            f = placed[p.id]
+            out.append(f"noise: gap {f.gap} at position {f.position}: {nz.describe(f.where)}")
+        if out:  # one system-out per case: the later judgement and the noise placement together
+            ET.SubElement(case, "system-out").text = _text("\n".join(out))
     if r.verdict.verdict == "incomplete" and not r.comparison.prompts:
         case = ET.SubElement(suite, "testcase", classname=cls, name="gate")
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))

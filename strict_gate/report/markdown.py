@@ -5,7 +5,7 @@ from __future__ import annotations
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import invariance_view, later_view, speed_view
+from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
@@ -89,6 +89,10 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     if view is not None:  # its own line: the speed verdict never changes the token verdict above
         out.append(f"{md(view.verdict_line)}; see Speed below.")
         out.append("")
+    nz = noise_view.of(r)
+    if nz is not None:  # the rates side by side, and the band's source when it was measured
+        out.append(f"{md(nz.headline())}; see The reference's own noise below.")
+        out.append("")
     inv = invariance_view.of(r)
     if inv is not None:  # its own line too: the invariance verdict never changes the token verdict above
         out.append(f"{md(inv.verdict_line)}; see Invariance below.")
@@ -164,6 +168,7 @@ def _rest(r: GateResult, dec: Decoder) -> list[str]:
         *localization_markdown(r),
         *speed_section(speed_view.of(r)),
         *_invariance(r),
+        *(noise_view.markdown_section(nz) if (nz := noise_view.of(r)) is not None else []),
         *markdown_section(r),
         *_determinism(r),
         *_engines(r),

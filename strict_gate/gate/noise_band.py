@@ -1,0 +1,138 @@
+"""A gate's reference as a noise profile sees it, and the gate's `[noise]` setting.
+
+`arm_facts` is what both `strict-gate noise` (writing a profile) and a gate (reading one)
+measure of the reference arm: its dtype, its model and the digest of the model's files, and
+for a recorded reference the baseline's records. The same function on both sides, so a
+profile fits exactly when it describes this reference. Nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strict_gate.core.model_files import model_digest, resolve_model
+from strict_gate.errors import ConfigError, InputError
+from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
+from strict_gate.noise.profile import PROFILE_NAME, NoiseProfile, load_profile
+from strict_gate.runs.layout import RunDir
+from strict_gate.runs.prompts import load_prompts
+from strict_gate.runs.reader import read_manifest
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shown(path: Path) -> str:
+    """A path as a profile stores it: relative to the working directory when inside it (a
+    committed profile names no machine's directories), else normalised."""
+    p = Path(os.path.normpath(path.resolve()))
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def baseline_dir(arm: Any) -> Path | None:
+    """A recorded arm's baseline directory; None for a live arm."""
+    if arm.kind != "recorded":
+        return None
+    p = Path(arm.options.path)
+    return p if p.is_absolute() else Path(arm.base_dir) / p
+
+
+def arm_facts(arm: Any) -> ArmFacts:
+    """An ArmConfig's dtype, model and model digest; a recorded arm's from its baseline's manifest."""
+    base = baseline_dir(arm)
+    model = getattr(arm.options, "model", None)
+    dtype = getattr(arm.options, "dtype", None)
+    sha = None
+    if base is not None:
+        manifest = read_manifest(base)
+        dtype = manifest.engine.options.get("dtype")
+        model = model or manifest.engine.model
+        sha = file_sha256(RunDir(base).records)
+    digest = None
+    if isinstance(model, str):
+        try:
+            digest = model_digest(resolve_model(model, Path(arm.base_dir)))
+        except ConfigError:
+            digest = None
+    return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
+                    model_digest=digest, baseline=None if base is None else str(base), baseline_sha256=sha)
+
+
+@dataclass(frozen=True)
+class NoiseSetting:
+    """The profile a gate reads, and the measured band when the gate asked for one."""
+
+    path: str
+    profile: NoiseProfile
+    measured: MeasuredBand | None
+
+
+def noise_setting(band: float | str, table: dict | None, reference: Any, prompts: Path, *, path: str,
+                  line_of) -> NoiseSetting | None:
+    """None when the gate neither has [noise] nor asks for a measured band; else the profile,
+    checked to fit the reference and the battery (exit 2 naming the profile when it does not)."""
+    if table is None and band != MEASURED:
+        return None
+    from strict_gate.core.options import parse_options
+
+    keys = parse_options(NoiseKeys, table or {}, where="noise", line_of=line_of)
+    profile_path = _profile_path(keys, reference, path)
+    try:
+        profile = load_profile(profile_path)
+    except InputError as e:
+        raise ConfigError(f"[noise] {e}", path=path, line=line_of("profile") or line_of("band")) from None
+    problems = fit_problems(profile, arm_facts(reference), load_prompts(prompts).sha256)
+    if problems:
+        raise ConfigError(f"the noise profile {profile_path} does not fit this gate: {'; '.join(problems)}",
+                          path=path, line=line_of("profile") or line_of("band"))
+    measured = measured_band(profile, keys, path) if band == MEASURED else None
+    return NoiseSetting(shown(profile_path), profile, measured)
+
+
+def _profile_path(keys: NoiseKeys, reference: Any, path: str) -> Path:
+    if keys.profile is not None:
+        p = Path(keys.profile)
+        return p if p.is_absolute() else Path(reference.base_dir) / p
+    base = baseline_dir(reference)
+    if base is None:
+        raise ConfigError('band = "measured" (or [noise]) with a live reference: name its profile in [noise] '
+                          "profile = \"...\" (a recorded reference's defaults to noise.json in its baseline)",
+                          path=path)
+    return base / PROFILE_NAME
+
+
+def with_noise(result, setting: NoiseSetting | None):
+    """The GateResult with its candidate flips placed against the reference's noise (a gate with
+    a profile); the result as it is otherwise."""
+    if setting is None:
+        return result
+    from dataclasses import replace
+
+    from strict_gate.noise.annotate import judge_noise
+
+    sha = result.prompt_set.get("sha256")
+    if sha != setting.profile.provenance.battery.sha256:  # the config's prompts were replaced after it was read
+        return replace(result, notes=(*result.notes, f"the noise profile {setting.path} was measured on another "
+                                      "battery than this gate ran: its flips are not placed against it"))
+    dtypes = {arm: info.options.get("dtype") or (info.options.get("hello") or {}).get("dtype")  # a command engine's hello
+              for arm, info in (("reference", result.reference), ("candidate", result.candidate))}
+    m = setting.measured
+    used = m is not None and result.verdict.band == m.value
+    note = judge_noise(setting.profile, setting.path, result.comparison, band=result.verdict.band,
+                       band_rule=m.rule if used and m is not None else None, dtypes=dtypes)
+    if m is not None and not used:  # --band on the command line: that band judged, and the report says so
+        note = replace(note, notes=(*note.notes, f"band = \"measured\" would be {m.value:.4g} ({m.rule}); the band "
+                                    f"given on the command line, {result.verdict.band:g}, judged instead"))
+    return replace(result, noise=note)

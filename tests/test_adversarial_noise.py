@@ -1,0 +1,186 @@
+"""Hostile references and profiles: every one refused with exit 2 naming the file, never a band.
+
+A reference that lies about its K runs (a manifest's K the samples do not hold, a determinism
+summary its samples contradict, K "runs" replayed from a stored run), a profile edited after
+it was measured (a number changed; the seal recomputed over figures its flips contradict),
+and a profile of another model, dtype or battery. Run from a user's working directory on the
+shipped toy baselines (real captured vLLM runs), edited the way a hand or a tool would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from noise_fixtures import BF16, FP32, ROOT, gate, layout, plant_self_flip, records, rewrite
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
+from strict_gate.noise.profile import seal_of
+
+runner = CliRunner()
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(layout(tmp_path))
+    gate(tmp_path, "cap.toml", candidate=None)
+    return tmp_path
+
+
+def _manifest(base):
+    return json.loads((base / "manifest.json").read_text())
+
+
+def test_a_manifest_claiming_more_runs_than_its_samples_hold_is_refused(here):
+    base = here / "baselines" / FP32
+    recs = records(base)
+    recs[3]["samples"] = recs[3]["samples"][:3]  # 3 runs of this prompt, the manifest still says 5
+    rewrite(base, recs)
+    r = cli("noise", "gates/cap.toml")
+    assert r.exit_code == 2, r.output
+    assert "K = 5 runs" in r.output and "holds 3" in r.output and not (base / "noise.json").exists()
+
+
+def test_a_determinism_summary_its_samples_contradict_is_refused(here):
+    base = here / "baselines" / FP32
+    recs = records(base)
+    rec = recs[0]
+    rec["samples"][2] = rec["token_ids"][:1] + [rec["top_logprobs"][1][1][0]]  # a run that split ...
+    rewrite(base, recs)  # ... while the manifest still says all 128 prompts were deterministic
+    r = cli("noise", "gates/cap.toml")
+    assert r.exit_code == 2 and "disagrees with its samples" in r.output
+
+
+def test_k_runs_replayed_from_a_stored_run_are_refused(here):
+    base = here / "baselines" / FP32
+    m = _manifest(base)
+    m["engine"]["options"]["replayed_from"] = "baselines/old"  # what a capture of a recorded engine writes
+    rewrite(base, records(base), m)
+    r = cli("noise", "gates/cap.toml")
+    assert r.exit_code == 2 and "one run repeated" in r.output
+
+
+def test_a_config_capturing_other_k_than_its_baseline_is_refused(here):
+    shutil.copy(ROOT / "gates" / "capture-vllm-fp32.toml", here / "gates")
+    text = (here / "gates" / "capture-vllm-fp32.toml").read_text().replace("runs = 5", "runs = 7")
+    (here / "gates" / "capture-vllm-fp32.toml").write_text(text)
+    r = cli("noise", "gates/capture-vllm-fp32.toml", "--baseline", f"baselines/{FP32}")
+    assert r.exit_code == 2 and "K = 7" in r.output and "K = 5" in r.output
+
+
+def _profiled(here, *against: str):
+    args = [a for b in against for a in ("--against", b)]
+    assert cli("noise", "gates/cap.toml", *args).exit_code == 0
+    return here / "baselines" / FP32 / "noise.json"
+
+
+def test_a_profile_edited_after_capture_is_refused(here):
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["largest_self_flip_gap"] = 2.0  # widen the band by hand
+    path.write_text(json.dumps(raw))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "edited after it was measured" in r.output and "noise.json" in r.output
+
+
+def test_a_resealed_profile_whose_figures_its_flips_contradict_is_refused(here):
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["self_flips"][0]["gaps"] = [3.0, None]
+    raw["self_flips"][0]["gap"] = 3.0
+    raw["seal"] = seal_of(raw)  # a tool that knows the checksum: the figures still have to add up
+    path.write_text(json.dumps(raw))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "states (flips, prompts, largest gap, unknown)" in r.output
+
+
+def test_a_profile_of_another_model_is_refused(here):
+    _profiled(here)
+    other = here / "other-llama"
+    shutil.copytree(ROOT / "strict_gate" / "models" / "tiny-llama", other)
+    cfg = other / "config.json"
+    cfg.write_text(cfg.read_text() + "\n")  # another checkpoint: other files, another digest
+    path = gate(here, band="measured", noise={"profile": f"../baselines/{FP32}/noise.json"})
+    path.write_text(path.read_text().replace('model = "bundled:tiny-llama"', 'model = "../other-llama"', 1))
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "does not fit this gate" in r.output and "profiles model" in r.output
+
+
+def test_a_profile_of_another_dtype_is_refused(here):
+    _profiled(here)
+    gate(here, reference=BF16, candidate=FP32, band="measured", noise={"profile": f"../baselines/{FP32}/noise.json"})
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "measured in dtype float32" in r.output and "bfloat16" in r.output
+
+
+def test_a_profile_of_another_battery_is_refused(here):
+    _profiled(here)
+    lines = (here / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)
+    (here / "prompts" / "small.jsonl").write_text("".join(lines[:16]))
+    gate(here, band="measured", prompts="../prompts/small.jsonl")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "measured on battery 'battery-128'" in r.output
+
+
+def test_a_profile_over_a_recaptured_baseline_is_refused(here):
+    _profiled(here)
+    base = here / "baselines" / FP32
+    recs = records(base)
+    recs[0]["timing"] = {"ttft_s": 0.5, "total_s": 1.0}  # the same tokens, another capture
+    rewrite(base, recs)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "re-captured after the profile" in r.output
+
+
+def test_a_measured_band_needs_a_profile(here):
+    gate(here, band="measured")  # no noise.json beside the baseline
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "no noise profile here" in r.output
+    gate(here, band="loose")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and 'give a number of nats >= 0 or "measured"' in r.output
+
+
+def test_a_measured_band_over_self_flips_of_unknown_gap_is_refused(here):
+    base = here / "baselines" / FP32
+    pos, _ = plant_self_flip(base)
+    recs = records(base)
+    rec = next(r for r in recs if r["id"] == "prose-001")
+    rec["samples"][-1][pos] = 999  # a token outside the golden's top-5: no gap is known
+    rewrite(base, recs)
+    _profiled(here)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "a gap no side knows" in r.output
+
+
+def test_a_profile_that_is_not_json_or_not_a_profile_is_refused(here):
+    path = _profiled(here)
+    gate(here, band="measured")
+    for text, words in (("{not json", "is not JSON"), ('{"schema": "strict-gate/report@2"}', "not a noise profile"),
+                        ('{"schema": "strict-gate/noise@1", "x": NaN}', "is not JSON")):
+        path.write_text(text)
+        r = cli("gate", "gates/gate.toml")
+        assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_a_profile_with_a_field_this_version_does_not_know_is_refused(here):
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["variations"][0]["trust_me"] = True
+    raw["seal"] = seal_of(raw)
+    path.write_text(json.dumps(raw))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "malformed" in r.output and "trust_me" in r.output
