@@ -283,3 +283,15 @@ def test_a_report_whose_later_judgement_is_malformed_is_refused(tmp_path, monkey
     (d / "report.json").write_text(json.dumps(report))
     r = CliRunner().invoke(app, ["show", str(d)])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, code", [(("--flip", "2"), 0), (("--flip", "2", "--garbage"), 1)])
+def test_resuming_a_finished_near_tie_gate_reads_its_own_verdict(tmp_path, monkeypatch, args, code):
+    """`gate --resume` of a finished gate loads no engine: it judges again from the diagnoses
+    report.json stored (both sides' gaps, every later position), so a near-tie gate that passed
+    still passes (it read 'unverified' and was refused before) and one that failed still fails."""
+    got, out, d, _ = _gate(tmp_path, monkeypatch, *args)
+    assert got == code, out
+    r = CliRunner().invoke(app, ["gate", "--resume", str(d)], terminal_width=200)
+    assert r.exit_code == code, r.output
+    assert "start a new gate" not in r.output

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
+from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, compare_runs
-from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
+from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate, stored_check
 from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
@@ -129,6 +130,32 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         resumed={label: entries for label, entries in resumed.items() if entries},
         notes=notes,
     )
+
+
+def stored_diagnoses(report_json: Path) -> dict[str, Diagnosis]:
+    """Each prompt's diagnosis as a finished gate's report.json holds it; a malformed one is bad input."""
+    import json
+
+    try:
+        rows = json.loads(report_json.read_text(encoding="utf-8")).get("prompts") or []
+        return {p["id"]: Diagnosis.from_json(p["diagnosis"]) for p in rows if isinstance(p, dict) and p.get("diagnosis")}
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as e:
+        raise InputError(f"the report's diagnoses cannot be read ({type(e).__name__}: {e})",
+                         path=str(report_json)) from None
+
+
+def judge_stored(spec: GateSpec, ref: Run, cand: Run, diagnoses: Mapping[str, Diagnosis], *,
+                 problems: Sequence[str] = ()) -> GateResult:
+    """A finished gate judged again without a scoring engine, from the diagnoses its report
+    stored (both sides' re-scored gaps, every later position): the verdict it wrote, not the
+    'unverified' a judgement without re-scoring gives its near-ties."""
+    result = judge(spec, ref, cand, problems=problems)
+    if not diagnoses:
+        return result
+    comparison = stored_check(result.comparison, diagnoses)
+    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
+                           later=later_of(diagnoses), diagnoses=diagnoses)
+    return replace(result, comparison=comparison, diagnoses=dict(diagnoses), verdict=verdict)
 
 
 def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candidate: Engine) -> GateResult:

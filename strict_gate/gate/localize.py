@@ -153,7 +153,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
     reports in place, its verdict, diagnoses and drift kept as they were."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.judgement import judge
+    from strict_gate.gate.judgement import judge_stored, stored_diagnoses
     from strict_gate.gate.run import GateOutcome
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
     from strict_gate.judge.stored import load_report
@@ -190,7 +190,8 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         band=cfg.band if stored.band is None else stored.band, greedy_tolerance=cfg.greedy_tolerance,
         config=ConfigRef.from_json(config, where=str(report_dir / "report.json")) if config else None,
     )
-    result = judge(spec, ref, cand, problems=list(stored.problems))
+    result = judge_stored(spec, ref, cand, stored_diagnoses(report_dir / "report.json"),
+                          problems=list(stored.problems))  # the verdict the gate wrote, near-ties judged as it judged them
     result = _kept(result, old)
     scope = Scope.ALL if prompt is not None else (lc.scope if lc is not None else Scope.DIVERGENT)
     if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt):

@@ -20,7 +20,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.errors import ExitCode, InputError
 from strict_gate.gate.arm import finished_run, prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.judgement import gate_spec, judge
+from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
 from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, play_gate
 from strict_gate.gate.state import GateState, check_config_file, check_unchanged, read_gate_state, report_lock, verdicts
 from strict_gate.runs.layout import ReportDir
@@ -126,7 +126,7 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     done = {role for role, run in prior.items() if finished_run(run, ps.ids)}
     finished = done == set(ROLES) and report.report_json.exists() and state.exit_code is not None
     if finished:  # a finished gate: its verdicts, no engine loaded
-        result = judge(spec, prior["reference"], prior["candidate"])
+        result = judge_stored(spec, prior["reference"], prior["candidate"], stored_diagnoses(report.report_json))
         if verdicts(result)["tokens"] != state.verdicts.get("tokens"):
             raise InputError(f"the stored runs judge {verdicts(result)['tokens']}, the gate recorded "
                              f"{state.verdicts.get('tokens')}; start a new gate", path=str(report.state))

@@ -234,6 +234,19 @@ def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis], cand
     return with_prompts(comparison, changed), out
 
 
+def stored_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis]) -> Comparison:
+    """The classification a finished gate made, again, from its stored diagnoses (both sides'
+    re-scored gaps as report.json holds them): what a resume or a re-localisation judges by
+    when it loads no scoring engine, so that it reads the verdict the gate wrote."""
+    changed = []
+    for pc in comparison.prompts:
+        dg = diagnoses.get(pc.id)
+        if pc.status in DIAGNOSED and dg is not None:
+            cand = dg.candidate if dg.candidate is not None else Rescored(None, "not stored in the report")
+            changed.append(reclassify(pc, comparison.band, _reference_side(dg), cand))
+    return with_prompts(comparison, changed)
+
+
 def _lp(step: ScoredStep, token: int | None) -> float | None:
     if token == step.token_id and step.logprob is not None:
         return step.logprob
