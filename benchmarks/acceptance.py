@@ -143,7 +143,7 @@ class Runner:
         """Records the step's run has written so far (the most of any arm's records.jsonl)."""
         counts = [0]
         for name in self._listing(where) - before:
-            for f in (self.copy / where / name).glob("*/records.jsonl"):
+            for f in (self.copy / where / name).glob("*/records.jsonl*"):  # .partial while it runs
                 try:
                     counts.append(f.read_bytes().count(b"\n"))
                 except OSError:
