@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import signal
@@ -75,7 +76,7 @@ class Runner:
         self.env = step_env(copy)
 
     def run(self, step: Step) -> Outcome:
-        missing = [n for n in step.needs if not (self.copy / n).exists()]
+        missing = [n for n in step.needs if not (self.copy / Path(n).expanduser()).exists()]  # ~: a model cache
         if missing:
             return Outcome(None, "", None, 0.0, skipped=f"needs {', '.join(missing)} (not installed)")
         lost = [d for d in step.depends_on() if self.reports.get(d) is None]
@@ -85,12 +86,12 @@ class Runner:
         argv[0] = ".venv/bin/strict-gate"
         where = step.report_in
         before = self._listing(where)
-        start = time.monotonic()
+        start, cpu = time.monotonic(), _children_cpu()
         code, output = self._execute(argv, step, where, before)
-        seconds = time.monotonic() - start
+        seconds, cpu = time.monotonic() - start, _children_cpu() - cpu
         report = self._report_dir(step, where, before)
         self.reports[step.id] = report
-        return Outcome(code, output, report, seconds)
+        return Outcome(code, output, report, seconds, cpu_s=cpu)
 
     def _fill(self, text: str) -> str:
         return REF.sub(lambda m: str(self.reports[m.group(1)].relative_to(self.copy)), text)  # type: ignore[union-attr]
@@ -151,6 +152,17 @@ class Runner:
         return max(counts)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the reaped children so far: a step's cost that the machine's load does not
+    stretch (its wall time on a loaded machine is not its cost on CI's)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def machine() -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
@@ -161,6 +173,7 @@ def result_row(step: Step, outcome: Outcome, unmet: list[str]) -> dict:
     return {
         "id": step.id, "tier": step.tier, "command": step.command, "why": step.why,
         "expected_exit": step.exit, "exit": outcome.exit, "seconds": round(outcome.seconds, 1),
+        "cpu_s": round(outcome.cpu_s, 1),
         "figures": show_figures(step, outcome), "report": outcome.report_dir.name if outcome.report_dir else None,
         "passed": not unmet, "unmet": unmet, "output_tail": outcome.output[-OUTPUT_TAIL:],
     }
@@ -169,16 +182,17 @@ def result_row(step: Step, outcome: Outcome, unmet: list[str]) -> dict:
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Acceptance run: tier {meta['tier']}, {meta['commit'][:12]}", "",
              f"Machine: {meta['machine']}. Command: `{meta['command']}`. "
-             f"Wall time {meta['seconds']:.0f} s; {meta['passed']}/{meta['steps']} steps met every expectation.", "",
-             "| step | command | exit (expected) | figures: measured (expected) | s | result |",
-             "|---|---|---|---|---|---|"]
+             f"Wall time {meta['seconds']:.0f} s ({meta['cpu_s']:.0f} CPU s in the steps; load average "
+             f"{meta['load']}); {meta['passed']}/{meta['steps']} steps met every expectation.", "",
+             "| step | command | exit (expected) | figures: measured (expected) | wall s | CPU s | result |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         result = "ok" if r["passed"] else "**FAIL**: " + "; ".join(_cell(u) for u in r["unmet"][:4]) + (
             f" (+{len(r['unmet']) - 4} more)" if len(r["unmet"]) > 4 else "")
         lines.append(f"| {r['id']} | `{r['command']}` | {r['exit']} ({r['expected_exit']}) | {r['figures']} | "
-                     f"{r['seconds']:.0f} | {result} |")
+                     f"{r['seconds']:.0f} | {r['cpu_s']:.0f} | {result} |")
     for gate in meta["uncovered"]:
-        lines.append(f"| - | `{gate}` | - | - | - | **FAIL**: no row in benchmarks/acceptance.toml |")
+        lines.append(f"| - | `{gate}` | - | - | - | - | **FAIL**: no row in benchmarks/acceptance.toml |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +230,7 @@ def main(argv: list[str]) -> int:
     print(f"acceptance: {len(steps)} steps of tier {args.tier} on {commit[:12]}, in {copy}", flush=True)
     gate_files = sorted(str(p.relative_to(copy)) for p in (copy / "gates").glob("*.toml"))
     uncovered = uncovered_gates(gate_files, table.step) if not args.only else []
-    runner, rows, start = Runner(copy, table.scan.patterns), [], time.monotonic()
+    runner, rows, start, load = Runner(copy, table.scan.patterns), [], time.monotonic(), _load()
     for step in steps:
         print(f"--> {step.id}: {step.command}", flush=True)
         outcome = runner.run(step)
@@ -229,7 +243,8 @@ def main(argv: list[str]) -> int:
     passed = sum(r["passed"] for r in rows)
     meta = {"schema": "strict-gate/acceptance@1", "tier": args.tier, "commit": commit, "rev": args.rev,
             "machine": machine(), "command": "bash scripts/acceptance.sh " + shlex.join(argv),
-            "seconds": round(time.monotonic() - start, 1), "steps": len(rows), "passed": passed,
+            "seconds": round(time.monotonic() - start, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+            "load": f"{load} at the start, {_load()} at the end", "steps": len(rows), "passed": passed,
             "uncovered": uncovered, "copy": str(copy)}
     out = args.out or copy / "acceptance"
     out.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ class Step(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     command: str  # as a user types it, from the repository root; "{report:ID}" = step ID's report
     exit: int  # the documented exit code; -9: the step SIGKILLs the gate itself (kill_at_records)
     why: str = ""  # what the row shows
-    needs: tuple[str, ...] = ()  # paths the step needs (an engine's venv, a built binary)
+    needs: tuple[str, ...] = ()  # paths the step needs (an engine's venv, a built binary, ~/.cache/...)
     report_in: str = "reports"  # the directory its new report directory appears in
     report: str = ""  # else its report directory exactly: "{report:ID}" or a path
     figures: dict[str, Expected] = {}
@@ -146,6 +146,7 @@ class Outcome:
     report_dir: Path | None
     seconds: float
     skipped: str = ""  # why it did not run
+    cpu_s: float = 0.0  # CPU seconds of its processes (those reaped)
 
 
 def failure_notes(report_dir: Path | None, output: str, patterns: tuple[str, ...]) -> list[str]:
