@@ -204,3 +204,18 @@ def test_the_copy_is_the_commit_with_the_installed_trees_linked(tmp_path):
     assert (dest / "a.txt").read_text(encoding="utf-8") == "committed\n"
     assert (dest / ".venv").is_symlink() and (dest / ".venv").resolve() == (repo / ".venv").resolve()
     assert not (dest / "build").exists()
+
+
+def test_every_row_runs_a_real_subcommand_on_files_the_commit_has():
+    """A row is a command a user can type: its subcommand exists, and every gate or baseline it names
+    is in the repository (a typo would only show as an exit 2 in the acceptance run itself)."""
+    from strict_gate.cli import app
+
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands} | {
+        g.name for g in app.registered_groups}
+    for step in at.load_table(ROOT / "benchmarks" / "acceptance.toml").step:
+        words = step.command.split()
+        assert words[1] in commands, step.id
+        for word in words[2:]:
+            if word.startswith(("gates/", "baselines/")):
+                assert (ROOT / word).exists(), f"{step.id}: {word}"
