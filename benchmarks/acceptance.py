@@ -227,7 +227,8 @@ def main(argv: list[str]) -> int:
         return 0
     copy = Path(tempfile.mkdtemp(prefix="strict-gate-acceptance-"))
     commit = make_copy(ROOT, args.rev, copy)
-    print(f"acceptance: {len(steps)} steps of tier {args.tier} on {commit[:12]}, in {copy}", flush=True)
+    tier = f"{args.tier}, --only {args.only}" if args.only else args.tier
+    print(f"acceptance: {len(steps)} steps ({tier}) on {commit[:12]}, in {copy}", flush=True)
     gate_files = sorted(str(p.relative_to(copy)) for p in (copy / "gates").glob("*.toml"))
     uncovered = uncovered_gates(gate_files, table.step) if not args.only else []
     runner, rows, start, load = Runner(copy, table.scan.patterns), [], time.monotonic(), _load()
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> int:
         for u in unmet[:6]:
             print(f"    - {_cell(u, 400)}", flush=True)
     passed = sum(r["passed"] for r in rows)
-    meta = {"schema": "strict-gate/acceptance@1", "tier": args.tier, "commit": commit, "rev": args.rev,
+    meta = {"schema": "strict-gate/acceptance@1", "tier": tier, "commit": commit, "rev": args.rev,
             "machine": machine(), "command": "bash scripts/acceptance.sh " + shlex.join(argv),
             "seconds": round(time.monotonic() - start, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
             "load": f"{load} at the start, {_load()} at the end", "steps": len(rows), "passed": passed,
