@@ -152,6 +152,13 @@ class Runner:
         return max(counts)
 
 
+def runner_imports(copy: Path) -> str:
+    """Where the copy's interpreter imports strict_gate from: the copy, or the run tests the wrong code."""
+    probe = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-c", "import strict_gate; print(strict_gate.__file__)"],
+                           cwd=copy, env=step_env(copy), capture_output=True, text=True)
+    return probe.stdout.strip() or probe.stderr.strip()[-300:]
+
+
 def _children_cpu() -> float:
     """CPU seconds of the reaped children so far: a step's cost that the machine's load does not
     stretch (its wall time on a loaded machine is not its cost on CI's)."""
@@ -229,6 +236,10 @@ def main(argv: list[str]) -> int:
     commit = make_copy(ROOT, args.rev, copy)
     tier = f"{args.tier}, --only {args.only}" if args.only else args.tier
     print(f"acceptance: {len(steps)} steps ({tier}) on {commit[:12]}, in {copy}", flush=True)
+    imported = runner_imports(copy)
+    if not imported.startswith(str(copy)):
+        print(f"acceptance: the copy's venv imports strict_gate from {imported}, not the copy", file=sys.stderr)
+        return 2
     gate_files = sorted(str(p.relative_to(copy)) for p in (copy / "gates").glob("*.toml"))
     uncovered = uncovered_gates(gate_files, table.step) if not args.only else []
     runner, rows, start, load = Runner(copy, table.scan.patterns), [], time.monotonic(), _load()

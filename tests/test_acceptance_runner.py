@@ -219,3 +219,12 @@ def test_every_row_runs_a_real_subcommand_on_files_the_commit_has():
         for word in words[2:]:
             if word.startswith(("gates/", "baselines/")):
                 assert (ROOT / word).exists(), f"{step.id}: {word}"
+
+
+def test_the_copy_imports_its_own_code_not_the_checkouts(tmp_path):
+    """The venv is an editable install of some checkout; the copy's PYTHONPATH must win."""
+    copy = tmp_path / "copy"
+    (copy / "strict_gate").mkdir(parents=True)
+    (copy / "strict_gate" / "__init__.py").write_text("", encoding="utf-8")
+    (copy / ".venv").symlink_to(Path(sys.executable).parents[1], target_is_directory=True)
+    assert acceptance.runner_imports(copy).startswith(str(copy))
