@@ -187,7 +187,8 @@ def result_row(step: Step, outcome: Outcome, unmet: list[str]) -> dict:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    lines = [f"# Acceptance run: tier {meta['tier']}, {meta['commit'][:12]}", "",
+    partial = "" if meta["complete"] else f" (partial: {meta['steps']} of {meta['selected']} steps so far)"
+    lines = [f"# Acceptance run: tier {meta['tier']}, {meta['commit'][:12]}{partial}", "",
              f"Machine: {meta['machine']}. Command: `{meta['command']}`. "
              f"Wall time {meta['seconds']:.0f} s ({meta['cpu_s']:.0f} CPU s in the steps; load average "
              f"{meta['load']}); {meta['passed']}/{meta['steps']} steps met every expectation.", "",
@@ -242,26 +243,13 @@ def main(argv: list[str]) -> int:
         return 2
     gate_files = sorted(str(p.relative_to(copy)) for p in (copy / "gates").glob("*.toml"))
     uncovered = uncovered_gates(gate_files, table.step) if not args.only else []
-    runner, rows, start, load = Runner(copy, table.scan.patterns), [], time.monotonic(), _load()
-    for step in steps:
-        print(f"--> {step.id}: {step.command}", flush=True)
-        outcome = runner.run(step)
-        unmet = check(step, outcome, table.scan.patterns)
-        rows.append(result_row(step, outcome, unmet))
-        print(f"    exit {outcome.exit} (expected {step.exit}), {outcome.seconds:.0f} s: "
-              f"{'ok' if not unmet else 'FAIL'} {show_figures(step, outcome)}", flush=True)
-        for u in unmet[:6]:
-            print(f"    - {_cell(u, 400)}", flush=True)
-    passed = sum(r["passed"] for r in rows)
-    meta = {"schema": "strict-gate/acceptance@1", "tier": tier, "commit": commit, "rev": args.rev,
-            "machine": machine(), "command": "bash scripts/acceptance.sh " + shlex.join(argv),
-            "seconds": round(time.monotonic() - start, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
-            "load": f"{load} at the start, {_load()} at the end", "steps": len(rows), "passed": passed,
-            "uncovered": uncovered, "copy": str(copy)}
     out = args.out or copy / "acceptance"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(markdown(meta, rows), encoding="utf-8")
+    meta = {"schema": "strict-gate/acceptance@1", "tier": tier, "commit": commit, "rev": args.rev,
+            "machine": machine(), "command": "bash scripts/acceptance.sh " + shlex.join(argv),
+            "selected": len(steps), "uncovered": uncovered, "copy": str(copy)}
+    rows = run_steps(Runner(copy, table.scan.patterns), steps, table.scan.patterns, meta, out)
+    passed = sum(r["passed"] for r in rows)
     print("\n" + markdown(meta, rows))
     ok = passed == len(rows) and not uncovered
     if ok and not args.keep and args.out:
@@ -269,6 +257,28 @@ def main(argv: list[str]) -> int:
     print(f"acceptance: {'PASS' if ok else 'FAIL'}: {passed}/{len(rows)} steps met every expectation"
           f"{f', {len(uncovered)} gate(s) without a row' if uncovered else ''}; results in {out}")
     return 0 if ok else 1
+
+
+def run_steps(runner: Runner, steps: tuple[Step, ...], patterns: tuple[str, ...], meta: dict, out: Path) -> list[dict]:
+    """Each step in turn, checked; the results files rewritten after every step (a run stopped
+    halfway keeps what it measured, marked partial)."""
+    rows: list[dict] = []
+    start, load = time.monotonic(), _load()
+    for step in steps:
+        print(f"--> {step.id}: {step.command}", flush=True)
+        outcome = runner.run(step)
+        unmet = check(step, outcome, patterns)
+        rows.append(result_row(step, outcome, unmet))
+        print(f"    exit {outcome.exit} (expected {step.exit}), {outcome.seconds:.0f} s, {outcome.cpu_s:.0f} CPU s: "
+              f"{'ok' if not unmet else 'FAIL'} {show_figures(step, outcome)}", flush=True)
+        for u in unmet[:6]:
+            print(f"    - {_cell(u, 400)}", flush=True)
+        meta.update({"seconds": round(time.monotonic() - start, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+                     "load": f"{load} at the start, {_load()} now", "steps": len(rows),
+                     "passed": sum(r["passed"] for r in rows), "complete": len(rows) == meta["selected"]})
+        (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+        (out / "results.md").write_text(markdown(meta, rows), encoding="utf-8")
+    return rows
 
 
 if __name__ == "__main__":

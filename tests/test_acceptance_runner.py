@@ -228,3 +228,16 @@ def test_the_copy_imports_its_own_code_not_the_checkouts(tmp_path):
     (copy / "strict_gate" / "__init__.py").write_text("", encoding="utf-8")
     (copy / ".venv").symlink_to(Path(sys.executable).parents[1], target_is_directory=True)
     assert acceptance.runner_imports(copy).startswith(str(copy))
+
+
+def test_the_results_are_written_after_every_step_and_say_when_they_are_whole(tmp_path):
+    copy, out = _copy(tmp_path), tmp_path / "out"
+    out.mkdir()
+    meta = {"tier": "fast", "commit": "0" * 40, "machine": "m", "command": "c", "selected": 2, "uncovered": []}
+    steps = (_step(), _step(id="loc", command="strict-gate localize {report:g}", exit=0, report="{report:g}"))
+    rows = acceptance.run_steps(acceptance.Runner(copy, PATTERNS), steps, PATTERNS, meta, out)
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert [r["passed"] for r in rows] == [True, True] and doc["complete"] and doc["passed"] == 2
+    assert "| loc | `strict-gate localize {report:g}` | 0 (0) |" in (out / "results.md").read_text(encoding="utf-8")
+    acceptance.run_steps(acceptance.Runner(copy, PATTERNS), steps[:1], PATTERNS, meta, out)  # a run stopped after 1
+    assert "partial: 1 of 2" in (out / "results.md").read_text(encoding="utf-8")
