@@ -91,6 +91,7 @@ class Engine(ABC):
     writes_log: ClassVar[bool] = False  # runs a process whose output belongs in the run directory
     log_libraries: ClassVar[tuple[str, ...]] = ()  # in-process libraries whose logging goes to engine.log
     replays_run: ClassVar[bool] = False  # replays a stored run: its records are known before any call
+    speaks_http: ClassVar[bool] = False  # an HTTP server (OpenAI completions): no hello, no line protocol
     # The speed arm (strict_gate/speed): what it may ask of an engine, timed from outside.
     measurable: ClassVar[bool] = True  # a live engine (a stored run has no speed)
     streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives

@@ -43,7 +43,7 @@ def shown(path: Path) -> str:
 
 def baseline_dir(arm: Any) -> Path | None:
     """A recorded arm's baseline directory; None for a live arm."""
-    if arm.kind != "recorded":
+    if not arm.engine_type.replays_run:
         return None
     p = Path(arm.options.path)
     return p if p.is_absolute() else Path(arm.base_dir) / p

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strict_gate.errors import InputError
+from strict_gate.engines import engine_class
+from strict_gate.errors import ConfigError, InputError
 from strict_gate.runs.records import Record, Run
 
 
@@ -27,7 +28,7 @@ def check_k_runs(run: Run, *, expected: int | None = None) -> tuple[int, list[st
     if expected is not None and expected > 1 and k != expected:
         raise InputError(f"the config captures K = {expected} runs and the baseline holds K = {k}: re-capture it",
                          path=where)
-    if "replayed_from" in m.engine.options or m.engine.kind == "recorded":
+    if "replayed_from" in m.engine.options or _replays(m.engine.kind):
         raise InputError("the baseline was captured from a stored run (a replay): its K runs are one run repeated, "
                          "not K runs of the reference", path=where)
     records = [r for r in run.records.values() if r.error is None]
@@ -68,3 +69,11 @@ def _cache_notes(options: dict, records: Sequence[Record], k: int) -> list[str]:
     cached = sum(1 for r in records if len(r.prompt_token_ids) >= block)
     return [f"the prefix cache was on ({block}-token blocks) during the capture: {cached} of {len(records)} "
             f"prompt(s) fill a block, so for them runs 2..{k} reused run 1's prefill"]
+
+
+def _replays(kind: str) -> bool:
+    """The engine kind a run's manifest names replays a stored run (a recorded engine)."""
+    try:
+        return engine_class(kind).replays_run
+    except ConfigError:  # a kind this version does not know made it: not a replay it can name
+        return False

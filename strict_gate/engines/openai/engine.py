@@ -79,6 +79,7 @@ class OpenAIOptions(Checked):
 
 class OpenAIEngine(Engine):
     kind = "openai"
+    speaks_http = True
     Options = OpenAIOptions
     can_score = True
     in_process = False

@@ -100,7 +100,7 @@ def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, po
 
 def _undeclared(probe: Probe, op: str) -> str:
     """Why a capability check does not apply: HTTP servers have no hello to declare it in."""
-    if probe.command is None and probe.engine.kind == "openai":
+    if probe.command is None and probe.engine.speaks_http:
         return f"the openai engine speaks HTTP (OpenAI completions): it has no {op} op"
     return f"\"{op}\" is not declared"
 

@@ -32,7 +32,7 @@ def generated(rec: Record) -> int:
 
 def not_protocol(probe: Probe) -> str:
     """Why a line-protocol check does not apply to this engine."""
-    if probe.engine.kind == "openai":
+    if probe.engine.speaks_http:
         return ("the openai engine speaks HTTP (OpenAI completions), not the line protocol: there is no hello, "
                 "raw request or stdin to check")
     return f"protocol only: the {probe.engine.kind} engine does not speak the line protocol"

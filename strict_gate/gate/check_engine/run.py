@@ -97,7 +97,7 @@ def _run(spec: Spec, probe: Probe) -> Check:
 
     run = spec.run
     if spec.protocol_only and probe.command is None:
-        if spec.http is None or probe.engine.kind != "openai":
+        if spec.http is None or not probe.engine.speaks_http:
             return made(Status.NOT_APPLICABLE, not_protocol(probe))
         run = spec.http
     try:
