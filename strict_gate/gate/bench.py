@@ -241,7 +241,7 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     fresh directory each time (as a gate's report directory), never over an earlier bench.
     `interleave`: both engines loaded at once, their repetitions in turns."""
     from strict_gate.gate.arm import prompt_inputs
-    from strict_gate.gate.run import new_report_dir
+    from strict_gate.gate.outcome import new_report_dir
     from strict_gate.runs.prompts import load_prompts
 
     if cfg.speed is None:

@@ -96,7 +96,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if comparison is None:
         comparison = compare(spec, ref, cand)
     diagnoses = {}
-    cand_records, notes = cand.records, text_only_notes(comparison, cand) if is_text_only(cand) else ()
+    cand_records, notes = cand.records, text_only_notes(comparison.prompts, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
             comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
@@ -19,12 +18,13 @@ from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.recorded import RecordedEngine
 from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError, InputError
-from strict_gate.gate.arm import OnRecord, finished_run, prompt_inputs, run_arm
+from strict_gate.gate.arm import finished_run, prompt_inputs, run_arm
 from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.noise_band import with_noise
+from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook, new_report_dir
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
 from strict_gate.judge.drift import DriftReport, measure_drift
@@ -36,33 +36,13 @@ from strict_gate.judge.text_only import run_decoder
 from strict_gate.report import GateResult
 from strict_gate.runs.audit import check_comparable
 from strict_gate.runs.layout import ReportDir
-from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
+from strict_gate.runs.output import ensure_writable_dir, staged_run_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Record, Run, Sampling, write_text_atomic
 from strict_gate.runs.stream import RunRecords, open_run
 
-ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
-ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
 DIVERGED = (Status.DIVERGENT, Status.NEAR_TIE)  # what teacher-forced diagnosis re-scores
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    result: GateResult
-    report_dir: Path
-
-
-def new_report_dir(output_dir: Path, name: str) -> Path:
-    """A fresh directory for one gate's reports, named after the gate, always inside output_dir."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = output_dir / f"{safe_name(name)}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = Path(f"{base}-{n}")
-    path.mkdir(parents=True)
-    return inside(path, output_dir)
 
 
 def compare_run_dirs(

@@ -289,7 +289,7 @@ def to_json(d: ReportDiff) -> dict:
 
 def write_diff_json(d: ReportDiff, path: str | Path) -> Path:
     """diff.json, strict JSON, written atomically."""
-    from strict_gate.report import strict_json
+    from strict_gate.report.text import strict_json
     from strict_gate.runs.records import write_text_atomic
 
     path = Path(path)

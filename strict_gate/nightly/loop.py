@@ -15,7 +15,8 @@ from pathlib import Path
 
 from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.gate.config import GateConfig
-from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
+from strict_gate.gate.outcome import GateOutcome, ProgressHook
+from strict_gate.gate.run import run_gate
 from strict_gate.judge.history import DEFAULT_NIGHTS, HISTORY_MAX_LINES, load_history, read_history
 from strict_gate.judge.stored import load_report, report_path
 from strict_gate.nightly.bisect import bisect_command
