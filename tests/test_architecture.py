@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "strict_gate"
 
 # wing -> the wings it may import. `errors` is the error hierarchy every wing raises;
-# `face` is cli.py and __init__.py, which may import anything and which nothing imports.
+# `face` is cli/ and __init__.py, which may import anything and which nothing imports.
 WINGS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "core": frozenset({"errors"}),
@@ -163,6 +163,7 @@ def test_the_wing_table_is_acyclic():
 
 def test_every_subpackage_is_a_wing():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    packages -= {"cli"}  # the face: wing_of maps strict_gate.cli.* to it
     assert packages <= set(WINGS), f"packages without a row in WINGS: {sorted(packages - set(WINGS))}"
 
 
