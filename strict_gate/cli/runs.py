@@ -93,7 +93,7 @@ def capture(
 ) -> None:
     """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.run import capture_baseline
+    from strict_gate.gate.stored import capture_baseline
     from strict_gate.report.text import visible
     from strict_gate.runs.output import safe_name
 
@@ -127,7 +127,7 @@ def compare(
     ] = None,
 ) -> None:
     """Compare two stored runs: no engine, no torch."""
-    from strict_gate.gate.run import compare_run_dirs
+    from strict_gate.gate.stored import compare_run_dirs
 
     result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=band, prompts=prompts, out=out)
     finish(result, out)
