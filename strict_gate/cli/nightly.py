@@ -27,7 +27,8 @@ def diff(
     ] = None,
 ) -> None:
     """What changed from one night's report to the next; exit 1 on a regression. No torch."""
-    from strict_gate.nightly.diff import diff_report_files, render_markdown, write_diff_json
+    from strict_gate.nightly.diff import diff_report_files, write_diff_json
+    from strict_gate.nightly.diff_markdown import render_markdown
 
     d = diff_report_files(old_report, new_report, fail_on=fail_on_rules(fail_on))
     console.print(render_markdown(d))
@@ -51,7 +52,7 @@ def nightly(
     """Run a gate, diff it against the previous night, write the summary; exit 1 on a failed
     verdict or a regression, 3 on an incomplete gate."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.nightly.diff import render_markdown
+    from strict_gate.nightly.diff_markdown import render_markdown
     from strict_gate.nightly.loop import NO_PREVIOUS, run_nightly, write_summary
     from strict_gate.report.console import print_result
 

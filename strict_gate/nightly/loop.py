@@ -24,9 +24,9 @@ from strict_gate.nightly.diff import (
     DEFAULT_FAIL_ON,
     ReportDiff,
     diff_reports,
-    render_markdown,
     write_diff_json,
 )
+from strict_gate.nightly.diff_markdown import render_markdown
 from strict_gate.report import GateResult
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
