@@ -33,7 +33,8 @@ from strict_gate.speed.config import SpeedConfig, TokenRules
 from strict_gate.speed.ladder import build_ladder
 from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm, measure_arms
-from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult, judge_speed
+from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult
+from strict_gate.speed.verdict import judge_speed
 
 ROLES = ("reference", "candidate")
 OnRung = Callable[[str, str], None]  # (role, rung name), as each rung starts
