@@ -17,7 +17,7 @@ import pytest
 from strict_gate.errors import InputError
 from strict_gate.gate.judgement import judge
 from strict_gate.gate.stored import compare_run_dirs
-from strict_gate.judge import compare as compare_mod
+from strict_gate.judge import compare_runs as compare_mod
 from strict_gate.judge.result import to_json
 from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.runs.reader import load_run

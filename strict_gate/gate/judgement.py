@@ -15,7 +15,8 @@ from strict_gate.engines.base import Engine
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.cascade import Cascade
-from strict_gate.judge.compare import Comparison, compare_runs
+from strict_gate.judge.compare import Comparison
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate
 from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy

@@ -12,7 +12,8 @@ from strict_gate.gate.arm import prompt_inputs, run_arm
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import judge
 from strict_gate.gate.outcome import ProgressHook
-from strict_gate.judge.compare import DEFAULT_BAND, compare_on_disk
+from strict_gate.judge.compare import DEFAULT_BAND
+from strict_gate.judge.compare_runs import compare_on_disk
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.text_only import run_decoder
