@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from strict_gate.gate.config import load_gate_config
-from strict_gate.judge.compare import compare_runs
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import DIAGNOSED, Diagnosis, _own_gap, cross_check
 from strict_gate.judge.stored import load_report
 from strict_gate.runs.reader import load_run

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--band", type=float, default=0.5)
     args = ap.parse_args()
 
-    from strict_gate.judge.compare import compare_runs
+    from strict_gate.judge.compare_runs import compare_runs
     from strict_gate.runs.prompts import load_prompts
 
     prompts = load_prompts(args.prompts)

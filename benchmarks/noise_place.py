@@ -14,7 +14,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from strict_gate.judge.compare import compare_runs
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.noise.annotate import judge_noise
 from strict_gate.noise.profile import load_profile
 from strict_gate.runs.reader import load_run

@@ -127,7 +127,7 @@ def bare_vllm(engine: Engine, inputs: list[PromptInput], sampling: Sampling) -> 
 def instrument(engine: Engine, sections: Sections) -> None:
     """Time the gate arm's parts: the library's generate, audit, writing, the manifest, reading back."""
     import strict_gate.gate.arm as runner
-    import strict_gate.runs.records as records
+    import strict_gate.runs.writer as writer
 
     if engine.kind == "hf":
         sections.wrap(engine._model, "generate", "library generate")
@@ -136,8 +136,8 @@ def instrument(engine: Engine, sections: Sections) -> None:
     module = __import__(type(engine).__module__, fromlist=["sort_topk"])
     sections.wrap(module, "sort_topk", "sort_topk (record building)")
     sections.wrap(runner, "audit_record", "audit")
-    sections.wrap(records.RunWriter, "add", "write records.jsonl")
-    sections.wrap(records.RunWriter, "finish", "write records.jsonl")
+    sections.wrap(writer.RunWriter, "add", "write records.jsonl")
+    sections.wrap(writer.RunWriter, "finish", "write records.jsonl")
     sections.wrap(engine, "info", "engine.info (manifest)")
     sections.wrap(runner, "load_run", "read run back")
 

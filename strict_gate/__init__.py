@@ -13,9 +13,9 @@ _EXPORTS: dict[str, str] = {
     "load_gate_config": "strict_gate.gate.config",
     "GateConfig": "strict_gate.gate.config",
     "run_gate": "strict_gate.gate.run",
-    "compare_run_dirs": "strict_gate.gate.run",
-    "capture_baseline": "strict_gate.gate.run",
-    "GateOutcome": "strict_gate.gate.run",
+    "compare_run_dirs": "strict_gate.gate.stored",
+    "capture_baseline": "strict_gate.gate.stored",
+    "GateOutcome": "strict_gate.gate.outcome",
     "rediagnose": "strict_gate.gate.rescore",
     "run_bench": "strict_gate.gate.bench",
     "BenchOutcome": "strict_gate.gate.bench",
@@ -42,8 +42,10 @@ if TYPE_CHECKING:
     )
     from strict_gate.gate.bench import BenchOutcome, run_bench
     from strict_gate.gate.config import GateConfig, load_gate_config
+    from strict_gate.gate.outcome import GateOutcome
     from strict_gate.gate.rescore import rediagnose
-    from strict_gate.gate.run import GateOutcome, capture_baseline, compare_run_dirs, run_gate
+    from strict_gate.gate.run import run_gate
+    from strict_gate.gate.stored import capture_baseline, compare_run_dirs
     from strict_gate.judge.result import GateResult
     from strict_gate.speed.model import SpeedResult
 

@@ -14,11 +14,11 @@ from strict_gate.runs.records import (
     EngineInfo,
     Manifest,
     Record,
-    RunWriter,
     Sampling,
     now_iso,
     sort_topk,
 )
+from strict_gate.runs.writer import RunWriter
 
 
 def step(*pairs: tuple[int, float]):

@@ -21,8 +21,8 @@ from strict_gate.speed.model import (
     RungResult,
     SpeedResult,
     TokenCheck,
-    judge_speed,
 )
+from strict_gate.speed.verdict import judge_speed
 
 RUNGS = (Rung("128/128", 128, 128), Rung("1024/128@4", 1024, 128, concurrency=4))
 REF = {"ttft_s": (0.020, 0.0205, 0.021, 0.0215, 0.022), "decode_tok_s": (100.0, 100.5, 101.0, 101.5, 102.0),

@@ -27,7 +27,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
-from strict_gate.judge.compare import compare_runs
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import cross_check, diagnose
 from strict_gate.judge.policy import apply_policy
 from strict_gate.report.show import show

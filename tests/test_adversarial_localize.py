@@ -190,6 +190,7 @@ def test_item1_relative_report_dir_localises_in_the_gate_and_with_localize(tmp_p
     out = cli("localize", str(report_dir))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "first beyond tolerance: layers.1.mlp" in out.stdout and "not localised" not in out.stdout
+    assert "[bold]" not in out.stdout  # each prompt's heading is styled, not printed as raw markup
 
 
 def test_item2_points_left_out_never_let_a_summary_blame_a_later_point(tmp_path, monkeypatch):

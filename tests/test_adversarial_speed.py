@@ -208,8 +208,8 @@ def test_all_equal_samples_are_not_certainty():
         RungResult,
         SpeedVerdictKind,
         TokenCheck,
-        judge_speed,
     )
+    from strict_gate.speed.verdict import judge_speed
 
     figs = ArmFigures(Figure((0.5,) * 5), Figure((20.0,) * 5), Figure((20.0,) * 5), tokens=4)
     rung = RungResult(Rung("8/4", 8, 4), figs, figs, token_check=TokenCheck(checked=1))

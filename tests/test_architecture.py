@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "strict_gate"
 
 # wing -> the wings it may import. `errors` is the error hierarchy every wing raises;
-# `face` is cli.py and __init__.py, which may import anything and which nothing imports.
+# `face` is cli/ and __init__.py, which may import anything and which nothing imports.
 WINGS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "core": frozenset({"errors"}),
@@ -76,7 +76,8 @@ def violations(root: Path) -> list[str]:
         src = wing_of(mod)
         for dep, line, _ in deps:
             dst = wing_of(dep)
-            if dst == "face" and dep.split(".")[-1] == "cli":
+            inside_cli = mod.startswith(f"{root.name}.cli.")  # cli/__main__.py runs the app
+            if dst == "face" and dep.split(".")[-1] == "cli" and not inside_cli:
                 found.append(f"{mod}:{line} imports the CLI ({dep})")
             elif dst != src and dst not in WINGS[src]:
                 found.append(f"{mod}:{line}: wing {src!r} may not import {dst!r} ({dep})")
@@ -102,6 +103,54 @@ def top_level_cycles(root: Path) -> list[list[str]]:
     return cycles
 
 
+def file_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at any depth: top level, inside functions,
+    under TYPE_CHECKING. `from pkg import sub` is an import of the module pkg.sub."""
+    modules = {module_name(p, root) for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(root.rglob("*.py")):
+        mod = module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    graph[mod].add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                graph[mod].update(a.name for a in node.names if a.name.startswith(root.name + "."))
+        graph[mod].discard(mod)
+    return graph
+
+
+def file_cycles(root: Path) -> list[list[str]]:
+    """Every set of files that import each other, directly or round a loop (Tarjan's strongly
+    connected components of file_graph, the ones with more than one file)."""
+    graph = file_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
 def test_the_wing_table_is_acyclic():
     order: list[str] = []
     pending = dict(WINGS)
@@ -115,6 +164,7 @@ def test_the_wing_table_is_acyclic():
 
 def test_every_subpackage_is_a_wing():
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    packages -= {"cli"}  # the face: wing_of maps strict_gate.cli.* to it
     assert packages <= set(WINGS), f"packages without a row in WINGS: {sorted(packages - set(WINGS))}"
 
 
@@ -158,3 +208,32 @@ def test_a_cycle_is_caught(tmp_path):
         encoding="utf-8",
     )
     assert top_level_cycles(copy)
+
+
+def test_no_file_imports_itself_round_a_loop():
+    """No circles between files, lazy and TYPE_CHECKING imports included: what two files share
+    lives in a third that both import (gate/outcome.py, engines/command/options.py, report/style.py)."""
+    assert file_cycles(PACKAGE) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("gate/outcome.py", "from strict_gate.gate.run import run_gate\n"),  # a two-file loop
+        ("gate/config.py", "    from strict_gate.gate.localize import relocalize\n"),  # lazy, round gate/localize.py
+        ("engines/command/options.py",
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from strict_gate.engines.command.engine import CommandEngine\n"),
+        ("report/style.py", "from strict_gate.report import html\n"),  # `from pkg import module`
+    ],
+)
+def test_a_planted_file_cycle_is_caught(tmp_path, where, line):
+    copy = tmp_path / "strict_gate"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("models", "__pycache__"))
+    target = copy / where
+    text = target.read_text(encoding="utf-8")
+    text += ("\n\ndef _planted():\n" + line) if line.startswith(" ") else ("\n" + line)
+    target.write_text(text, encoding="utf-8")
+    cycles = file_cycles(copy)
+    assert cycles, f"{line.strip()} in {where} made a cycle that was not reported"
+    planted = module_name(target, copy)
+    assert any(planted in c for c in cycles)

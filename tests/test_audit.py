@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from strict_gate.cli import app
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import parse_gate_config
-from strict_gate.judge.compare import Status, compare_runs
+from strict_gate.judge.compare import Status
+from strict_gate.judge.compare_runs import compare_runs
 
 runner = CliRunner()
 HERE = Path(__file__).resolve().parent

@@ -5,7 +5,7 @@ from helpers import confident, rec, step
 
 from strict_gate.errors import ConfigError
 from strict_gate.judge.cascade import CandidateView, ScoredPosition, judge_later
-from strict_gate.judge.compare import compare_runs
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.policy import apply_policy
 
 

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from strict_gate.cli import app
 from strict_gate.errors import ConfigError
 from strict_gate.judge.compare import Status
-from strict_gate.nightly.diff import Rule, diff_report_files, diff_reports, parse_fail_on, render_markdown
+from strict_gate.nightly.diff import Rule, diff_report_files, diff_reports, parse_fail_on
+from strict_gate.nightly.diff_markdown import render_markdown
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

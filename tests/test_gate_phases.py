@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import confident, rec, step, write_run
 
-import strict_gate.judge.compare as compare
+import strict_gate.judge.compare_runs as compare  # where the run comparison looks compare_prompt up
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import load_gate_config

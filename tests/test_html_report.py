@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from strict_gate.cli import app
 from strict_gate.gate.judgement import judge
-from strict_gate.gate.run import compare_run_dirs
+from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import GateResult
 from strict_gate.report import html as html_report

@@ -12,7 +12,8 @@ from strict_gate.errors import ConfigError, IncompleteRunError, InputError
 from strict_gate.gate.config import parse_gate_config
 from strict_gate.runs.prompts import load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import EngineInfo, Manifest, RunWriter, Sampling, now_iso
+from strict_gate.runs.records import EngineInfo, Manifest, Sampling, now_iso
+from strict_gate.runs.writer import RunWriter
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent

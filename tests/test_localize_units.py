@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import parse_gate_config
-from strict_gate.gate.localize import Scope
+from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.localization import Localization, PointDiff
 from strict_gate.localize.points import in_depth_order, parse_points
 from strict_gate.report.localization import svg_curve, text_lines

@@ -11,7 +11,7 @@ import pytest
 from helpers import rec, step, write_run
 from rich.console import Console
 
-from strict_gate.gate.run import compare_run_dirs
+from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.compare import Status, compare_prompt
 from strict_gate.judge.prefix_drift import DriftScale, PrefixDrift, prefix_drift
 from strict_gate.report.console import print_result

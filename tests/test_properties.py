@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strict_gate.errors import StrictGateError
-from strict_gate.judge.compare import BAND_EPS, Status, compare_runs
+from strict_gate.judge.compare import BAND_EPS, Status
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.policy import apply_policy
 from strict_gate.runs import reader
 from strict_gate.runs.audit import greedy_violation

@@ -41,8 +41,8 @@ from strict_gate.speed.model import (
     RungResult,
     SpeedVerdictKind,
     TokenCheck,
-    judge_speed,
 )
+from strict_gate.speed.verdict import judge_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = Path(__file__).parent / "engines" / "speed_engine.py"

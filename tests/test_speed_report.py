@@ -35,8 +35,8 @@ from strict_gate.speed.model import (
     SpeedVerdict,
     SpeedVerdictKind,
     TokenCheck,
-    judge_speed,
 )
+from strict_gate.speed.verdict import judge_speed
 
 runner = CliRunner()
 

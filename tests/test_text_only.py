@@ -16,7 +16,8 @@ from strict_gate.engines.base import PromptInput
 from strict_gate.engines.openai.engine import OpenAIEngine, OpenAIOptions
 from strict_gate.engines.openai.text_only import in_context
 from strict_gate.errors import ConfigError, InputError
-from strict_gate.judge.compare import Status, compare_prompt, compare_runs
+from strict_gate.judge.compare import Status, compare_prompt
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, ScoredPosition
 from strict_gate.judge.one_sided import reference_only
 from strict_gate.judge.policy import ONE_SIDED, Policy, apply_policy

@@ -12,7 +12,8 @@ from helpers import write_gate
 
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import load_gate_config
-from strict_gate.gate.run import capture_baseline, run_gate
+from strict_gate.gate.run import run_gate
+from strict_gate.gate.stored import capture_baseline
 from strict_gate.runs.reader import load_run
 
 pytestmark = pytest.mark.vllm

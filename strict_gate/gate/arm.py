@@ -20,7 +20,8 @@ from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, audit_record, greed
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import EngineInfo, Manifest, Record, Run, RunWriter, Sampling, Timing, now_iso
+from strict_gate.runs.records import EngineInfo, Manifest, Record, Run, Sampling, Timing, now_iso
+from strict_gate.runs.writer import RunWriter
 
 OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
 

@@ -33,7 +33,8 @@ from strict_gate.speed.config import SpeedConfig, TokenRules
 from strict_gate.speed.ladder import build_ladder
 from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm, measure_arms
-from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult, judge_speed
+from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult
+from strict_gate.speed.verdict import judge_speed
 
 ROLES = ("reference", "candidate")
 OnRung = Callable[[str, str], None]  # (role, rung name), as each rung starts
@@ -241,7 +242,7 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     fresh directory each time (as a gate's report directory), never over an earlier bench.
     `interleave`: both engines loaded at once, their repetitions in turns."""
     from strict_gate.gate.arm import prompt_inputs
-    from strict_gate.gate.run import new_report_dir
+    from strict_gate.gate.outcome import new_report_dir
     from strict_gate.runs.prompts import load_prompts
 
     if cfg.speed is None:

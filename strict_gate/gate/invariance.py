@@ -53,7 +53,7 @@ def invariance_phase(cfg: GateConfig, ps: PromptSet, inputs: list[PromptInput], 
 
 def run_invariance_gate(cfg: GateConfig, *, output_dir: Path | None = None, progress=None) -> InvarianceOutcome:
     """`strict-gate invariance CONFIG`: the [invariance] variants only (no token verdict)."""
-    from strict_gate.gate.run import new_report_dir
+    from strict_gate.gate.outcome import new_report_dir
 
     if cfg.invariance is None:
         raise ConfigError("has no [invariance] table: nothing for `strict-gate invariance` to run", path=cfg.path)

@@ -16,7 +16,8 @@ from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.cascade import Cascade
-from strict_gate.judge.compare import Comparison, compare_runs
+from strict_gate.judge.compare import Comparison
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate, stored_check
 from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
@@ -97,7 +98,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if comparison is None:
         comparison = compare(spec, ref, cand)
     diagnoses = {}
-    cand_records, notes = cand.records, text_only_notes(comparison, cand) if is_text_only(cand) else ()
+    cand_records, notes = cand.records, text_only_notes(comparison.prompts, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
             comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)

@@ -9,75 +9,21 @@ and the report says which engine stood in.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
 
-from strict_gate.core.options import Checked, Parse, PositiveInt, parse_options
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
-from strict_gate.judge.compare import Status
+from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.localize.compare import check_tolerance
-from strict_gate.localize.points import DEFAULT_POSITIONS, parse_points
+from strict_gate.localize.points import parse_points
 from strict_gate.localize.run import Settings, localize, targets
 
 WORK_DIR = "localize"  # under the report directory; removed unless keep
-
-
-class Scope(StrEnum):
-    DIVERGENT = "divergent"  # localize = true
-    ALL = "all"  # and the near-ties
-
-    @property
-    def statuses(self) -> tuple[Status, ...]:
-        return (Status.DIVERGENT,) if self is Scope.DIVERGENT else (Status.DIVERGENT, Status.NEAR_TIE)
-
-
-@dataclass(frozen=True)
-class LocalizeKeys(Checked):
-    include: Annotated[Scope, Parse(Scope, takes=str)] = Scope.DIVERGENT
-    positions: PositiveInt = DEFAULT_POSITIONS
-    tolerance: float | None = None  # checked by check_tolerance
-    points: list[str] | None = None
-    graft: bool = True
-    keep: bool = False
-    narrow: bool = True
-    reference: dict | None = None
-
-
-@dataclass(frozen=True)
-class LocalizeConfig:
-    scope: Scope
-    settings: Settings
-    reference: Any = None  # gate.config.ArmConfig of [localize.reference], or None
-
-
-def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
-    """`localize = true | false | "all"`, or a [localize] table; `arm(table)` reads its arm."""
-    where = {"path": getattr(line_of, "path", None), "line": line_of("localize")}
-    if value is False:
-        return None
-    if value is True or value == "all":
-        return LocalizeConfig(Scope.ALL if value == "all" else Scope.DIVERGENT, Settings())
-    if not isinstance(value, dict):
-        raise ConfigError(f'localize must be true, false, "all" or a [localize] table, got {value!r}', **where)
-    keys = parse_options(LocalizeKeys, value, where="localize", line_of=line_of)
-    try:
-        points = parse_points(",".join(keys.points), where="[localize] points") if keys.points is not None else None
-    except InputError as e:
-        raise ConfigError(str(e), path=where["path"], line=line_of("points")) from None
-    try:
-        tolerance = check_tolerance(keys.tolerance) if keys.tolerance is not None else None
-    except ConfigError as e:
-        raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
-    settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
-                        keep=keys.keep, narrow=keys.narrow)
-    return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
 
 
 def activation_reference(cfg, reference: Engine) -> tuple[Engine | None, bool, str | None]:
@@ -154,7 +100,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     reports in place, its verdict, diagnoses and drift kept as they were."""
     from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.judgement import judge_stored, stored_diagnoses
-    from strict_gate.gate.run import GateOutcome
+    from strict_gate.gate.outcome import GateOutcome
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
     from strict_gate.judge.stored import load_report
     from strict_gate.report import write_reports

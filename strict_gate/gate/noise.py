@@ -108,7 +108,7 @@ def measure_noise(cfg: GateConfig, *, plan_batch: Sequence[int] = (8,), chunks: 
                   prefill: bool = True, against: Sequence[str] = (), baseline: Path | None = None,
                   runs: int | None = None, out: Path | None = None, output_dir: Path | None = None,
                   progress=None) -> NoiseOutcome:
-    from strict_gate.gate.run import new_report_dir
+    from strict_gate.gate.outcome import new_report_dir
 
     ps = load_prompts(cfg.prompts)
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)

@@ -21,7 +21,8 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.noise_band import with_noise
-from strict_gate.gate.run import GateOutcome, build_rescorer
+from strict_gate.gate.outcome import GateOutcome
+from strict_gate.gate.run import build_rescorer
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef

@@ -21,7 +21,8 @@ from strict_gate.errors import ExitCode, InputError
 from strict_gate.gate.arm import finished_run, prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
-from strict_gate.gate.run import ROLES, GateOutcome, ProgressHook, play_gate
+from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook
+from strict_gate.gate.run import play_gate
 from strict_gate.gate.state import GateState, check_config_file, check_unchanged, read_gate_state, report_lock, verdicts
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet, load_prompts

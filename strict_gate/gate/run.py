@@ -9,117 +9,37 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.recorded import RecordedEngine
-from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError, InputError
-from strict_gate.gate.arm import OnRecord, finished_run, prompt_inputs, run_arm
+from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError
+from strict_gate.gate.arm import finished_run, prompt_inputs, run_arm
 from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.noise_band import with_noise
+from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook, new_report_dir
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
-from strict_gate.judge.compare import DEFAULT_BAND, Comparison, Status, compare_on_disk
+from strict_gate.judge.compare import Comparison, Status
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
-from strict_gate.judge.policy import Policy, check_policy
-from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
+from strict_gate.judge.policy import Policy
+from strict_gate.judge.spec import GateSpec
 from strict_gate.judge.staleness import baseline_staleness
-from strict_gate.judge.text_only import run_decoder
 from strict_gate.report import GateResult
-from strict_gate.runs.audit import check_comparable
 from strict_gate.runs.layout import ReportDir
-from strict_gate.runs.output import ensure_writable_dir, inside, safe_name, staged_run_dir
+from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Record, Run, Sampling, write_text_atomic
-from strict_gate.runs.stream import RunRecords, open_run
+from strict_gate.runs.records import Record, Run, write_text_atomic
 
-ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
-ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
 DIVERGED = (Status.DIVERGENT, Status.NEAR_TIE)  # what teacher-forced diagnosis re-scores
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    result: GateResult
-    report_dir: Path
-
-
-def new_report_dir(output_dir: Path, name: str) -> Path:
-    """A fresh directory for one gate's reports, named after the gate, always inside output_dir."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = output_dir / f"{safe_name(name)}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = Path(f"{base}-{n}")
-    path.mkdir(parents=True)
-    return inside(path, output_dir)
-
-
-def compare_run_dirs(
-    reference: str | Path,
-    candidate: str | Path,
-    *,
-    policy: Policy | str = Policy.AUTO,
-    band: float = DEFAULT_BAND,
-    prompts: str | Path | None = None,
-    out: str | Path | None = None,
-) -> GateResult:
-    """Compare two stored run directories (no engine, no torch) and optionally write reports.
-
-    Runs that are not comparable (prompt set, max_tokens, top_logprobs) are bad input (exit 2);
-    `prompts` names the prompt set whose ids are expected, so a prompt missing from both runs
-    is reported as missing rather than silently absent.
-
-    Both runs are streamed from disk (runs/stream.py): memory stays flat in the number of
-    prompts, and the result's records are read back on demand."""
-    from strict_gate.report.html import DETAIL_CAP
-
-    ref_dir, cand_dir = Path(reference), Path(candidate)
-    band = valid_band(band)
-    ref = open_run(ref_dir, allow_incomplete=True)
-    cand = open_run(cand_dir, allow_incomplete=True)
-    check_comparable(ref, cand)
-    ps_info = dict(ref.manifest.prompt_set)
-    prompt_ids = ref.manifest.prompt_ids or cand.manifest.prompt_ids
-    if prompts is not None:
-        ps = load_prompts(prompts)
-        if ps.sha256 != ps_info.get("sha256"):
-            raise InputError(
-                f"prompt set sha256 {ps.sha256} differs from the runs' {ps_info.get('sha256')}",
-                path=str(prompts),
-            )
-        prompt_ids = ps.ids
-    spec = GateSpec(name=f"{ref_dir.name}-vs-{cand_dir.name}", prompt_set=PromptSetRef.stored(ps_info, prompt_ids),
-                    sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
-    assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
-    comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
-                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP, decode=run_decoder(cand))
-    result = judge(spec, ref, cand, comparison=comparison,
-                   problems=_unheld(ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys()))
-    if out is not None:
-        from strict_gate.report import write_reports
-
-        write_reports(result, Path(out))
-    return result
-
-
-def _unheld(count: object, prompt_ids: list[str] | None, held: Collection[str]) -> list[str]:
-    """Prompts the set declares (by count, when it names no ids) that neither run holds: missing,
-    so the comparison is incomplete, never a pass."""
-    if prompt_ids is not None or not isinstance(count, int) or count <= len(held):
-        return []
-    return [f"the prompt set declares {count} prompts and the runs hold {len(held)}: {count - len(held)} missing "
-            "from both (the manifests name no ids)"]
 
 
 def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
@@ -130,33 +50,6 @@ def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
     engine = cfg.rescorer.build()
     engine.set_log_path(ReportDir(report_dir).rescorer_log)
     return engine
-
-
-def capture_baseline(
-    cfg: GateConfig,
-    out: Path,
-    *,
-    runs: int,
-    progress: ProgressHook | None = None,
-    engine: Engine | None = None,
-    force: bool = False,
-) -> Run:
-    """Run the reference K times per prompt (one prompt per call) into a baseline run with
-    its determinism summary. A given `engine` is used as is and left open. `out` is replaced
-    only by a finished capture, and a complete one there only with `force`."""
-    ps = load_prompts(cfg.prompts)
-    with staged_run_dir(out, force=force) as staged:
-        reference = engine or cfg.reference.build()
-        try:
-            inputs = prompt_inputs(ps, reference)
-            run_arm(
-                reference, inputs, Sampling(cfg.max_tokens, cfg.top_logprobs), staged, prompt_set=ps, runs=runs,
-                on_record=progress(f"capture x{runs}", len(inputs)) if progress else None,
-            )
-        finally:
-            if engine is None:
-                reference.close()
-    return load_run(out)
 
 
 def run_gate(

@@ -13,7 +13,7 @@ greedy tolerance, so that no figure is the speed of tokens nobody verified:
 
 A reply verifies when it matches or first diverges at a near-tie; anything else (a choice
 that is not its own argmax, a divergence beyond a near-tie, other prompt ids) leaves the
-rung unverified, and the speed verdict not comparable (speed.model.judge_speed).
+rung unverified, and the speed verdict not comparable (speed.verdict.judge_speed).
 """
 
 from __future__ import annotations

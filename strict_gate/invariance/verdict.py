@@ -26,7 +26,8 @@ from enum import StrEnum
 from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import ExitCode
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
-from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status, compare_runs
+from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status
+from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.runs.records import Run
 
 # how far a prompt moved: its worst status over a variant's repeats is the one reported

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from strict_gate.runs.records import Record, Run
-
-if TYPE_CHECKING:
-    from strict_gate.judge.compare import Comparison
 
 TEXT_ONLY = "text-only server"  # why a text-only candidate's own gap is unknown
 Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, continuation ids) -> text
@@ -71,9 +68,23 @@ def decoder(path: Path | None) -> Decode | None:
     return decode
 
 
-def text_only_notes(comparison: Comparison, cand: Run) -> tuple[str, ...]:
+class Judged(Protocol):
+    """What the notes read of a judged prompt (judge/compare.py's PromptComparison), named here
+    so that this module does not import the comparator that imports it."""
+
+    @property
+    def detail(self) -> str: ...
+    @property
+    def matched_positions(self) -> int: ...
+    @property
+    def reference_length(self) -> int: ...
+    @property
+    def candidate_length(self) -> int: ...
+
+
+def text_only_notes(prompts: Sequence[Judged], cand: Run) -> tuple[str, ...]:
     """What a report says of a text-only candidate: what was and was not claimed."""
-    text = [p for p in comparison.prompts if p.detail.startswith("text-level")]
+    text = [p for p in prompts if p.detail.startswith("text-level")]
     moved = sum(1 for p in text if p.matched_positions != p.reference_length or p.reference_length != p.candidate_length)
     decoded = "" if run_decoder(cand) is not None else (
         "; its tokenizer is not on this machine, so only equal ids were a match")

@@ -31,7 +31,8 @@ from pathlib import Path
 from strict_gate.engines.recorded import RecordedOptions
 from strict_gate.errors import ExitCode, InputError, StrictGateError
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.run import new_report_dir, run_gate
+from strict_gate.gate.outcome import new_report_dir
+from strict_gate.gate.run import run_gate
 from strict_gate.invariance.config import InvarianceConfig, InvariancePolicy
 from strict_gate.judge.stored import load_report
 from strict_gate.nightly.bisect_watch import Watchdog

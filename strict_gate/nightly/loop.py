@@ -15,7 +15,8 @@ from pathlib import Path
 
 from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.gate.config import GateConfig
-from strict_gate.gate.run import GateOutcome, ProgressHook, run_gate
+from strict_gate.gate.outcome import GateOutcome, ProgressHook
+from strict_gate.gate.run import run_gate
 from strict_gate.judge.history import DEFAULT_NIGHTS, HISTORY_MAX_LINES, load_history, read_history
 from strict_gate.judge.stored import load_report, report_path
 from strict_gate.nightly.bisect import bisect_command
@@ -23,9 +24,9 @@ from strict_gate.nightly.diff import (
     DEFAULT_FAIL_ON,
     ReportDiff,
     diff_reports,
-    render_markdown,
     write_diff_json,
 )
+from strict_gate.nightly.diff_markdown import render_markdown
 from strict_gate.report import GateResult
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic

@@ -8,19 +8,15 @@ report.json strict JSON (a non-finite number, a NaN timing or an infinite gap, b
 from __future__ import annotations
 
 import json
-import math
-import re
 from pathlib import Path
-from typing import Any
 
 from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report import html, junit, markdown
-from strict_gate.report.text import visible
+from strict_gate.report.text import strict_json, visible
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 FORMATS = ("json", "md", "html", "junit")
 
 
@@ -47,18 +43,4 @@ def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> d
     return written
 
 
-def strict_json(obj: Any) -> Any:
-    """NaN and infinities as null (strict JSON parsers, most CI tools, reject them), and a lone
-    surrogate (an engine's "\\ud800") as visible text, since no UTF-8 file can hold it."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, str):
-        return obj.encode("utf-8", "backslashreplace").decode("utf-8") if _SURROGATE.search(obj) else obj
-    if isinstance(obj, dict):
-        return {strict_json(k): strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
-
-
-__all__ = ["FORMATS", "REPORT_SCHEMA", "GateResult", "to_json", "write_reports"]
+__all__ = ["FORMATS", "REPORT_SCHEMA", "GateResult", "strict_json", "to_json", "write_reports"]

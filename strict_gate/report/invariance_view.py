@@ -19,7 +19,8 @@ from strict_gate.invariance.config import InvariancePolicy
 from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResult, VariantVerdict
 from strict_gate.judge.compare import UNCOMPARED, Status
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.text import md, visible
+from strict_gate.report.style import CSS
+from strict_gate.report.text import md, strict_json, visible
 from strict_gate.runs.records import now_iso, write_text_atomic
 
 INVARIANCE_SCHEMA = "strict-gate/invariance@1"
@@ -208,9 +209,6 @@ def _junit(inv: InvarianceResult, name: str) -> str:
 
 def write_invariance_reports(inv: InvarianceResult, out_dir: Path, *, name: str) -> dict[str, Path]:
     """`strict-gate invariance`'s files; invariance.json last, so its presence means the set is whole."""
-    from strict_gate.report import strict_json
-    from strict_gate.report.html import CSS
-
     inv = scrub_obj(inv)
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>strict-gate invariance: "
             f"{escape(name)}</title><style>{CSS}</style></head><body><main>{html_section(inv)}</main></body></html>\n")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -135,3 +137,20 @@ def show_token(dec: Decoder, token_id: int | None) -> str:
     if token_id is None:
         return "(end)"
     return f"“{dec.token(token_id)}” ({token_id})"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def strict_json(obj: Any) -> Any:
+    """NaN and infinities as null (strict JSON parsers, most CI tools, reject them), and a lone
+    surrogate (an engine's "\\ud800") as visible text, since no UTF-8 file can hold it."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "backslashreplace").decode("utf-8") if _SURROGATE.search(obj) else obj
+    if isinstance(obj, dict):
+        return {strict_json(k): strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj

@@ -11,7 +11,7 @@ better than a matched run would: a reference in eager mode against a compiled ca
 slow denominator), a candidate in a narrower dtype, prefix caching on the candidate only.
 Eager against compiled is flagged in both directions (the ratio then compares compilation,
 not engines); the other opposite differences are reported as plain mismatches. A flattering
-mismatch makes the speed verdict not comparable (model.judge_speed): it is never a pass.
+mismatch makes the speed verdict not comparable (verdict.judge_speed): it is never a pass.
 """
 
 from __future__ import annotations

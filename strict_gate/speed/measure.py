@@ -12,7 +12,7 @@ arms are measured:
 - TWO_REQUEST (otherwise, for both arms): TTFT = the max_tokens=1 request's wall time;
   decode = (n - 1) / (t_full - median TTFT), per sequence, summed over sequences. The two
   requests are different requests, so this decode is biased wherever they differ in more
-  than their length (model.judge_speed holds a decode bar against e2e for that reason).
+  than their length (verdict.judge_speed holds a decode bar against e2e for that reason).
 
 End-to-end tokens/s is every token over the full requests' wall time, in both methods.
 Nothing an engine reports about its own timing is used (it is shown beside, self_reported).

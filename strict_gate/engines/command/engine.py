@@ -15,14 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import find_tokenizer_json, resolve_model
-from strict_gate.core.options import Argv, Checked, Seconds
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving, over_context
 from strict_gate.engines.command.inflight import PREFILL_CHUNK, overlapped
+from strict_gate.engines.command.options import CommandOptions
 from strict_gate.engines.command.process import PROTOCOL, EngineProcess
 from strict_gate.engines.command.replies import ReplyError, dump_reply, generate_record, scored_steps
 from strict_gate.engines.command.speed import TokenEvents, hello_settings, speed_fields
@@ -33,18 +33,6 @@ from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, T
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-
-@dataclass(frozen=True)
-class CommandOptions(Checked):
-    command: Argv
-    tokenizer: str | None = None  # tokenizer.json or a model dir holding one (for text prompts)
-    model: str | None = None  # informational: what the binary serves (the hello may say it too)
-    timeout_s: Seconds = 120.0  # per request
-    startup_timeout_s: Seconds = 300.0  # until the hello line
-    cwd: str | None = None  # default: the config's directory
-    log: str | None = None  # stderr log; default: the run directory's engine.log, else a temp file
-    eos_token_ids: list[int] | None = None  # default: from generation_config.json / config.json by the tokenizer
 
 
 class CommandEngine(EngineProcess, Engine):

@@ -19,12 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from strict_gate.core.engine_log import CappedLog
 from strict_gate.core.redact import scrub
 from strict_gate.engines.base import Serving
 from strict_gate.engines.command.inflight import hello_servings
+from strict_gate.engines.command.options import CommandOptions
 from strict_gate.engines.process import (
     close_log,
     log_caught_up,
@@ -35,9 +35,6 @@ from strict_gate.engines.process import (
     wait_exit,
 )
 from strict_gate.errors import ConfigError, EngineError
-
-if TYPE_CHECKING:
-    from strict_gate.engines.command.engine import CommandOptions
 
 PROTOCOL = "strict-gate/engine@1"
 QUOTE_CHARS = 200  # how much of a bad line an error quotes

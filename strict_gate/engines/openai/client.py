@@ -269,7 +269,7 @@ def check_prompt_read(p: PromptInput, choice: dict) -> None:
         raise EngineError(
             f"openai: prompt {p.id!r}: {len(p.token_ids)} token ids were sent as the prompt, and the server "
             f"says it read {read} (usage.prompt_tokens): it does not take a prompt as token ids, so it "
-            "completed another prompt. The openai arm needs a server that takes token-id prompts (README.md, "
+            "completed another prompt. The openai arm needs a server that takes token-id prompts (docs/configuring-engines.md, "
             "\"What the openai arm needs from a server\")."
         )
 

@@ -19,24 +19,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 from strict_gate.core.model_files import find_tokenizer_json
-from strict_gate.core.options import Bound, Checked, NonEmptyList, PositiveInt, Seconds
 from strict_gate.core.redact import register, scrub_json
 from strict_gate.engines.base import Engine, PromptInput, Serving, over_context
 from strict_gate.engines.openai.client import (
     HTTPStatus,
     PromptError,
     Unreachable,
-    choice_of,
     parse_completion,
-    parse_prompt_logprobs,
 )
+from strict_gate.engines.openai.options import OpenAIOptions, check_openai_options
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
-from strict_gate.engines.openai.server import Server, arm_servers, served_context, url_problems
+from strict_gate.engines.openai.score import ScoringUnsupported, score_reply
+from strict_gate.engines.openai.server import Server, arm_servers, served_context
 from strict_gate.engines.openai.text_only import repeat_problem, require_text, server_tokenize, text_body, text_record
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, prometheus_counters
 from strict_gate.errors import ConfigError, EngineError
@@ -48,33 +47,6 @@ if TYPE_CHECKING:
 # Sent with every completion so that the server's greedy choice is the raw argmax, whatever
 # defaults the model's generation_config carries (vLLM's server applies them to requests).
 NEUTRAL = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-
-
-Retries = Annotated[int, Bound(ge=0, le=10)]
-
-
-@dataclass(frozen=True)
-class OpenAIOptions(Checked):
-    base_url: str | list[str] | None = None  # http://127.0.0.1:8000 (a trailing /v1 is accepted), or a list
-    model: str | None = None  # the served model name; None: the first of GET /v1/models
-    api_key_env: str | None = None  # NAME of the env var that holds the key (never the key)
-    serve: NonEmptyList | None = None  # command that launches the server (argv, no shell)
-    servers: PositiveInt = 1  # copies of `serve` to launch, each on its own {port}
-    health_url: str | None = None  # default: base_url/health, then base_url/v1/models
-    startup_timeout_s: Seconds = 600.0
-    request_timeout_s: Seconds = 120.0
-    retries: Retries = 2  # extra attempts after a connection error or a 5xx (never after a 4xx)
-    tokenizer: str | None = None  # tokenizer.json or a model dir; None: the server's /tokenize
-    prompt_logprobs: bool = True  # teacher-forced scoring through prompt_logprobs
-    stream_timing: bool = False  # stream each request to measure time to first token
-    # Merged into every completion request over the neutral settings (top_p 1, presence and
-    # frequency penalties 0, repetition_penalty 1: vLLM's server otherwise takes defaults such as
-    # a repetition penalty from the model's generation_config). A key set to null is not sent.
-    extra_body: dict = field(default_factory=dict)
-    stop_timeout_s: Seconds = 30.0  # SIGTERM grace period before SIGKILL
-    # A server that answers only text (no token ids, no logprobs): prompts are sent as text and
-    # the reply is tokenized in context with `tokenizer` (required); engines/openai/text_only.py.
-    text_only: bool = False
 
 
 class OpenAIEngine(Engine):
@@ -116,15 +88,7 @@ class OpenAIEngine(Engine):
     # ---------------------------------------------------------------- configuration
     @classmethod
     def check_options(cls, options: OpenAIOptions, *, where: str, line_of) -> None:
-        """A base_url or health_url holding credentials is refused when the config is read, before anything is
-        written (the refusal does not repeat them)."""
-        for name, problem in url_problems(options):
-            raise ConfigError(f"[{where}] {problem}", path=getattr(line_of, "path", None), line=line_of(name))
-        if options.text_only and not options.tokenizer:
-            raise ConfigError(
-                f"[{where}] text_only = true needs tokenizer (a tokenizer.json or the model directory): the "
-                "server's text is tokenized with it, in context", path=getattr(line_of, "path", None),
-                line=line_of("text_only"))
+        check_openai_options(options, where=where, line_of=line_of)
 
     def check_prompt_set(self, ps, arm: str) -> None:
         if self.options.text_only:
@@ -499,31 +463,9 @@ class OpenAIEngine(Engine):
         ids = list(prompt_ids) + list(continuation_ids)
         body = {**self._extra(), "model": self._resolve_model(), "prompt": ids, "max_tokens": 1,
                 "temperature": 0.0, "prompt_logprobs": k, "return_token_ids": True, "stream": False}
-
-        def unsupported(why: str) -> EngineError:
-            self.can_score = False
-            return EngineError(
-                f"openai: the server does not support teacher-forced scoring: {why} "
-                "(it needs vLLM's prompt_logprobs on /v1/completions)"
-            )
-
         try:
-            choice = choice_of(s.client.call("POST", "/v1/completions", body))
-        except HTTPStatus as e:
-            if e.code in (401, 403):
-                raise EngineError(self._auth_hint(e)) from None
-            if 400 <= e.code < 500 and ("logprob" in e.message.lower() or e.code in (404, 405, 501)):
-                raise unsupported(f"it rejected prompt_logprobs = {k} ({e})") from None
-            if 400 <= e.code < 500:
-                raise EngineError(f"openai: the scoring request was rejected ({e})") from None
-            raise EngineError(f"openai: scoring failed: {e}") from None
-        except Unreachable as e:
-            raise EngineError(str(self._died(s, f"while scoring ({e})"))) from None
-        except PromptError as e:
-            raise EngineError(f"openai: scoring failed: {e}") from None
-        plp = choice.get("prompt_logprobs")
-        if not isinstance(plp, list):
-            raise unsupported("its answer has no prompt_logprobs")
-        if len(plp) != len(ids):
-            raise EngineError(f"openai: prompt_logprobs has {len(plp)} entries for a prompt of {len(ids)} tokens")
-        return parse_prompt_logprobs(plp, len(prompt_ids), continuation_ids, k)
+            return score_reply(s, body, ids, len(prompt_ids), continuation_ids, k, auth_hint=self._auth_hint,
+                               died=self._died)
+        except ScoringUnsupported:
+            self.can_score = False
+            raise

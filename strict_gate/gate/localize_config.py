@@ -1,0 +1,67 @@
+"""`localize = true | "all"` or a [localize] table, as the gate config reads it: apart from
+gate/localize.py, which runs the localisation and reads the gate config back (relocalize), so
+that the config and the phase do not import each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any
+
+from strict_gate.core.options import Checked, Parse, PositiveInt, parse_options
+from strict_gate.errors import ConfigError, InputError
+from strict_gate.judge.compare import Status
+from strict_gate.localize.compare import check_tolerance
+from strict_gate.localize.points import DEFAULT_POSITIONS, parse_points
+from strict_gate.localize.run import Settings
+
+
+class Scope(StrEnum):
+    DIVERGENT = "divergent"  # localize = true
+    ALL = "all"  # and the near-ties
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        return (Status.DIVERGENT,) if self is Scope.DIVERGENT else (Status.DIVERGENT, Status.NEAR_TIE)
+
+
+@dataclass(frozen=True)
+class LocalizeKeys(Checked):
+    include: Annotated[Scope, Parse(Scope, takes=str)] = Scope.DIVERGENT
+    positions: PositiveInt = DEFAULT_POSITIONS
+    tolerance: float | None = None  # checked by check_tolerance
+    points: list[str] | None = None
+    graft: bool = True
+    keep: bool = False
+    narrow: bool = True
+    reference: dict | None = None
+
+
+@dataclass(frozen=True)
+class LocalizeConfig:
+    scope: Scope
+    settings: Settings
+    reference: Any = None  # gate.config.ArmConfig of [localize.reference], or None
+
+
+def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
+    """`localize = true | false | "all"`, or a [localize] table; `arm(table)` reads its arm."""
+    where = {"path": getattr(line_of, "path", None), "line": line_of("localize")}
+    if value is False:
+        return None
+    if value is True or value == "all":
+        return LocalizeConfig(Scope.ALL if value == "all" else Scope.DIVERGENT, Settings())
+    if not isinstance(value, dict):
+        raise ConfigError(f'localize must be true, false, "all" or a [localize] table, got {value!r}', **where)
+    keys = parse_options(LocalizeKeys, value, where="localize", line_of=line_of)
+    try:
+        points = parse_points(",".join(keys.points), where="[localize] points") if keys.points is not None else None
+    except InputError as e:
+        raise ConfigError(str(e), path=where["path"], line=line_of("points")) from None
+    try:
+        tolerance = check_tolerance(keys.tolerance) if keys.tolerance is not None else None
+    except ConfigError as e:
+        raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
+    settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
+                        keep=keys.keep, narrow=keys.narrow)
+    return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
