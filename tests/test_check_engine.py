@@ -177,8 +177,12 @@ def test_the_ctranslate2_adapter_passes(tmp_path, gate):
     _installed(ROOT / ".venvs" / "ctranslate2" / "bin" / "python", ROOT / "build" / "ct2" / "tiny-llama-int8",
                install="bash scripts/install-ctranslate2.sh")
     checklist = check_engine(load_engine_arm(ROOT / "gates" / gate), log_dir=tmp_path)
+    # it declares generate and score only: the capability checks (in_flight, prefill_chunk, dump,
+    # graft) do not apply
     assert statuses(checklist) == expect(ignore_eos="not_applicable", ties=statuses(checklist)["ties"],
-                                         stream="not_applicable"), checklist.lines()
+                                         stream="not_applicable", in_flight="not_applicable",
+                                         prefill_chunk="not_applicable", dump="not_applicable",
+                                         graft="not_applicable"), checklist.lines()
     assert statuses(checklist)["ties"] in ("pass", "not_applicable")
 
 
@@ -188,6 +192,8 @@ def test_the_llamacpp_adapter_passes(tmp_path, gate):
     _installed(ROOT / ".venvs" / "llamacpp" / "bin" / "python", ROOT / "build" / "gguf" / "tiny-llama-q8_0.gguf",
                install="bash scripts/install-llamacpp.sh")
     checklist = check_engine(load_engine_arm(ROOT / "gates" / gate), log_dir=tmp_path)
-    assert statuses(checklist) == expect(ties=statuses(checklist)["ties"], stream="not_applicable"), \
-        checklist.lines()
+    # it declares dump (and dump_decode), not graft, requests in flight or prefill chunks
+    assert statuses(checklist) == expect(ties=statuses(checklist)["ties"], stream="not_applicable",
+                                         in_flight="not_applicable", prefill_chunk="not_applicable",
+                                         graft="not_applicable"), checklist.lines()
     assert statuses(checklist)["ties"] in ("pass", "not_applicable")
