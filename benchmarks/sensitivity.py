@@ -20,7 +20,7 @@ only (the rule of `strict-gate battery build`: sigma calibrated on the pool, def
 Figures per battery and perturbation: detection (share of seeds where at least one prompt
 flips), prompts flipped (mean), and drift: the battery's largest |delta logprob| of the chosen
 token at matched positions (judge/prefix_drift.py), with "seen" = a flip or drift above
-REDUCTION_ORDER_MAX (1e-3 nats).
+FLOAT32_ROUNDING_MAX (1e-3 nats).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from strict_gate.battery.margins import calibrate, profile, prompt_flip_probabil
 from strict_gate.battery.select import Candidate, default_coverage, select
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.hf import HFEngine, HFOptions
-from strict_gate.judge.prefix_drift import REDUCTION_ORDER_MAX, prefix_drift
+from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, prefix_drift
 from strict_gate.runs.prompts import load_prompts
 from strict_gate.runs.records import Record, Sampling
 
@@ -118,7 +118,7 @@ def score(bats, results) -> dict:
                 f = sum(res[i][0] for i in ids)
                 dmax = max(res[i][1] for i in ids)
                 det.append(f > 0)
-                seen.append(f > 0 or dmax > REDUCTION_ORDER_MAX)
+                seen.append(f > 0 or dmax > FLOAT32_ROUNDING_MAX)
                 flipped.append(f)
                 drift.append(dmax)
         out[name] = {"detection": float(np.mean(det)), "seen": float(np.mean(seen)),
