@@ -8,6 +8,8 @@ proves nothing.
 """
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,3 +93,18 @@ def fake_openai():
 def _no_ci_step_summary(monkeypatch):
     """Gates run by tests must not write into the CI job's own summary ($GITHUB_STEP_SUMMARY)."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    """The C++ example engine built from this checkout's sources, once per session (fail under CI,
+    skip elsewhere, without g++: the skip names the install command)."""
+    if shutil.which("g++") is None:
+        why = "g++ not found; install it (Debian: apt-get install -y g++) to build the C++ engine"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {why}", pytrace=False)
+        pytest.skip(why)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build-cpp-engine.sh")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ROOT / "build" / "cpp" / "engine"

@@ -9,6 +9,9 @@ import shutil
 from pathlib import Path
 
 from helpers import write_gate
+from typer.testing import CliRunner
+
+from strict_gate.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 FP32, BF16 = "tiny-llama-vllm-fp32", "tiny-llama-vllm-bf16"
@@ -65,3 +68,8 @@ def plant_self_flip(base: Path, pid: str = "prose-001") -> tuple[int, float]:
         {"position": pos, "tokens": sorted({rec["token_ids"][pos], top[1][0]}), "ended": False}]}]
     rewrite(base, recs, manifest)
     return pos, top[0][1] - top[1][1]
+
+
+def cli(*args: str):
+    """`strict-gate ARGS` in process, exceptions raised (a traceback is a failure, not an exit code)."""
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)

@@ -13,17 +13,9 @@ import json
 import shutil
 
 import pytest
-from noise_fixtures import BF16, FP32, ROOT, gate, layout, plant_self_flip, records, rewrite
-from typer.testing import CliRunner
+from noise_fixtures import BF16, FP32, ROOT, cli, gate, layout, plant_self_flip, records, rewrite
 
-from strict_gate.cli import app
 from strict_gate.noise.profile import seal_of
-
-runner = CliRunner()
-
-
-def cli(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
 
 
 @pytest.fixture

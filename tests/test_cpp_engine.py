@@ -46,20 +46,6 @@ PROMPTS = _baseline_prompts()
 SOME = ["prose-001", "code-006", *sorted(PROMPTS)[40:44]]  # code-006: vLLM stops on </s> after one token
 
 
-@pytest.fixture(scope="module")
-def binary() -> Path:
-    """Build the engine from this checkout's sources (fail under CI, skip elsewhere, without g++)."""
-    if shutil.which("g++") is None:
-        why = "g++ not found; install it (Debian: apt-get install -y g++) to build the C++ engine"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {why}", pytrace=False)
-        pytest.skip(why)
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "build-cpp-engine.sh")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return BINARY
-
-
 class Session:
     """The binary on stdin/stdout, as the gate drives it, one request line at a time."""
 

@@ -15,18 +15,10 @@ import shutil
 
 import pytest
 from helpers import write_gate
-from noise_fixtures import BF16, FP32, ROOT, gate, layout, plant_self_flip
-from typer.testing import CliRunner
+from noise_fixtures import BF16, FP32, ROOT, cli, gate, layout, plant_self_flip
 
-from strict_gate.cli import app
 from strict_gate.noise.profile import load_profile
 from strict_gate.noise.ulp import float_format, gap_ulps
-
-runner = CliRunner()
-
-
-def cli(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
 
 
 @pytest.fixture

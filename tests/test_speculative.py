@@ -28,20 +28,6 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHO
 SHIPPED = ROOT / "gates" / "cpp-f32-speculative.toml"
 
 
-@pytest.fixture(scope="module")
-def binary() -> Path:
-    """This checkout's engine, built (fail under CI, skip elsewhere, without g++)."""
-    if shutil.which("g++") is None:
-        why = "g++ not found; install it (Debian: apt-get install -y g++) to build the C++ engine"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {why}", pytrace=False)
-        pytest.skip(why)
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "build-cpp-engine.sh")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ROOT / "build" / "cpp" / "engine"
-
-
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "strict_gate.cli", *args], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=900)
