@@ -7,12 +7,12 @@ spreads a battery over groups so it cannot collapse onto one kind of text.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from strict_gate.core.files import file_sha256
 from strict_gate.errors import InputError
 from strict_gate.runs.prompts import (
     MAX_PROMPT_BYTES,
@@ -77,10 +77,6 @@ def group_of(prompt: Prompt, source: str) -> str:
     return prompt.tags[0] if prompt.tags else source
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
@@ -142,7 +138,7 @@ def load_pool(paths: list[Path], split: Split | None = None) -> Pool:
             where[p.id] = str(path)
             groups[p.id] = group_of(p, source)
         prompts.extend(got)
-        sources.append(PoolSource(str(path), _file_sha256(path), kind, len(got)))
+        sources.append(PoolSource(str(path), file_sha256(path), kind, len(got)))
     if not prompts:
         raise InputError("the pool holds no prompts (every text file was shorter than one passage)",
                          path=str(paths[0]))

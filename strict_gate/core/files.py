@@ -9,6 +9,7 @@ reading it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -41,3 +42,12 @@ def new_temp_dir(directory: Path, prefix: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {directory}")
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (model files are hundreds of MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

