@@ -2,7 +2,8 @@
 benchmarks/acceptance.toml.
 
     bash scripts/acceptance.sh                    # the fast tier (CI runs it: .ci/run)
-    bash scripts/acceptance.sh --tier full        # every row
+    bash scripts/acceptance.sh --tier full        # every gate and follow-up
+    bash scripts/acceptance.sh --tier all         # and the real model's K = 5 re-captures (an hour each)
     bash scripts/acceptance.sh --only kda-recurrent,kda-recurrent-localize --rev 13043cc
 
 It copies a commit of the repository (`git archive REV`, default HEAD) into a temporary
@@ -211,7 +212,7 @@ def _cell(text: str, limit: int = 240) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tier", choices=("fast", "full"), default="fast")
+    p.add_argument("--tier", choices=("fast", "full", "all"), default="fast")
     p.add_argument("--only", default="", help="step ids, comma-separated (their earlier steps come too)")
     p.add_argument("--rev", default="HEAD", help="the commit to copy and run (default HEAD)")
     p.add_argument("--table", type=Path, default=ROOT / "benchmarks" / "acceptance.toml")

@@ -39,7 +39,7 @@ class Scan(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class Step(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: str
-    tier: Literal["fast", "full"]
+    tier: Literal["fast", "full", "capture"]  # capture: the real reference's K = 5 re-capture (an hour each)
     command: str  # as a user types it, from the repository root; "{report:ID}" = step ID's report
     exit: int  # the documented exit code; -9: the step SIGKILLs the gate itself (kill_at_records)
     why: str = ""  # what the row shows
@@ -115,13 +115,15 @@ def _compile(path: Path, row: str, pattern: str) -> re.Pattern[str]:
 
 
 def select(table: Table, tier: str, only: tuple[str, ...] = ()) -> tuple[Step, ...]:
-    """The steps of a tier ("fast": the fast rows; "full": every row), or the named ones, each
-    with the steps it follows (a localize needs its gate)."""
+    """The steps of a tier ("fast": the fast rows; "full": every gate and follow-up; "all": the
+    re-captures of the real model's reference too), or the named ones, each with the steps it
+    follows (a localize needs its gate)."""
     by_id = {s.id: s for s in table.step}
     unknown = [i for i in only if i not in by_id]
     if unknown:
         raise TableError(f"no step named {', '.join(unknown)}")
-    wanted = set(only) if only else {s.id for s in table.step if tier == "full" or s.tier == "fast"}
+    tiers = {"fast": ("fast",), "full": ("fast", "full"), "all": ("fast", "full", "capture")}[tier]
+    wanted = set(only) if only else {s.id for s in table.step if s.tier in tiers}
     todo = list(wanted)
     while todo:
         for dep in by_id[todo.pop()].depends_on():

@@ -6,6 +6,7 @@
 #
 #   bash scripts/acceptance.sh                       # the fast tier (what .ci/run runs)
 #   bash scripts/acceptance.sh --tier full --out benchmarks/results/acceptance/full
+#   bash scripts/acceptance.sh --tier all            # and the real model's K = 5 re-captures (an hour each)
 #   bash scripts/acceptance.sh --list --tier full    # the steps, without running them
 #
 # Exit 0 only when every step met every expectation; 1 otherwise; 2 on a bad table.

@@ -61,10 +61,12 @@ def test_the_shipped_table_reads_and_covers_every_shipped_gate():
     table = at.load_table(ROOT / "benchmarks" / "acceptance.toml")
     gates = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gates").glob("*.toml"))
     assert at.uncovered_gates(gates, table.step) == []
-    assert {s.tier for s in table.step} == {"fast", "full"}
+    assert {s.tier for s in table.step} == {"fast", "full", "capture"}
     fast = at.select(table, "fast")
     assert fast and all(s.tier == "fast" for s in fast)
-    assert len(at.select(table, "full")) == len(table.step)
+    full = at.select(table, "full")
+    assert {s.id for s in fast} < {s.id for s in full} and all(s.tier != "capture" for s in full)
+    assert len(at.select(table, "all")) == len(table.step)
 
 
 def test_a_gate_without_a_row_is_named():
