@@ -11,6 +11,10 @@
 #      (benchmarks/localize_cost.py --model), bfloat16 and float32;
 #   4. the speed ladder, TTFT and decode tok/s at 128/1024/4096 prompt tokens, bfloat16 and float32
 #      (benchmarks/gpu.py ladder --dtype);
+#   6. with STAGES=battery: the sensitive battery of 32 for this model (`strict-gate battery build`
+#      over prompts/pool-2k.jsonl, hf float32 on CUDA at batch 32, 16 tokens, timed);
+#   7. with STAGES=sensitivity: the detection experiment on this model (benchmarks/sensitivity.py
+#      --models <the converted model> --device cuda, the whole pool, $SEEDS seeds);
 #   5. with STAGES=overhead: the gate's own cost on the hf arm, gate / bare, the first $PROMPTS (32)
 #      prompts at 16 and 128 tokens (benchmarks/overhead.py).
 #
@@ -53,8 +57,26 @@ done
 want invariance && $py benchmarks/gpu_invariance.py "$model" --dtypes bfloat16 float32 --batches 1 8 32 2>&1 | tee "$work/invariance.txt" | log
 
 want localize && for dt in bfloat16 float32; do
-  $py benchmarks/localize_cost.py --model "$model" --device cuda --dtype $dt 2>&1 | tail -n 3 | tee -a "$work/localize.txt" | log
+  for narrow in --no-narrow ""; do  # layers only, then narrowed to the first-beyond layer's ops
+    $py benchmarks/localize_cost.py --model "$model" --device cuda --dtype $dt $narrow 2>&1 | tail -n 3 | tee -a "$work/localize.txt" | log
+  done
 done
+
+want battery && {
+  printf 'kind = "hf"\nmodel = "pypi:smollm2-135m"\ndtype = "float32"\ndevice = "cuda"\nbatch = 32\n' > "$work/battery-ref.toml"
+  mkdir -p "$work/battery"
+  t0=$(date +%s.%N)
+  sg battery build prompts/pool-2k.jsonl --reference "$work/battery-ref.toml" --size 32 --max-tokens 16 \
+    --out "$work/battery/sensitive-smollm2-32.jsonl" 2>&1 | grep -v '━' | log
+  echo "battery_s $(python3 -c "print(round($(date +%s.%N) - $t0, 2))")" | log
+}
+
+want sensitivity && {
+  t0=$(date +%s.%N)
+  timeout ${SENS_TIMEOUT:-330} $py benchmarks/sensitivity.py --models "$model" --device cuda --pool-sample ${POOL_SAMPLE:-0} \
+    --seeds ${SEEDS:-3} --batch 64 --out "$work/sensitivity" 2>&1 | log
+  echo "sensitivity_s $(python3 -c "print(round($(date +%s.%N) - $t0, 2))")" | log
+}
 
 want ladder && for dt in bfloat16 float32; do
   $py benchmarks/gpu.py ladder "$model" --device cuda --dtype $dt --runs 3 \
@@ -67,4 +89,4 @@ want overhead && for dt in bfloat16 float32; do  # the gate's own cost on the hf
 done
 
 uptime | tee -a "$out/machine.txt"
-(cd "$work" && tar czf "$out/results-${stages// /-}.tgz" $(ls -d runs invariance.txt localize.txt ladder-* overhead-* 2>/dev/null)) 2>&1 | log
+(cd "$work" && tar czf "$out/results-${stages// /-}.tgz" $(ls -d runs invariance.txt localize.txt ladder-* overhead-* battery sensitivity battery-ref.toml 2>/dev/null)) 2>&1 | log

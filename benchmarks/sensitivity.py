@@ -69,7 +69,7 @@ def perturb(model, base: dict, scale: float, seed: int) -> None:
         for name, p in model.named_parameters():
             w = base[name]
             rms = w.pow(2).mean().sqrt()
-            p.copy_(w + scale * rms * torch.randn(w.shape, generator=gen, dtype=w.dtype))
+            p.copy_(w + scale * rms * torch.randn(w.shape, generator=gen, dtype=w.dtype).to(w.device))
 
 
 def restore(model, base: dict) -> None:
