@@ -26,8 +26,7 @@ def _top(dec: Decoder, top: TopK | None, n: int = 5) -> str:
 
 
 def _context(dec: Decoder, ids, position: int, width: int = 8) -> str:
-    before = ids[max(0, position - width) : position]
-    return md(("…" if position > width else "") + dec.text(before))
+    return md(dec.tail(ids[:position], width))
 
 
 def _engine_rows(label: str, info) -> list[str]:

@@ -6,31 +6,11 @@ import html
 import math
 import re
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2 byte-level BPE's printable stand-ins for the 256 byte values, reversed."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + n)] = b
-            n += 1
-    return chars
-
-
-_BYTE_OF = _byte_level_alphabet()
-
-
-def _byte_level_bytes(piece: str) -> bytes | None:
-    """The bytes a byte-level BPE vocabulary entry stands for, or None for other vocabularies."""
-    if not all(c in _BYTE_OF for c in piece):
-        return None
-    return bytes(_BYTE_OF[c] for c in piece)
+from strict_gate.report.pieces import byte_level_bytes, continues, fallback_byte, readable
 
 
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
@@ -45,50 +25,90 @@ class Decoder:
     """Decodes with the reference's tokenizer.json (the `tokenizers` library, no torch).
 
     Without a tokenizer, tokens show as <id>: the report stays correct, only less readable.
+    A byte that is not part of a whole character shows as <0xE6> (report/pieces.py).
     """
 
     def __init__(self, *tokenizers: str | None):
         """Takes candidate locations (a tokenizer.json, a model dir, or `bundled:NAME`) and uses
         the first that exists here: a baseline made on another machine may name a path that
         does not exist on this one."""
-        self._tok = None
+        self._tok: Any = None
+        self._byte_level = False
+        self._added: dict[int, str] = {}
         for tokenizer in tokenizers:
             f = _tokenizer_file(tokenizer)
             if f is None:
                 continue
             try:
-                from tokenizers import Tokenizer
+                from tokenizers import Tokenizer, decoders
 
                 self._tok = Tokenizer.from_file(str(f))
-                return
             except Exception:
                 continue
+            # Only a plain ByteLevel decoder makes a run's text exactly its pieces' bytes joined.
+            self._byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+            self._added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+            return
 
     @property
     def available(self) -> bool:
         return self._tok is not None
 
+    def _bytes(self, token_id: int) -> bytes | None:
+        """A token's bytes where the vocabulary says them (a byte-level piece, an added token of a
+        byte-level vocabulary, a byte-fallback <0xNN> piece); None otherwise."""
+        piece = self._tok.id_to_token(token_id)
+        if (b := fallback_byte(piece)) is not None:
+            return bytes([b])
+        if not self._byte_level or piece is None:
+            return None
+        return self._added[token_id].encode("utf-8") if token_id in self._added else byte_level_bytes(piece)
+
     def text(self, ids) -> str:
+        """A run of tokens as text: consecutive pieces joined into bytes before decoding, so a
+        character split over tokens prints whole and only a byte outside a character as <0xNN>."""
         ids = list(ids)
         if self._tok is None:
             return "".join(f"<{i}>" for i in ids)
-        return self._tok.decode(ids, skip_special_tokens=False)
+        if not self._byte_level:
+            whole = self._tok.decode(ids, skip_special_tokens=False)
+            if "\ufffd" not in whole:
+                return whole
+        out = []
+        for kind, group in groupby(ids, key=self._kind):
+            if kind == "bytes":
+                out.append(readable(b"".join(self._bytes(t) or b"" for t in group)))
+            elif kind == "text":  # the pieces of a vocabulary that is not byte-level
+                out.append(self._tok.decode(list(group), skip_special_tokens=False))
+            else:  # an id the vocabulary does not have: shown, never dropped
+                out.append("".join(f"<{i}>" for i in group))
+        return "".join(out)
+
+    def _kind(self, token_id: int) -> str:
+        if self._bytes(token_id) is not None:
+            return "bytes"
+        return "unknown" if self._tok.id_to_token(token_id) is None else "text"
+
+    def tail(self, ids, width: int) -> str:
+        """The text of the last `width` tokens, "…" where cut; the cut moves back over tokens
+        that begin inside a character (at most 3), so the first character prints whole."""
+        ids = list(ids)
+        start = floor = max(0, len(ids) - width)
+        while self._tok is not None and start > max(0, floor - 3) and continues(self._bytes(ids[start]) or b""):
+            start -= 1
+        return ("…" if start else "") + self.text(ids[start:])
 
     @lru_cache(maxsize=4096)  # noqa: B019 (a Decoder lives for one report; the cache is the point)
     def token(self, token_id: int | None) -> str:
         """One token's text; a byte-level piece of a multi-byte character shows as its bytes
-        (\\xe6\\x9c) rather than as an unreadable replacement character."""
+        (<0xE6><0x80>), never as an unreadable replacement character or a \\x escape."""
         if token_id is None:
             return "(end)"
         if self._tok is None:
             return f"<{token_id}>"
-        text = self._tok.decode([token_id], skip_special_tokens=False)
-        if not text or "\ufffd" in text:
-            piece = self._tok.id_to_token(token_id)
-            if piece is None:
-                return f"<{token_id}>"
-            raw = _byte_level_bytes(piece)
-            text = raw.decode("utf-8", errors="backslashreplace") if raw is not None else piece
+        text = self.text([token_id])
+        if not text:
+            text = self._tok.id_to_token(token_id) or f"<{token_id}>"
         # Control characters (a newline, DEL) show as escapes: one token must stay one visible cell.
         return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
