@@ -70,10 +70,8 @@ class Decoder:
         ids = list(ids)
         if self._tok is None:
             return "".join(f"<{i}>" for i in ids)
-        if not self._byte_level:
-            whole = self._tok.decode(ids, skip_special_tokens=False)
-            if "\ufffd" not in whole:
-                return whole
+        if not self._byte_level and all(self._kind(t) == "text" for t in ids):
+            return self._tok.decode(ids, skip_special_tokens=False)  # the whole run: its decoder's spacing kept
         out = []
         for kind, group in groupby(ids, key=self._kind):
             if kind == "bytes":
