@@ -9,7 +9,7 @@ from strict_gate.report import invariance_view, later_view, noise_view, speed_vi
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.text import Decoder, md, show_token
+from strict_gate.report.text import Decoder, around, md, show_token
 from strict_gate.runs.records import TopK
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -19,10 +19,10 @@ def _gap(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _top(dec: Decoder, top: TopK | None, n: int = 5) -> str:
+def _top(dec: Decoder, top: TopK | None, before: list[int], n: int = 5) -> str:
     if not top:
         return "no logprobs"
-    return "<br>".join(f"{md(show_token(dec, t))} {lp:.3f}" for t, lp in top[:n])
+    return "<br>".join(f"{md(show_token(dec, t, before))} {lp:.3f}" for t, lp in top[:n])
 
 
 def _context(dec: Decoder, ids, position: int, width: int = 8) -> str:
@@ -214,11 +214,12 @@ def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
     if d is None:
         return f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |"
     ref = r.reference_records[p.id]
+    (rb, ra), (cb, ca) = around(ref, d.position), around(r.candidate_records.get(p.id), d.position)
     return (
         f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
-        f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
+        f"| {md(show_token(dec, d.reference_token, rb, ra))} | {md(show_token(dec, d.candidate_token, cb, ca))} "
         f"| {_gap(d.shown_gaps()[0])} | {_gap(d.shown_gaps()[1])} "
-        f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
+        f"| {_top(dec, d.reference_top, rb)} | {_top(dec, d.candidate_top, cb)} |"
     )
 
 

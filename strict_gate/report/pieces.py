@@ -56,3 +56,15 @@ def readable(data: bytes) -> str:
 def continues(data: bytes) -> bool:
     """Whether `data` starts inside a character (a UTF-8 continuation byte, 10xxxxxx)."""
     return bool(data) and data[0] & 0xC0 == 0x80
+
+
+def split_characters(data: bytes, start: int, end: int) -> str:
+    """The whole characters of `data` that bytes [start, end) are part of but do not hold
+    whole: the character a piece of one belongs to (怎 for E6 80 in E6 80 8E)."""
+    out, at = [], 0
+    for c in data.decode("utf-8", "surrogateescape"):
+        n = 1 if _LONE.match(c) else len(c.encode("utf-8"))
+        if n > 1 and at < end and start < at + n and (at < start or end < at + n):
+            out.append(c)
+        at += n
+    return "".join(out)

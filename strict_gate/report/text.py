@@ -5,12 +5,14 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from strict_gate.report.pieces import byte_level_bytes, continues, fallback_byte, readable
+from strict_gate.report.pieces import byte_level_bytes, continues, fallback_byte, readable, split_characters
+from strict_gate.runs.records import Record
 
 
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
@@ -96,6 +98,20 @@ class Decoder:
             start -= 1
         return ("…" if start else "") + self.text(ids[start:])
 
+    def within(self, ids, index: int) -> str:
+        """The character(s) token `index` of a stream is a piece of, completed by its neighbours
+        (a character spans 4 tokens at most); "" where the token holds whole characters only."""
+        if self._tok is None or not 0 <= index < len(ids):
+            return ""
+        lo, hi = index, index + 1
+        while lo > max(0, index - 3) and self._bytes(ids[lo - 1]) is not None:
+            lo -= 1
+        while hi < min(len(ids), index + 4) and self._bytes(ids[hi]) is not None:
+            hi += 1
+        parts = [self._bytes(t) or b"" for t in ids[lo:hi]]
+        start = sum(len(b) for b in parts[: index - lo])
+        return split_characters(b"".join(parts), start, start + len(parts[index - lo]))
+
     @lru_cache(maxsize=4096)  # noqa: B019 (a Decoder lives for one report; the cache is the point)
     def token(self, token_id: int | None) -> str:
         """One token's text; a byte-level piece of a multi-byte character shows as its bytes
@@ -107,8 +123,19 @@ class Decoder:
         text = self.text([token_id])
         if not text:
             text = self._tok.id_to_token(token_id) or f"<{token_id}>"
-        # Control characters (a newline, DEL) show as escapes: one token must stay one visible cell.
-        return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+        return _cell(text)
+
+
+def _cell(text: str) -> str:
+    """Control characters (a newline, DEL) and other invisible ones (U+00A0) as escapes: one
+    token must stay one visible cell."""
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    """\\n, \\x1b below 0x80; \\u00a0 above, so that \\xNN never reads as a byte (bytes are <0xNN>)."""
+    n = ord(c)
+    return repr(c)[1:-1] if n < 0x80 else f"\\u{n:04x}" if n <= 0xFFFF else f"\\U{n:08x}"
 
 
 _MD_SPECIAL = str.maketrans(
@@ -141,7 +168,7 @@ _INVISIBLE_OR_NEWLINE = re.compile("[\n" + _INVISIBLE.pattern[1:])
 
 def _escape_char(m: re.Match) -> str:
     c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    return f"\\x{c:02x}" if c < 0x80 else f"\\u{c:04x}"  # \u0085, never \x85: bytes are <0xNN>
 
 
 def visible(text: str, *, keep_newlines: bool = False) -> str:
@@ -150,11 +177,27 @@ def visible(text: str, *, keep_newlines: bool = False) -> str:
     return (_INVISIBLE if keep_newlines else _INVISIBLE_OR_NEWLINE).sub(_escape_char, text)
 
 
-def show_token(dec: Decoder, token_id: int | None) -> str:
-    """A token as a reviewer reads it: its text in quotes and its id."""
+def part_of(dec: Decoder, token_id: int, before: Sequence[int] = (), after: Sequence[int] = ()) -> str:
+    """The character a piece of one makes with the tokens around it (ж for B6 after D0), or ""."""
+    head = list(before[-3:])
+    return _cell(dec.within([*head, token_id, *after[:3]], len(head)))
+
+
+def show_token(dec: Decoder, token_id: int | None, before: Sequence[int] = (), after: Sequence[int] = ()) -> str:
+    """A token as a reviewer reads it: its text in quotes and its id; a piece of a character
+    adds the character the tokens around it make of it (“<0xB6>” (131) in “ж”)."""
     if token_id is None:
         return "(end)"
-    return f"“{dec.token(token_id)}” ({token_id})"
+    part = part_of(dec, token_id, before, after)
+    return f"“{dec.token(token_id)}” ({token_id})" + (f" in “{part}”" if part else "")
+
+
+def around(rec: Record | None, position: int | None) -> tuple[list[int], list[int]]:
+    """One side's ids before a position (its prompt's included) and after it: the tokens that
+    complete a piece of a character at that position; none for a missing or failed record."""
+    if rec is None or rec.error is not None or position is None:
+        return [], []
+    return [*rec.prompt_token_ids, *rec.token_ids[:position]], list(rec.token_ids[position + 1 :])
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
