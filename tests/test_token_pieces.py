@@ -165,3 +165,25 @@ def test_a_real_model_report_prints_byte_pieces_in_the_notation(tmp_path, monkey
     s = CliRunner().invoke(app, ["show", str(out), "--prompt", "multi-018"], env={"COLUMNS": "120"})
     assert s.exit_code == 0 and "“<0xB6>” (131) in “ж”" in s.output and "как он живот" in s.output, s.output
     assert not PY_ESCAPE.search(s.output) and "\ufffd" not in s.output
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["|", "<b>", "`", "*", "\\", "\n", "\u202e", "\u2028", "\u0085", "\xa0", "性", "ж",
+                                 "👩", "&amp;", "<0xE6>", "#", "[x](y)"]) | TEXT, max_size=12))
+def test_no_piece_breaks_a_markdown_row_or_the_html(parts):
+    """Hostile model text (table pipes, tags, code spans, bidi overrides, line separators, C1
+    controls, a literal <0xE6>) split by a real byte-level vocabulary: each token's cell, with the
+    character its neighbours make of it, keeps a markdown row whole and the html free of tags; a
+    bidi override or a line separator shows as its escape (\u202e), never reorders the page."""
+    from strict_gate.report.html_prompt import escape
+    from strict_gate.report.text import md, show_token
+
+    ids = TINY._tok.encode("".join(parts), add_special_tokens=False).ids
+    cells = [show_token(TINY, t, ids[:i], ids[i + 1:]) for i, t in enumerate(ids)] + [TINY.tail(ids, 4)]
+    row = "| " + " | ".join(md(c) for c in cells) + " |"
+    table = _md_tables("| " + " | ".join("h" for _ in cells) + " |\n|" + "---|" * len(cells) + "\n" + row + "\n")
+    assert len(table) == 1 and len(table[0]) == 2 and len(table[0][1]) == len(cells), row
+    for c in cells:  # the context (last) is raw text: md() and escape() make it safe
+        assert "\ufffd" not in c and not PY_ESCAPE.search(c)
+        assert "<" not in escape(c) and "\u2028" not in escape(c) and "\u202e" not in escape(c)
+    assert all("\n" not in c and "\u202e" not in c for c in cells[:-1])  # one token, one visible cell

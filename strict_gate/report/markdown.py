@@ -113,10 +113,9 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     if first is not None:
         d = first.first_divergence
         assert d is not None  # first was picked for it
-        out.append(
-            f"| first divergence | {md(first.id)} at position {d.position}: "
-            f"candidate {md(show_token(dec, d.candidate_token))} vs reference {md(show_token(dec, d.reference_token))} |"
-        )
+        cand = show_token(dec, d.candidate_token, *around(r.candidate_records.get(first.id), d.position))
+        ref = show_token(dec, d.reference_token, *around(r.reference_records.get(first.id), d.position))
+        out.append(f"| first divergence | {md(first.id)} at position {d.position}: candidate {md(cand)} vs reference {md(ref)} |")
     out.append("")
     out.append("## Why it " + {"pass": "passed", "fail": "failed", "incomplete": "is incomplete"}[v.verdict])
     out.append("")

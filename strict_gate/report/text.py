@@ -161,8 +161,9 @@ def md(text: str) -> str:
     return visible(html.escape(text, quote=False).translate(_MD_SPECIAL))
 
 
-# C0 (but newline, where asked), DEL, C1, lone surrogates and the two non-characters XML forbids.
-_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# C0 (but newline, where asked), DEL, C1, lone surrogates, the two non-characters XML forbids, and
+# the line separators and bidi overrides that would move or reorder a report's text around them.
+_INVISIBLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _INVISIBLE_OR_NEWLINE = re.compile("[\n" + _INVISIBLE.pattern[1:])
 
 
