@@ -158,6 +158,7 @@ def test_a_real_model_report_prints_byte_pieces_in_the_notation(tmp_path, monkey
     shown = "".join(page.text) + "\n".join(page.titles)
     assert "<0x" not in texts["report.html"]  # escaped: never read as a tag
     assert "candidate “<0xE6><0x80>” (37911) in “性”" in shown and "“<0xB6>” (131)" in shown
+    assert any(t.startswith("14: id 37911, logprob ") and t.endswith(", in “性”") for t in page.titles)  # its chip
     assert "как он живот" in "".join(page.text)  # the continuation joined: Ж's two bytes print whole
     assert html.unescape("&lt;0xD0&gt;") in shown
 

@@ -68,9 +68,12 @@ def strip(p: PromptComparison, dec: Decoder, ref: Record | None, cand: Record | 
 
 def _chips(label: str, tokens: tuple[int, ...], rec: Record | None, p: PromptComparison, dec: Decoder) -> str:
     out = []
+    head = list(around(rec, 0)[0][-3:])  # the prompt's last ids: what a first piece may continue
+    stream = [*head, *tokens]
     for i, t in enumerate(tokens):
         lp = rec.logprob_at(i, t) if rec is not None else None
-        part = part_of(dec, t, *around(rec, i))
+        k = len(head) + i
+        part = part_of(dec, t, stream[max(0, k - 3) : k], stream[k + 1 : k + 4])
         title = f"{i}: id {t}, logprob {num(lp)}" + (f", in “{part}”" if part else "")
         out.append(f"<span class='chip {cell_class(p, i)}' title='{escape(title)}'>{escape(shown(dec, t))}</span>")
     if not tokens:
