@@ -10,7 +10,7 @@ import html
 
 from strict_gate.judge.compare import PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
-from strict_gate.report.text import Decoder, visible
+from strict_gate.report.text import Decoder, around, part_of, show_token, visible
 from strict_gate.runs.records import Record, TopK
 
 PROMPT_TAIL = 240  # characters of the decoded prompt shown before the continuations
@@ -68,23 +68,31 @@ def strip(p: PromptComparison, dec: Decoder, ref: Record | None, cand: Record | 
 
 def _chips(label: str, tokens: tuple[int, ...], rec: Record | None, p: PromptComparison, dec: Decoder) -> str:
     out = []
+    head = list(around(rec, 0)[0][-3:])  # the prompt's last ids: what a first piece may continue
+    stream = [*head, *tokens]
     for i, t in enumerate(tokens):
         lp = rec.logprob_at(i, t) if rec is not None else None
-        title = f"{i}: id {t}, logprob {num(lp)}"
+        k = len(head) + i
+        part = part_of(dec, t, stream[max(0, k - 3) : k], stream[k + 1 : k + 4])
+        title = f"{i}: id {t}, logprob {num(lp)}" + (f", in “{part}”" if part else "")
         out.append(f"<span class='chip {cell_class(p, i)}' title='{escape(title)}'>{escape(shown(dec, t))}</span>")
     if not tokens:
         out.append("<span class='none'>no tokens</span>")
     return f"<div class='chips'><b>{label}</b>{''.join(out)}</div>"
 
 
-def topk_table(label: str, top: TopK | None, ref_tok: int | None, cand_tok: int | None, dec: Decoder) -> str:
-    """One side's top-k at the divergence, the two contested tokens marked."""
+def topk_table(label: str, top: TopK | None, ref_tok: int | None, cand_tok: int | None, dec: Decoder,
+               before: list[int]) -> str:
+    """One side's top-k at the divergence, the two contested tokens marked; a piece of a
+    character shows the character it makes after `before` (the side's ids up to there)."""
     if not top:
         return f"<div class='topk'><b>{label} top-k</b><p class='none'>no logprobs at this step</p></div>"
     rows = []
     for t, lp in top:
         mark = "rt" if t == ref_tok else "ct" if t == cand_tok else ""
-        rows.append(f"<tr class='{mark}'><td>{escape(shown(dec, t))}</td><td>{t}</td><td>{lp:.4f}</td></tr>")
+        part = part_of(dec, t, before)
+        text = escape(shown(dec, t)) + (f" <small>in “{escape(part)}”</small>" if part else "")
+        rows.append(f"<tr class='{mark}'><td>{text}</td><td>{t}</td><td>{lp:.4f}</td></tr>")
     return (f"<div class='topk'><b>{label} top-{len(top)}</b><table><tr><th>token</th><th>id</th>"
             f"<th>logprob</th></tr>{''.join(rows)}</table></div>")
 
@@ -118,14 +126,15 @@ def detail(
     if R or C:
         parts.append(_chips("reference", R, ref, p, dec) + _chips("candidate", C, cand, p, dec))
     if d is not None:
+        (rb, ra), (cb, ca) = around(ref, d.position), around(cand, d.position)
         parts.append(
-            f"<p class='gaps'>reference {escape(_tok(dec, d.reference_token))} vs candidate "
-            f"{escape(_tok(dec, d.candidate_token))}: reference gap <b>{num(d.shown_gaps()[0])}</b>, candidate gap "
+            f"<p class='gaps'>reference {escape(show_token(dec, d.reference_token, rb, ra))} vs candidate "
+            f"{escape(show_token(dec, d.candidate_token, cb, ca))}: reference gap <b>{num(d.shown_gaps()[0])}</b>, candidate gap "
             f"<b>{num(d.shown_gaps()[1])}</b>, reference margin {num(d.reference_margin)} nats</p>"
         )
         parts.append("<div class='tops'>"
-                     + topk_table("reference", d.reference_top, d.reference_token, d.candidate_token, dec)
-                     + topk_table("candidate", d.candidate_top, d.reference_token, d.candidate_token, dec)
+                     + topk_table("reference", d.reference_top, d.reference_token, d.candidate_token, dec, rb)
+                     + topk_table("candidate", d.candidate_top, d.reference_token, d.candidate_token, dec, cb)
                      + "</div>")
     parts.append(_diagnosis(dg, rescored_by))
     parts.append(drift_html)

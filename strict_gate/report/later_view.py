@@ -14,7 +14,8 @@ from strict_gate.judge.compare import PromptComparison, Status
 from strict_gate.judge.policy import UNJUDGED
 from strict_gate.judge.result import GateResult
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.text import Decoder, md, show_token
+from strict_gate.report.text import Decoder, around, md, show_token
+from strict_gate.runs.records import Record
 
 ROWS = 50  # prompts in the report.md / report.html table (the totals are over all)
 
@@ -45,19 +46,22 @@ def _g(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def first_divergent(dec: Decoder, lp: LaterPosition | None) -> str:
-    """The first later divergence: position, candidate token vs the reference's argmax, both gaps."""
+def first_divergent(dec: Decoder, lp: LaterPosition | None, cand_rec: Record | None = None) -> str:
+    """The first later divergence: position, candidate token vs the reference's argmax (each
+    with the character it is part of, on the candidate's own prefix), both gaps."""
     if lp is None:
         return "none"
     cand = "" if lp.candidate_rescored is None else f", candidate re-scored {_g(lp.candidate_rescored)}"
-    return (f"{lp.position}: {show_token(dec, lp.token)} vs argmax {show_token(dec, lp.reference_argmax)} "
+    before, after = around(cand_rec, lp.position)
+    return (f"{lp.position}: {show_token(dec, lp.token, before, after)} vs argmax "
+            f"{show_token(dec, lp.reference_argmax, before)} "
             f"(reference gap {_g(lp.reference_gap)}, candidate gap {_g(lp.candidate_gap)}{cand})")
 
 
-def _cells(dec: Decoder, row: Row) -> list[str]:
+def _cells(dec: Decoder, row: Row, r: GateResult) -> list[str]:
     c = row.cascade
     return [row.id, str(row.first), f"{c.judged}/{c.later}", str(c.flip_count), _g(c.worst_gap),
-            first_divergent(dec, c.divergent[0] if c.divergent else None),
+            first_divergent(dec, c.divergent[0] if c.divergent else None, r.candidate_records.get(row.id)),
             str(c.outcome).replace("_", "-") + (f" ({c.unverified})" if c.unverified else "")]
 
 
@@ -77,7 +81,7 @@ def markdown_section(r: GateResult, dec: Decoder) -> list[str]:
     out = ["## After the first divergence (every later token)", "", md(later_totals(r.comparison.prompts,
                                                                                      r.later).line()) + ".", ""]
     out += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    out += ["| " + " | ".join(md(x) for x in _cells(dec, row)) + " |" for row in rs[:ROWS]]
+    out += ["| " + " | ".join(md(x) for x in _cells(dec, row, r)) + " |" for row in rs[:ROWS]]
     out += ["", md(LEGEND), ""]
     if len(rs) > ROWS:
         out += [f"... and {len(rs) - ROWS} more diverged prompts (report.json)", ""]
@@ -89,7 +93,7 @@ def html_section(r: GateResult, dec: Decoder) -> str:
     if not rs:
         return ""
     head = "".join(f"<th>{escape(h)}</th>" for h in HEAD)
-    body = "".join("<tr>" + "".join(f"<td>{escape(x)}</td>" for x in _cells(dec, row)) + "</tr>" for row in rs[:ROWS])
+    body = "".join("<tr>" + "".join(f"<td>{escape(x)}</td>" for x in _cells(dec, row, r)) + "</tr>" for row in rs[:ROWS])
     more = f"<p>… and {len(rs) - ROWS} more diverged prompts (report.json)</p>" if len(rs) > ROWS else ""
     return (f"<h2>After the first divergence (every later token)</h2><p>"
             f"{escape(later_totals(r.comparison.prompts, r.later).line())}</p><table><tr>{head}</tr>{body}</table>"

@@ -9,7 +9,7 @@ from strict_gate.report import invariance_view, later_view, noise_view, speed_vi
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.text import Decoder, md, show_token
+from strict_gate.report.text import Decoder, around, md, show_token
 from strict_gate.runs.records import TopK
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -19,15 +19,14 @@ def _gap(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _top(dec: Decoder, top: TopK | None, n: int = 5) -> str:
+def _top(dec: Decoder, top: TopK | None, before: list[int], n: int = 5) -> str:
     if not top:
         return "no logprobs"
-    return "<br>".join(f"{md(show_token(dec, t))} {lp:.3f}" for t, lp in top[:n])
+    return "<br>".join(f"{md(show_token(dec, t, before))} {lp:.3f}" for t, lp in top[:n])
 
 
 def _context(dec: Decoder, ids, position: int, width: int = 8) -> str:
-    before = ids[max(0, position - width) : position]
-    return md(("…" if position > width else "") + dec.text(before))
+    return md(dec.tail(ids[:position], width))
 
 
 def _engine_rows(label: str, info) -> list[str]:
@@ -114,10 +113,9 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     if first is not None:
         d = first.first_divergence
         assert d is not None  # first was picked for it
-        out.append(
-            f"| first divergence | {md(first.id)} at position {d.position}: "
-            f"candidate {md(show_token(dec, d.candidate_token))} vs reference {md(show_token(dec, d.reference_token))} |"
-        )
+        cand = show_token(dec, d.candidate_token, *around(r.candidate_records.get(first.id), d.position))
+        ref = show_token(dec, d.reference_token, *around(r.reference_records.get(first.id), d.position))
+        out.append(f"| first divergence | {md(first.id)} at position {d.position}: candidate {md(cand)} vs reference {md(ref)} |")
     out.append("")
     out.append("## Why it " + {"pass": "passed", "fail": "failed", "incomplete": "is incomplete"}[v.verdict])
     out.append("")
@@ -215,11 +213,12 @@ def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
     if d is None:
         return f"| {md(p.id)} | {status_label(r, p)} | – | {md(p.detail)} | | | | | | |"
     ref = r.reference_records[p.id]
+    (rb, ra), (cb, ca) = around(ref, d.position), around(r.candidate_records.get(p.id), d.position)
     return (
         f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
-        f"| {md(show_token(dec, d.reference_token))} | {md(show_token(dec, d.candidate_token))} "
+        f"| {md(show_token(dec, d.reference_token, rb, ra))} | {md(show_token(dec, d.candidate_token, cb, ca))} "
         f"| {_gap(d.shown_gaps()[0])} | {_gap(d.shown_gaps()[1])} "
-        f"| {_top(dec, d.reference_top)} | {_top(dec, d.candidate_top)} |"
+        f"| {_top(dec, d.reference_top, rb)} | {_top(dec, d.candidate_top, cb)} |"
     )
 
 

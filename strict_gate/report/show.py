@@ -24,7 +24,7 @@ from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
 from strict_gate.report.localization import text_lines
-from strict_gate.report.text import Decoder, visible
+from strict_gate.report.text import Decoder, around, show_token, visible
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Record
@@ -80,14 +80,13 @@ def _chips(tokens, dec: Decoder, position: int | None, status: Status) -> Text:
     return text if tokens else Text("(no tokens)", style="dim")
 
 
-def _top(top, ref_tok, cand_tok, dec: Decoder) -> Text:
+def _top(top, ref_tok, cand_tok, dec: Decoder, before: list[int]) -> Text:
     if not top:
         return Text("no logprobs at this step", style="dim")
     text = Text()
     for t, lp in top:
         mark = " ◀ reference" if t == ref_tok else " ◀ candidate" if t == cand_tok else ""
-        text.append(f"{lp:8.4f}  “{visible(dec.token(t))}” ({t}){mark}\n",
-                    style="bold" if mark else "")
+        text.append(f"{lp:8.4f}  {visible(show_token(dec, t, before))}{mark}\n", style="bold" if mark else "")
     return text
 
 
@@ -113,7 +112,8 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     side.add_row(_chips(R, dec, pos, status), _chips(C, dec, pos, status))
     if fd is not None:
         rt, ct = fd.reference_token, fd.candidate_token
-        side.add_row(_top(fd.reference_top, rt, ct, dec), _top(fd.candidate_top, rt, ct, dec))
+        side.add_row(_top(fd.reference_top, rt, ct, dec, around(ref, fd.position)[0]),
+                     _top(fd.candidate_top, rt, ct, dec, around(cand, fd.position)[0]))
         parts.append(side)
         parts.append(Text(f"reference gap {_g(fd.reference_gap)}, candidate gap {_g(fd.candidate_gap)}, "
                           f"reference margin {_g(fd.reference_margin)} nats"))
