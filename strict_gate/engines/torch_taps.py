@@ -67,7 +67,7 @@ class Taps:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
             if attn is not None:
                 self._hook(attn.register_forward_pre_hook(self._enter(i), with_kwargs=True))
-            if want(i, KV_B):
+            if want(i, KV_B) and attn is not None:
                 self._hook(attn.kv_b_proj.register_forward_hook(self._keep_new(f"layers.{i}.{KV_B}")))
             if want(i, ROUTER) or want(i, CHOSEN):
                 self._hook(_router(mlp).register_forward_hook(self._keep_router(i, wanted)))
@@ -150,8 +150,8 @@ class Taps:
 
     def _wrap_rope(self) -> None:
         modules = {sys.modules[type(layer.self_attn).__module__] for layer in self.layers if hasattr(layer, "self_attn")}
-        for module in modules:
-            original = module.apply_rotary_pos_emb
+        for module in (m for m in modules if hasattr(m, "apply_rotary_pos_emb")):
+            original = vars(module)["apply_rotary_pos_emb"]
 
             def rope(q, k, *args, _original=original, **kwargs):
                 q_embed, k_embed = _original(q, k, *args, **kwargs)
@@ -161,9 +161,7 @@ class Taps:
                         self._keep(f"layers.{i}.{op}", x[0].transpose(0, 1).flatten(1))
                 return q_embed, k_embed
 
-            module.apply_rotary_pos_emb = rope
-            self.undo.append(lambda module=module, original=original: setattr(module, "apply_rotary_pos_emb",
-                                                                             original))
+            self._patch(module, "apply_rotary_pos_emb", rope)
 
     def _wrap_grouped(self) -> None:
         from transformers.integrations import moe
@@ -178,8 +176,13 @@ class Taps:
                 self.down[id(weight)] = out
             return out
 
-        moe._grouped_linear = grouped
-        self.undo.append(lambda: setattr(moe, "_grouped_linear", original))
+        self._patch(moe, "_grouped_linear", grouped)
+
+    def _patch(self, module: Any, attr: str, new: Callable) -> None:
+        """Replace a module-level function for the dump only; remove() puts it back."""
+        original = getattr(module, attr)
+        setattr(module, attr, new)
+        self.undo.append(lambda: setattr(module, attr, original))
 
 
 def _router(mlp: Any) -> Any:
