@@ -51,6 +51,11 @@ def family_of(name: str) -> str:
     return f"layers.{layer_of(name)}.{EXPERTS}" if expert_of(name) is not None else name
 
 
+def is_family(name: str) -> bool:
+    """A name that asks for points (every routed expert of a layer) and names no tensor itself."""
+    return layer_of(name) is not None and op_of(name) == EXPERTS
+
+
 def is_exact(name: str) -> bool:
     """A point of ids compared exactly (the chosen experts), not within a rel_diff tolerance."""
     return layer_of(name) is not None and op_of(name) in EXACT
