@@ -43,6 +43,7 @@ class Taps:
         self.current: tuple[int, int] | None = None  # (layer, tokens) of the attention running now
         self.undo: list[Callable[[], None]] = []
         self.down: dict[int, Any] = {}  # id(experts.down_proj) -> its grouped output of this pass
+        self.wanted: set[str] = set()
 
     def points(self) -> set[str]:
         """Every point these taps can give on this decoder (experts asked for by family)."""
@@ -60,6 +61,7 @@ class Taps:
         return out
 
     def install(self, wanted: set[str]) -> None:
+        self.wanted = wanted
         def want(i: int, op: str) -> bool:
             return f"layers.{i}.{op}" in wanted
 
@@ -158,7 +160,8 @@ class Taps:
                 if self.current is not None:
                     i = self.current[0]
                     for op, x in ((ROPE, q_embed), ("attn.k_rope", k_embed)):  # (1, heads, T, dim)
-                        self._keep(f"layers.{i}.{op}", x[0].transpose(0, 1).flatten(1))
+                        if f"layers.{i}.{op}" in self.wanted:
+                            self._keep(f"layers.{i}.{op}", x[0].transpose(0, 1).flatten(1))
                 return q_embed, k_embed
 
             self._patch(module, "apply_rotary_pos_emb", rope)
