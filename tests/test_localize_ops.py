@@ -121,3 +121,35 @@ def test_a_rotary_only_difference_is_named_to_q_after_rotary(tmp_path, monkeypat
         ops = {p["name"]: p for p in loc["ops"]}
         assert all(ops[f"layers.0.{o}"]["max_abs"] == 0.0 for o in ("attn_norm", "attn.q_proj", "attn.k_proj"))
         assert ops["layers.0.attn.k_rope"]["beyond"]
+
+
+def test_moe_and_mla_sub_points_are_the_same_along_the_decode_path(tmp_path):
+    """hf on the tiny Kimi-Linear, layer 3 (MLA + MoE): a prefill dump and a decode-path dump
+    (prefill of 30 ids, then one id at a time) give the same names and values (kv_b_proj keeps
+    only each pass's own rows, though a decode step expands every cached position); each expert's
+    rows are zero exactly where the chosen ids lack it, and the chosen ids are sorted."""
+    import torch
+    from safetensors.torch import load_file
+    from test_localize import KDA_MODEL
+    from transformers import AutoModelForCausalLM
+
+    from strict_gate.engines.base import DumpRequest
+    from strict_gate.engines.torch_dump import dump_hf_model
+    from strict_gate.localize.compare import compare_points
+
+    model = AutoModelForCausalLM.from_pretrained(str(KDA_MODEL), dtype=torch.float32).eval()
+    dumps = {}
+    for path, decode_from in (("prefill", None), ("decode", 30)):
+        request = DumpRequest(TARGET.token_ids, ops_of(3), TARGET.positions, tmp_path / path, None, decode_from)
+        request.directory.mkdir()
+        dumps[path] = load_file(str(dump_hf_model(torch, model, request).path))
+    prefill, decode = dumps["prefill"], dumps["decode"]
+    assert sorted(prefill) == sorted(decode) and "layers.3.attn.kv_b_proj" in prefill
+    assert not [p.name for p in compare_points(prefill, decode, 1e-10) if p.beyond or p.rel_diff is None]
+    chosen = prefill["layers.3.mlp.experts.chosen"]
+    assert bool((chosen[:, :-1] < chosen[:, 1:]).all())
+    experts = [n for n in prefill if n.startswith("layers.3.mlp.experts.") and n.endswith(".down_proj")]
+    assert len(experts) >= 2
+    for name in experts:
+        e = float(name.split(".")[4])
+        assert ((prefill[name].abs().sum(-1) > 0) == (chosen == e).any(-1)).all(), name
