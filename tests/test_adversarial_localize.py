@@ -52,6 +52,9 @@ SCRIPT = textwrap.dedent('''
         elif mode == "unknown":
             good["layers.0.ffn"] = torch.ones(n, 4)
             points = sorted(good)
+        elif mode.startswith("expert:"):  # expert:NAME,NAME: routed experts' points (all ones)
+            good |= {name: torch.ones(n, 4) for name in mode.split(":", 1)[1].split(",")}
+            points = sorted(good)
         elif mode == "lies":
             points = ["embed"]
         elif mode == "garbage":
@@ -96,6 +99,38 @@ def test_a_hostile_dump_is_an_engine_failure_naming_the_rule(tmp_path, mode, rul
             capture(eng, request(tmp_path, points=("embed", "layers.0") if mode != "unknown" else None))
         assert info.value.rule == rule
         assert info.value.exit_code == 3 and rule.value in str(info.value)
+    finally:
+        eng.close()
+
+
+FAMILY = ("embed", "layers.0", "layers.0.mlp.experts.down_proj")  # every routed expert of layer 0, by family
+
+
+@pytest.mark.parametrize(("given", "asked", "rule"), [
+    ("layers.0.mlp.experts.3.down_proj", ("embed", "layers.0", "layers.0.mlp.router"), DumpRule.ASKED),
+    ("layers.1.mlp.experts.0.down_proj", FAMILY, DumpRule.ASKED),  # another layer's experts
+    ("layers.0.mlp.experts.down_proj", FAMILY, DumpRule.KNOWN),  # the family's name asks; it names no tensor
+    ("layers.0.mlp.experts.01.down_proj", FAMILY, DumpRule.KNOWN),
+])
+def test_expert_points_are_given_only_as_asked(tmp_path, given, asked, rule):
+    """Each routed expert's down projection is asked for by its layer's family name; an engine
+    that gives another layer's, an unasked one, or a tensor under the family's own name is refused."""
+    eng = engine(tmp_path, f"expert:{given}")
+    try:
+        with pytest.raises(DumpError) as info:
+            capture(eng, request(tmp_path, points=asked))
+        assert info.value.rule == rule and given in str(info.value)
+    finally:
+        eng.close()
+
+
+def test_experts_asked_by_family_pass_the_audit(tmp_path):
+    """The control: the experts a kept position chose (0 and 2 here), asked for by family."""
+    eng = engine(tmp_path, "expert:layers.0.mlp.experts.0.down_proj,layers.0.mlp.experts.2.down_proj")
+    try:
+        tensors = capture(eng, request(tmp_path, points=FAMILY)).tensors
+        assert sorted(tensors) == ["embed", "layers.0", "layers.0.mlp.experts.0.down_proj",
+                                   "layers.0.mlp.experts.2.down_proj"]
     finally:
         eng.close()
 

@@ -12,7 +12,7 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import parse_gate_config
 from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.localization import Localization, PointDiff
-from strict_gate.localize.points import in_depth_order, parse_points
+from strict_gate.localize.points import OPS, family_of, in_depth_order, is_point, ops_of, parse_points
 from strict_gate.report.localization import svg_curve, text_lines
 
 torch = pytest.importorskip("torch")
@@ -48,6 +48,60 @@ def test_points_order_and_names():
     assert parse_points(None) is None
     with pytest.raises(InputError, match="unknown point name"):
         parse_points("layers.01,embed")
+
+
+def test_sub_point_names_order_and_the_experts_family():
+    """The points inside a layer (docs/localize.md): rotary, MLA, router, chosen and each expert,
+    in depth order (experts by number, not by text); an expert is asked for by its family."""
+    names = ["layers.0.mlp.experts.10.down_proj", "layers.0.mlp", "layers.0.mlp.experts", "layers.0.mlp.experts.2.down_proj",
+             "layers.0.mlp.experts.chosen", "layers.0.mlp.router", "layers.0.mlp.shared.down_proj", "layers.0.attn.q_rope",
+             "layers.0.attn.kv_b_proj", "layers.0.attn.kv_a_norm", "layers.0.attn.kv_a_proj", "layers.0.attn.q_proj",
+             "layers.0.attn.k_rope", "layers.0.mlp_norm"]
+    assert in_depth_order(names) == [
+        "layers.0.attn.q_proj", "layers.0.attn.kv_a_proj", "layers.0.attn.kv_a_norm", "layers.0.attn.kv_b_proj",
+        "layers.0.attn.q_rope", "layers.0.attn.k_rope", "layers.0.mlp_norm", "layers.0.mlp.router",
+        "layers.0.mlp.experts.chosen", "layers.0.mlp.experts.2.down_proj", "layers.0.mlp.experts.10.down_proj",
+        "layers.0.mlp.experts", "layers.0.mlp.shared.down_proj", "layers.0.mlp"]
+    assert parse_points(",".join(names)) == tuple(in_depth_order(names))
+    for bad in ("layers.0.mlp.experts.01.down_proj", "layers.0.mlp.experts.x.down_proj", "layers.0.mlp.experts.2",
+                "layers.0.attn.q_rope.x", "layers.0.mlp.router.weight"):
+        assert not is_point(bad), bad
+    assert family_of("layers.3.mlp.experts.7.down_proj") == "layers.3.mlp.experts.down_proj"
+    assert "layers.3.mlp.experts.down_proj" in ops_of(3) and len(ops_of(3)) == len(OPS)
+
+
+def test_the_engines_copy_of_the_names_is_the_canonical_one():
+    """engines/ may not import localize/: torch_taps keeps its own expert family; they agree."""
+    from strict_gate.engines import torch_taps
+
+    name = "layers.12.mlp.experts.3.down_proj"
+    assert torch_taps.family(name) == family_of(name) and torch_taps.family("layers.1.mlp") == "layers.1.mlp"
+    taps = {torch_taps.ROPE, "attn.k_rope", torch_taps.KV_B, torch_taps.ROUTER, torch_taps.CHOSEN, torch_taps.ROUTED,
+            torch_taps.EXPERTS}
+    assert taps <= set(OPS)
+
+
+def test_chosen_experts_are_compared_exactly():
+    """Ids, not activations: one id off among large ids is a rel_diff far under any tolerance,
+    and still beyond; the note says how it was compared, so no line reads "beyond" beside a
+    rel_diff within tolerance without its reason."""
+    ref = torch.tensor([[0.0, 200.0], [1.0, 3.0]])
+    cand = torch.tensor([[0.0, 201.0], [1.0, 3.0]])
+    p = point_diff("layers.2.mlp.experts.chosen", ref, cand, 1e-3)
+    assert p.rel_diff < 1e-3 and p.beyond and p.note == "compared exactly (ids): 1 of 4 differ"
+    same = point_diff("layers.2.mlp.experts.chosen", ref, ref.clone(), 1e-3)
+    assert not same.beyond and same.note is None and same.max_abs == 0.0
+    assert not point_diff("layers.2.mlp.router", ref, cand, 1e-3).beyond  # an activation: within tolerance
+
+
+def test_an_op_one_arm_did_not_give_is_named_beside_the_first_op_beyond():
+    ops = (PointDiff("layers.1.attn.q_proj", 0.0, 0.0, 1.0, 1.0), PointDiff("layers.1.attn.q_rope", note="absent on the candidate"),
+           PointDiff("layers.1.attn.core", 1.0, 0.5, 0.5, 1.0, beyond=True))
+    loc = Localization("p", (1,), (PointDiff("layers.1.attn", 1.0, 0.5, 0.5, 1.0, beyond=True),), "layers.1.attn", 1e-3,
+                       "r", "c", ops=ops)
+    assert loc.ops_not_compared == ("layers.1.attn.q_rope",)
+    assert "first op beyond: layers.1.attn.core (or earlier, not compared: layers.1.attn.q_rope)" in text_lines(loc)[0]
+    assert loc.to_json()["ops_not_compared"] == ["layers.1.attn.q_rope"]
 
 
 def test_tolerance_by_dtype_pair():

@@ -267,106 +267,10 @@ class KDAEngine:
         return {"id": req["id"], "steps": steps}
 
     def dump(self, req: dict) -> dict:
-        """The `dump` op (docs/engine-protocol.md, docs/localize.md): one forward pass over the ids
-        with torch hooks at the canonical points, the asked positions kept as float32, written
-        as one safetensors file inside req["directory"]. `graft` names a safetensors file of the
-        reference's layer inputs: layer i is fed `embed` (i = 0) or `layers.{i-1}` instead of
-        its own input."""
-        from safetensors.torch import load_file, save_file
+        """The `dump` op (docs/engine-protocol.md, docs/localize.md): kda_dump.py, beside this file."""
+        import kda_dump
 
-        torch = self.torch
-        ids, positions = req.get("prompt_token_ids"), req.get("positions")
-        self._check_ids(ids, "prompt_token_ids")
-        if not isinstance(positions, list) or not all(isinstance(p, int) and 0 <= p < len(ids) for p in positions):
-            raise ValueError("positions must be a list of indices into prompt_token_ids")
-        base = self.model.model
-        modules = {"embed": base.embed_tokens}
-        for i, layer in enumerate(base.layers):
-            modules |= {f"layers.{i}.attn": layer.self_attn, f"layers.{i}.mlp": layer.mlp, f"layers.{i}": layer}
-        modules["norm"] = base.norm
-        inputs = {}  # points read as a module's input (the name docs/localize.md gives them)
-        for i, layer in enumerate(base.layers):
-            for op, (attr, takes_input) in OPS.items():
-                module = layer
-                for part in attr.split("."):
-                    module = getattr(module, part, None)
-                if module is not None:
-                    (inputs if takes_input else modules)[f"layers.{i}.{op}"] = module
-        wanted = req.get("points") or [*(m for m in modules if m.count(".") < 3 and "_norm" not in m), "logits"]
-        pos = torch.tensor(positions, dtype=torch.long)
-        rows, hooks = {}, []
-        decode = req.get("mode") == "decode"
-        if decode and (req.get("graft") or not isinstance(req.get("decode_from"), int)
-                       or not 1 <= req["decode_from"] <= len(ids)):
-            raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids), and no graft")
-
-        def keep(name):
-            def hook(module, args, out):
-                x = out[0] if isinstance(out, tuple) else out
-                rows.setdefault(name, []).append(x[0].flatten(1).float())  # each call's rows, heads flattened
-            return hook
-
-        def keep_input(name):
-            def pre(module, args):
-                rows.setdefault(name, []).append(args[0][0].flatten(1).float())
-            return pre
-
-        for name in wanted:
-            if name in modules:
-                hooks.append(modules[name].register_forward_hook(keep(name)))
-            elif name in inputs:
-                hooks.append(inputs[name].register_forward_pre_hook(keep_input(name)))
-        if req.get("graft"):
-            inputs = load_file(req["graft"])
-            for i, layer in enumerate(base.layers):
-                source = inputs.get("embed" if i == 0 else f"layers.{i - 1}")
-                if source is not None:
-                    x = source.to(getattr(torch, self.dtype)).unsqueeze(0)
-                    hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
-        try:
-            with torch.inference_mode():
-                for logits in (self._decode_passes(ids, req["decode_from"]) if decode
-                               else [self.model(input_ids=torch.tensor([ids])).logits]):
-                    rows.setdefault("logits", []).append(logits[0].float())
-        finally:
-            for h in hooks:
-                h.remove()
-        kept = {name: torch.cat(r, 0).index_select(0, pos).contiguous() for name, r in rows.items()
-                if name in wanted}
-        path = Path(req["directory"]) / "activations.safetensors"
-        save_file(kept, str(path))
-        return {"id": req["id"], "path": str(path), "points": sorted(kept)}
-
-
-    def _decode_passes(self, ids, n0):
-        """The decode path generate takes: a prefill of ids[:n0] (chunk or recurrent, as
-        KDA_CHUNK_PREFILL says), then one id at a time through the cache (the recurrent state)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.config)
-        x = self.torch.tensor([ids[:n0]])
-        yield self.model(input_ids=x, past_key_values=cache, use_cache=True).logits
-        for t in ids[n0:]:
-            yield self.model(input_ids=self.torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits
-
-
-# The ops inside a layer (docs/localize.md, "Points inside a layer"): point -> (submodule of the
-# decoder layer, read its input rather than its output).
-OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_proj", False),
-       "attn.k_proj": ("self_attn.k_proj", False), "attn.v_proj": ("self_attn.v_proj", False),
-       "attn.forget": ("self_attn.forget_gate", False), "attn.beta_proj": ("self_attn.b_proj", False),
-       "attn.kda": ("self_attn.o_norm", True), "attn.core": ("self_attn.o_proj", True),
-       "attn.o_proj": ("self_attn.o_proj", False), "mlp_norm": ("post_attention_layernorm", False),
-       "mlp.gate_proj": ("mlp.gate_proj", False), "mlp.up_proj": ("mlp.up_proj", False),
-       "mlp.act": ("mlp.down_proj", True), "mlp.down_proj": ("mlp.down_proj", False),
-       "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False)}
-
-
-def feeder(x):
-    """A forward pre-hook that replaces a decoder layer's input (grafting)."""
-    def feed(module, args, kwargs):
-        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
-    return feed
+        return kda_dump.dump(self, req)
 
 
 class Requests:

@@ -51,7 +51,9 @@ _OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_pr
         "mlp.up_proj": ("mlp.up_proj", False), "mlp.act": ("mlp.down_proj", True),
         "mlp.down_proj": ("mlp.down_proj", False), "attn.forget": ("self_attn.forget_gate", False),
         "attn.beta_proj": ("self_attn.b_proj", False), "attn.kda": ("self_attn.o_norm", True),
-        "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False)}
+        "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False),
+        "attn.kv_a_proj": ("self_attn.kv_a_proj_with_mqa", False), "attn.kv_a_norm": ("self_attn.kv_a_layernorm", False)}
+# The other ops (rotary, MLA's expansion, the router, the routed experts) come from torch_taps.
 
 
 def op_modules(model: Any) -> dict[str, tuple[Any, bool]]:
@@ -104,10 +106,14 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
     <directory>/<name>.safetensors as float32 CPU tensors."""
     from safetensors.torch import save_file
 
+    from strict_gate.engines.torch_taps import Taps, drop_unchosen, family
+
     modules, ops = named_modules(model), op_modules(model)
     every = [*modules, "logits"]
-    wanted = [p for p in (request.points or every) if p in every or p in ops]
     rows: dict[str, list] = {}
+    taps = Taps(torch, (model.get_decoder() if hasattr(model, "get_decoder") else model.model).layers, rows)
+    tapped = taps.points()
+    wanted = [p for p in (request.points or every) if p in every or p in ops or p in tapped]
     hooks = []
 
     def keep(point: str) -> Callable:
@@ -133,6 +139,7 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
         if request.decode_from is not None:
             raise EngineError("hf: grafting along the decode path is not supported (graft with a prefill dump)")
         hooks += _graft_hooks(torch, modules, request)
+    taps.install(set(wanted) & tapped)
     try:
         with torch.inference_mode():
             for logits in _passes(torch, model, request):
@@ -141,11 +148,13 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
     finally:
         for h in hooks:
             h.remove()
+        taps.remove()
     pos = torch.tensor(list(request.positions), dtype=torch.long)
-    captured = {p: torch.cat(r, 0).index_select(0, pos).contiguous() for p, r in rows.items()}
+    captured = drop_unchosen({p: torch.cat(r, 0).index_select(0, pos).contiguous() for p, r in rows.items()
+                              if p in wanted or family(p) in wanted})
     path = Path(request.directory) / f"{name}.safetensors"
     save_file(captured, str(path))
-    return DumpReply(path=path, points=tuple(p for p in wanted if p in captured))
+    return DumpReply(path=path, points=tuple(sorted(captured)))
 
 
 def _graft_hooks(torch: Any, modules: dict[str, Any], request: DumpRequest) -> list:

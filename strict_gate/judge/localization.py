@@ -125,13 +125,12 @@ class Localization:
     def not_compared(self) -> tuple[str, ...]:
         """Points one arm did not give, before the first beyond (all of them when none is): the
         error may start at any of them, so no summary may blame a later point alone."""
-        out = []
-        for p in self.points:
-            if p.name == self.first_beyond:
-                break
-            if p.rel_diff is None:
-                out.append(p.name)
-        return tuple(out)
+        return _unmatched(self.points, self.first_beyond)
+
+    @property
+    def ops_not_compared(self) -> tuple[str, ...]:
+        """The same inside the narrowed layer: ops one arm did not give, before the first op beyond."""
+        return _unmatched(self.ops, self.first_beyond_op)
 
     @property
     def mode(self) -> Mode:
@@ -199,6 +198,7 @@ class Localization:
             "reproduction": [r.to_json() for r in self.reproduction],
             "ops": [p.to_json() for p in self.ops],
             "first_beyond_op": self.first_beyond_op,
+            "ops_not_compared": list(self.ops_not_compared),
         }
 
     @classmethod
@@ -213,3 +213,13 @@ class Localization:
             reproduction=tuple(Reproduction.from_json(r) for r in d.get("reproduction") or ()),
             ops=tuple(PointDiff.from_json(p) for p in d.get("ops") or ()),
         )
+
+
+def _unmatched(points: tuple[PointDiff, ...], first: str | None) -> tuple[str, ...]:
+    out = []
+    for p in points:
+        if p.name == first:
+            break
+        if p.rel_diff is None:
+            out.append(p.name)
+    return tuple(out)

@@ -18,7 +18,7 @@ from typing import Any
 
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine
 from strict_gate.errors import EngineError
-from strict_gate.localize.points import is_point
+from strict_gate.localize.points import family_of, is_family, is_point
 
 MAX_DUMP_BYTES = 4 * 1024**3  # one prompt's dump; a bigger file is refused before it is read
 
@@ -28,8 +28,8 @@ class DumpRule(StrEnum):
     REGULAR = "the file is a regular file of bounded size"
     READABLE = "the file is a safetensors file"
     LISTED = "the reply lists exactly the points the file holds"
-    KNOWN = "every point is a canonical point name"
-    ASKED = "every point was asked for"
+    KNOWN = "every point is a canonical point name (a family's name asks for points, it names none)"
+    ASKED = "every point was asked for (an expert's down projection: by name or by its family)"
     DTYPE = "every tensor is float32"
     SHAPE = "every tensor is (positions asked for) x width"
     FINITE = "every value is finite"
@@ -89,10 +89,12 @@ def audited(engine_name: str, request: DumpRequest, reply: DumpReply) -> Audited
         raise fail(DumpRule.READABLE, f"{path}: {e}") from None
     if sorted(tensors) != sorted(reply.points) or len(set(reply.points)) != len(reply.points):
         raise fail(DumpRule.LISTED, f"the reply lists {sorted(reply.points)}, the file holds {sorted(tensors)}")
-    unknown = [p for p in tensors if not is_point(p)]
+    unknown = [p for p in tensors if not is_point(p) or is_family(p)]
     if unknown:
         raise fail(DumpRule.KNOWN, f"{unknown}")
-    if request.points is not None and (extra := sorted(set(tensors) - set(request.points))):
+    asked = set(request.points or ())
+    if request.points is not None and (extra := sorted(p for p in tensors if p not in asked
+                                                       and family_of(p) not in asked)):
         raise fail(DumpRule.ASKED, f"{extra} were not asked for")
     n = len(request.positions)
     for name, t in tensors.items():

@@ -14,7 +14,7 @@ from typing import Any
 
 from strict_gate.errors import ConfigError
 from strict_gate.judge.localization import PointDiff
-from strict_gate.localize.points import in_depth_order, layer_of
+from strict_gate.localize.points import in_depth_order, is_exact, layer_of
 
 # rel_diff tolerance by the pair of dtypes the two arms computed in (order does not matter).
 TOLERANCES: dict[frozenset[str], float] = {
@@ -50,6 +50,8 @@ def point_diff(name: str, ref: Any, cand: Any, tolerance: float) -> PointDiff:
     if not math.isfinite(rel):
         return PointDiff(name, rel_diff=float("nan"), beyond=True, note="not finite: NaN or infinity in a tensor")
     rel = max(0.0, rel)
+    if is_exact(name):
+        return _exact(name, x, y, rel)
     cos = 1.0 if sxx == 0 and syy == 0 else (sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0)
     return PointDiff(
         name=name,
@@ -59,6 +61,15 @@ def point_diff(name: str, ref: Any, cand: Any, tolerance: float) -> PointDiff:
         scale=(sxx / x.numel()) ** 0.5 if x.numel() else 0.0,
         beyond=rel > tolerance,
     )
+
+
+def _exact(name: str, x: Any, y: Any, rel: float) -> PointDiff:
+    """Ids (the chosen experts): equal or beyond, whatever the rel_diff; the note says why, so
+    that no line reads "beyond" beside a rel_diff within tolerance without its reason."""
+    differ = int((x != y).sum())
+    return PointDiff(name=name, max_abs=float((x - y).abs().max()) if x.numel() else 0.0, rel_diff=rel,
+                     cosine=None, scale=None, beyond=differ > 0,
+                     note=f"compared exactly (ids): {differ} of {x.numel()} differ" if differ else None)
 
 
 def compare_points(ref: Mapping[str, Any], cand: Mapping[str, Any], tolerance: float) -> tuple[PointDiff, ...]:

@@ -21,7 +21,8 @@ def headline(loc: Localization) -> str:
         return f"not localised: {loc.error}"
     head = f"first beyond tolerance: {first_beyond(loc)}"
     if loc.ops:
-        head += f"; inside it, first op beyond: {loc.first_beyond_op or 'none of ' + str(len(loc.ops))}"
+        gap = f" (or earlier, not compared: {', '.join(loc.ops_not_compared)})" if loc.ops_not_compared else ""
+        head += f"; inside it, first op beyond: {loc.first_beyond_op or 'none of ' + str(len(loc.ops))}{gap}"
     if loc.first_differs and loc.first_differs != loc.first_beyond:
         head += f"; first difference: {loc.first_differs}"
     if loc.grafted:
