@@ -156,12 +156,14 @@ class Recorder final : public llama::Probe {
 
   // The reference's layer inputs: `embed` for layer 0, `layers.{i-1}` for layer i, each
   // (every id x hidden) float32; a layer whose input the file lacks keeps its own.
-  void load_graft(const std::string& path, long long n, const llama::Config& c) {
+  void load_graft(const std::string& path, long long n, const llama::Config& c) try {
     const llama::Safetensors st(path);
     for (int l = 0; l < c.layers; ++l) {
       const std::string source = l == 0 ? "embed" : "layers." + std::to_string(l - 1);
       if (st.has(source)) grafts_[l] = st.f32(source, {n, c.hidden});
     }
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("\"graft\": ") + e.what());
   }
 };
 
