@@ -129,10 +129,10 @@ def test_bad_dump_requests_are_error_replies_and_the_engine_serves_on(binary, tm
     assert proc.wait(timeout=30) == 0
 
 
-def test_check_engine_passes_the_dump_and_graft_checks_of_the_shipped_gate(binary, tmp_path):
+def test_check_engine_passes_the_dump_graft_and_dump_decode_checks_of_the_shipped_gate(binary, tmp_path):
     checklist = check_engine(load_engine_arm(ROOT / "gates" / "cpp-f32.toml"), log_dir=tmp_path)
     got = {c.name: c.status.value for c in checklist.checks}
-    assert got["dump"] == "pass" and got["graft"] == "pass" and checklist.exit_code == 0, checklist.lines()
+    assert got["dump"] == got["graft"] == got["dump_decode"] == "pass" and checklist.exit_code == 0, checklist.lines()
 
 
 GATE = """name = "cpp-kv-bug"
