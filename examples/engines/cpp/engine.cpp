@@ -251,7 +251,7 @@ class Engine {
     if (cont.empty()) return json::Object{{"id", id}, {"steps", json::Array{}}};
     const int n = int(seq.size());
     seq.insert(seq.end(), cont.begin(), cont.end() - 1);
-    fits(seq.size(), "positions");
+    fits(seq.size(), "the prompt and the continuation but its last id");
     const std::vector<float> logits = prefill(seq, n - 1);
     json::Array steps;
     for (size_t j = 0; j < cont.size(); ++j) {
@@ -265,7 +265,7 @@ class Engine {
   // ids[:decode_from] and then each later id alone through decode(), the path generate takes.
   Value dump(const Value& req, const Value& id) {
     const dump::Request r = dump::read_request(req, token_ids(req, "prompt_token_ids", m_.c.vocab));
-    fits(r.ids.size(), "ids");
+    fits(r.ids.size(), "the ids");
     dump::Recorder rec(r, m_.c);
     const int n0 = r.decode_from < 0 ? int(r.ids.size()) : r.decode_from;
     prefill(std::vector<int>(r.ids.begin(), r.ids.begin() + n0), 0, &rec);
@@ -292,7 +292,7 @@ class Engine {
 
   void fits(size_t positions, const char* what) const {
     if (positions > size_t(m_.c.max_pos))
-      throw std::runtime_error(std::to_string(positions) + " " + what + " do not fit max_position_embeddings " +
+      throw std::runtime_error(std::to_string(positions) + " positions (" + what + ") do not fit max_position_embeddings " +
                                std::to_string(m_.c.max_pos));
   }
 
