@@ -105,10 +105,10 @@ def gate(config: Path, out: Path) -> tuple[int, str, dict]:
 def test_hello_states_what_it_runs(session):
     h = session.hello
     assert h["hello"] == "strict-gate/engine@1" and h["name"] == "strict-gate-cpp"
-    assert h["capabilities"] == ["generate", "score", "stream", "speculative"]
+    assert h["capabilities"] == ["generate", "score", "stream", "speculative", "dump", "graft", "dump_decode"]
     assert (h["dtype"], h["eager"], h["prefix_cache"], h["max_context"]) == ("float32", True, False, 512)
     s = h["settings"]
-    assert (s["prefill"], s["tied_head"], s["model_eos_token_ids"]) == ("batched", True, [2])
+    assert (s["prefill"], s["tied_head"], s["model_eos_token_ids"], s["kv_bug"]) == ("batched", True, [2], "none")
 
 
 @pytest.mark.parametrize("name", ["cpp-f32", "cpp-f32-stepwise"])

@@ -5,7 +5,8 @@ The minimal engine's toy model (32 tokens, logits from the sum of the ids, exact
 and t + 17), plus score, token events, ignore_eos, timing, the hello's facts, requests in
 flight (max_in_flight 4, answered in turn), prefill_chunk (the toy has no prefill to split),
 and dump with graft: a one-layer toy (embed, layers.0 = 2 x its input + 1, norm, logits),
-written as safetensors by hand (the engine needs nothing outside the standard library).
+written as safetensors by hand (the engine needs nothing outside the standard library); the toy
+has no cache, so its decode-path dump (`dump_decode`) is the same computation.
 Computed in float64, so score and generate agree exactly. The tests/engines/check_*.py engines subclass
 Conformant and break one thing each (tests/test_adversarial_check_engine.py).
 """
@@ -59,7 +60,7 @@ def read_safetensors(path: str) -> dict[str, list[list[float]]]:
 
 
 class Conformant:
-    capabilities: ClassVar[list[str]] = ["generate", "score", "stream", "dump", "graft", "prefill_chunk"]
+    capabilities: ClassVar[list[str]] = ["generate", "score", "stream", "dump", "graft", "dump_decode", "prefill_chunk"]
     max_in_flight = 4
 
     def __init__(self) -> None:

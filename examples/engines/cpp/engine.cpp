@@ -13,8 +13,9 @@
 // `batched` a score of the engine's own continuation differs from its generate logprobs in
 // the last bits, and under `stepwise` it is bit for bit the same.
 //
-// Where a port usually goes wrong is commented in llama.hpp (RoPE layout, tied head, RMSNorm
-// eps) and below (logprobs in double, EOS ids, exact ties).
+// Dump requests (strict-gate localize: activations at the canonical points, grafting, the
+// decode path) are answered by dump.hpp. Where a port usually goes wrong is commented in
+// llama.hpp (RoPE layout, tied head, RMSNorm eps) and below (logprobs in double, EOS ids, ties).
 #include <unistd.h>
 
 #include <chrono>
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "dump.hpp"
 #include "json.hpp"
 #include "llama.hpp"
 #include "speculative.hpp"
@@ -155,8 +157,9 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 class Engine {
  public:
-  Engine(llama::Model& m, Prefill mode, std::vector<long long> eos, spec::Bug bug = spec::Bug::None)
-      : m_(m), mode_(mode), eos_(std::move(eos)), bug_(bug) {}
+  Engine(llama::Model& m, Prefill mode, std::vector<long long> eos, spec::Bug bug = spec::Bug::None,
+         dump::KvBug kv_bug = {})
+      : m_(m), mode_(mode), eos_(std::move(eos)), bug_(bug), kv_bug_(kv_bug) {}
 
   Value generate(const Value& req, const Value& id) {
     if (spec::read_request(req).k > 0) return generate_speculative(req, id);  // speculative.hpp
@@ -165,24 +168,8 @@ class Engine {
     const long long max_tokens = integer(req, "max_tokens", -1, 1), k = integer(req, "top_logprobs", 0, 0);
     const bool stream = flag(req, "stream");
     if (prompt.empty()) throw std::runtime_error("\"prompt_token_ids\" is empty");
-    if (prompt.size() + max_tokens - 1 > size_t(m_.c.max_pos))
-      throw std::runtime_error(std::to_string(prompt.size()) + " prompt ids + max_tokens " + std::to_string(max_tokens) +
-                               " do not fit max_position_embeddings " + std::to_string(m_.c.max_pos));
-    // The request's eos_token_ids when it has them (the gate sends vLLM's set), else the model's;
-    // none under ignore_eos (the speed arm times exactly max_tokens tokens).
-    std::set<long long> eos;
-    if (!flag(req, "ignore_eos")) {
-      const Value* e = req.find("eos_token_ids");
-      if (e && !e->is(Kind::Null)) {
-        if (!e->is(Kind::Array)) throw std::runtime_error("\"eos_token_ids\" must be a list of token ids");
-        for (const Value& t : e->a) {
-          if (!t.is(Kind::Int) || t.i < 0) throw std::runtime_error("\"eos_token_ids\" must be a list of token ids");
-          eos.insert(t.i);
-        }
-      } else {
-        eos.insert(eos_.begin(), eos_.end());
-      }
-    }
+    fits(prompt.size() + max_tokens - 1, "prompt ids + max_tokens - 1");
+    const std::set<long long> eos = request_eos(req);
     const auto t0 = std::chrono::steady_clock::now();
     double ttft = 0;
     std::vector<float> logits = prefill(prompt, int(prompt.size()) - 1);
@@ -196,7 +183,7 @@ class Engine {
       if (toks.size() == 1) ttft = since(t0);
       if (stream) send(json::Object{{"event", "token"}, {"id", id}, {"token_id", tok}});
       if (eos.count(tok) || (long long)toks.size() == max_tokens) break;  // the EOS is part of token_ids
-      logits = m_.forward({tok}, int(prompt.size() + toks.size()) - 1, 0, llama::dot_sequential);  // decode path
+      logits = decode(tok, int(prompt.size() + toks.size()) - 1, int(toks.size()));
     }
     const bool stopped = eos.count(toks.back().i) > 0;
     json::Object out{{"id", id}, {"prompt_token_ids", *req.find("prompt_token_ids")}, {"token_ids", toks},
@@ -218,9 +205,7 @@ class Engine {
     if (prompt.empty()) throw std::runtime_error("\"prompt_token_ids\" is empty");
     // the plain rule: a draft is never longer than the tokens still to emit minus one, so a verify
     // pass writes no position beyond the last one plain decoding would reach
-    if (prompt.size() + max_tokens - 1 > size_t(m_.c.max_pos))
-      throw std::runtime_error(std::to_string(prompt.size()) + " prompt ids + max_tokens " + std::to_string(max_tokens) +
-                               " do not fit max_position_embeddings " + std::to_string(m_.c.max_pos));
+    fits(prompt.size() + max_tokens - 1, "prompt ids + max_tokens - 1");
     const std::set<long long> eos = request_eos(req);
     const auto t0 = std::chrono::steady_clock::now();
     double ttft = 0;
@@ -266,9 +251,7 @@ class Engine {
     if (cont.empty()) return json::Object{{"id", id}, {"steps", json::Array{}}};
     const int n = int(seq.size());
     seq.insert(seq.end(), cont.begin(), cont.end() - 1);
-    if (seq.size() > size_t(m_.c.max_pos))
-      throw std::runtime_error(std::to_string(seq.size()) + " positions do not fit max_position_embeddings " +
-                               std::to_string(m_.c.max_pos));
+    fits(seq.size(), "the prompt and the continuation but its last id");
     const std::vector<float> logits = prefill(seq, n - 1);
     json::Array steps;
     for (size_t j = 0; j < cont.size(); ++j) {
@@ -278,11 +261,40 @@ class Engine {
     return json::Object{{"id", id}, {"steps", steps}};
   }
 
+  // The dump op (dump.hpp): the prompt path over every id, or (mode decode) the prompt path over
+  // ids[:decode_from] and then each later id alone through decode(), the path generate takes.
+  Value dump(const Value& req, const Value& id) {
+    const dump::Request r = dump::read_request(req, token_ids(req, "prompt_token_ids", m_.c.vocab));
+    fits(r.ids.size(), "the ids");
+    dump::Recorder rec(r, m_.c);
+    const int n0 = r.decode_from < 0 ? int(r.ids.size()) : r.decode_from;
+    prefill(std::vector<int>(r.ids.begin(), r.ids.begin() + n0), 0, &rec);
+    for (int i = n0; i < int(r.ids.size()); ++i) decode(r.ids[i], i, i - n0 + 1, &rec);
+    return rec.write(r.directory, id);
+  }
+
  private:
   llama::Model& m_;
   const Prefill mode_;
   const std::vector<long long> eos_;
-  const spec::Bug bug_;  // a planted speculation bug (tests only); None in normal use
+  const spec::Bug bug_;         // a planted speculation bug (tests only); None in normal use
+  const dump::KvBug kv_bug_;    // a planted decode-only KV-cache bug (tests only); none in normal use
+
+  // Decode step `step` (1: the first id after the prompt): one id at position pos through the
+  // decode path, with the cache the steps before it left.
+  std::vector<float> decode(int tok, int pos, int step, llama::Probe* probe = nullptr) {
+    if (kv_bug_.on(step)) {
+      float* k = m_.cached_key(kv_bug_.layer, 0);
+      std::fill(k, k + m_.c.kv_heads * m_.c.head_dim, 0.f);
+    }
+    return m_.forward({tok}, pos, 0, llama::dot_sequential, probe);
+  }
+
+  void fits(size_t positions, const char* what) const {
+    if (positions > size_t(m_.c.max_pos))
+      throw std::runtime_error(std::to_string(positions) + " positions (" + what + ") do not fit max_position_embeddings " +
+                               std::to_string(m_.c.max_pos));
+  }
 
   // The request's eos_token_ids when it has them, else the model's; none under ignore_eos.
   std::set<long long> request_eos(const Value& req) const {
@@ -300,11 +312,11 @@ class Engine {
 
   // The prompt path: toks at positions 0..n-1 (the cache is overwritten from 0, so nothing of
   // an earlier request is seen), the logits of positions logits_from..n-1.
-  std::vector<float> prefill(const std::vector<int>& toks, int logits_from) {
-    if (mode_ == Prefill::Batched) return m_.forward(toks, 0, logits_from, llama::dot_blocked);
-    std::vector<float> out;  // stepwise: one token at a time through the decode path
+  std::vector<float> prefill(const std::vector<int>& toks, int logits_from, llama::Probe* probe = nullptr) {
+    if (mode_ == Prefill::Batched) return m_.forward(toks, 0, logits_from, llama::dot_blocked, probe);
+    std::vector<float> out;  // stepwise: one token at a time through the decode path's arithmetic
     for (int i = 0; i < int(toks.size()); ++i) {
-      const std::vector<float> l = m_.forward({toks[i]}, i, i >= logits_from ? 0 : 1, llama::dot_sequential);
+      const std::vector<float> l = m_.forward({toks[i]}, i, i >= logits_from ? 0 : 1, llama::dot_sequential, probe);
       out.insert(out.end(), l.begin(), l.end());
     }
     return out;
@@ -329,6 +341,7 @@ int serve(Engine& engine) {
     try {
       if (op && op->is(Kind::String) && op->s == "generate") send(engine.generate(req, id));
       else if (op && op->is(Kind::String) && op->s == "score") send(engine.score(req, id));
+      else if (op && op->is(Kind::String) && op->s == "dump") send(engine.dump(req, id));
       else send(error_reply(id, "unsupported op " + (op ? json::dump(*op) : std::string("(none)"))));
     } catch (const std::exception& e) {  // this request fails; the engine goes on
       std::fprintf(stderr, "cpp-engine: request %s: %s\n", json::dump(id).c_str(), e.what());
@@ -372,20 +385,24 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return usage(e.what());
   }
+  const char* kv_planted = std::getenv("STRICT_GATE_CPP_KV_BUG");  // tests only: dump.hpp
+  const std::string kv_name = kv_planted ? kv_planted : "";
   try {
     llama::Model model(model_dir);
+    const dump::KvBug kv_bug = dump::kv_bug_named(kv_name, model.c.layers);  // a bad one: exit 2 below
     const std::vector<long long> eos = model_eos(model_dir);
-    Engine engine(model, prefill == "batched" ? Prefill::Batched : Prefill::Stepwise, eos, bug);
+    Engine engine(model, prefill == "batched" ? Prefill::Batched : Prefill::Stepwise, eos, bug, kv_bug);
     json::Array eos_json(eos.begin(), eos.end());
     const std::string kv = "float32, " + std::to_string(model.c.max_pos) + " tokens";
     send(json::Object{
         {"hello", PROTOCOL}, {"name", "strict-gate-cpp"}, {"version", VERSION}, {"model", model_dir},
-        {"capabilities", json::Array{"generate", "score", "stream", "speculative"}},
+        {"capabilities", json::Array{"generate", "score", "stream", "speculative", "dump", "graft", "dump_decode"}},
         {"versions", json::Object{{"compiler", __VERSION__}, {"c++", std::to_string(__cplusplus)}}},
         {"settings", json::Object{{"prefill", prefill}, {"dtype", "float32"}, {"threads", 1},
                                   {"logprobs", "full vocabulary, log_softmax in double"},
                                   {"tied_head", model.c.tied}, {"model_eos_token_ids", eos_json},
-                                  {"speculative", bug_name.empty() ? "ngram (prompt lookup)" : "PLANTED BUG " + bug_name}}},
+                                  {"speculative", bug_name.empty() ? "ngram (prompt lookup)" : "PLANTED BUG " + bug_name},
+                                  {"kv_bug", kv_name.empty() ? "none" : "PLANTED BUG " + kv_name}}},
         // facts the speed arm's matched-config check compares (docs/engine-protocol.md, section 5)
         {"dtype", "float32"}, {"eager", true}, {"kv_cache", kv}, {"prefix_cache", false},
         {"max_context", model.c.max_pos}});

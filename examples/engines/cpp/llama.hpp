@@ -110,6 +110,8 @@ class Safetensors {
     data_ = 8 + n;
   }
 
+  bool has(const std::string& name) const { return header_.find(name) != nullptr; }
+
   // The named F32 tensor, which must have exactly `shape`.
   std::vector<float> f32(const std::string& name, std::vector<long long> shape) const {
     const json::Value* t = header_.find(name);
@@ -164,6 +166,17 @@ inline float dot_blocked(const float* a, const float* b, int n) {
   return s;
 }
 
+// What a dump sees of a forward pass (dump.hpp): each canonical point's rows as computed (rows of
+// positions first, first+1, ...), and a layer input to feed in place of the layer's own (graft).
+class Probe {
+ public:
+  virtual void keep(const std::string& point, const float* rows, int first, int n, int width) = 0;
+  virtual const float* graft(int layer) const = 0;  // every position's row, or nullptr: its own input
+
+ protected:
+  ~Probe() = default;
+};
+
 struct Layer {
   std::vector<float> in_norm, q, k, v, o, post_norm, gate, up, down;
 };
@@ -207,20 +220,31 @@ class Model {
 
   // Runs `toks` at positions start, start+1, ... (the cache holds positions 0..start-1 and
   // gets these), every matmul over all of them at once, each dot product summed by `dot`.
-  // Returns the float32 logits of the positions from start + logits_from on, row by row.
-  std::vector<float> forward(const std::vector<int>& toks, int start, int logits_from, Dot dot) {
+  // Returns the float32 logits of the positions from start + logits_from on, row by row. A
+  // probe (a dump) is shown every point, named as docs/localize.md names it, and may graft.
+  std::vector<float> forward(const std::vector<int>& toks, int start, int logits_from, Dot dot,
+                             Probe* probe = nullptr) {
     const int n = int(toks.size()), H = c.hidden, I = c.intermediate, D = c.head_dim;
     const int Q = c.heads * D, KV = c.kv_heads * D;
     if (start + n > c.max_pos) throw std::runtime_error("more positions than max_position_embeddings");
     std::vector<float> x(size_t(n) * H), h(x.size()), q(size_t(n) * Q), k(size_t(n) * KV), v(k.size());
     std::vector<float> att(q.size()), proj(x.size()), g(size_t(n) * I), u(g.size());
+    auto tap = [&](int l, const char* what, const std::vector<float>& rows, int width) {
+      if (probe) probe->keep(l < 0 ? what : "layers." + std::to_string(l) + what, rows.data(), start, n, width);
+    };
     for (int i = 0; i < n; ++i) std::copy_n(&embed_[size_t(toks[i]) * H], H, &x[size_t(i) * H]);
+    tap(-1, "embed", x, H);
     for (int l = 0; l < c.layers; ++l) {
       Layer& L = layers_[l];
+      if (const float* fed = probe ? probe->graft(l) : nullptr) std::copy_n(fed + size_t(start) * H, x.size(), x.data());
       rms_norm(x.data(), n, L.in_norm, h.data());
+      tap(l, ".attn_norm", h, H);
       matmul(h.data(), n, H, L.q, Q, q.data(), dot);
       matmul(h.data(), n, H, L.k, KV, k.data(), dot);
       matmul(h.data(), n, H, L.v, KV, v.data(), dot);
+      tap(l, ".attn.q_proj", q, Q);  // before rotary, as transformers' q_proj/k_proj modules give them
+      tap(l, ".attn.k_proj", k, KV);
+      tap(l, ".attn.v_proj", v, KV);
       for (int i = 0; i < n; ++i) {
         for (int hd = 0; hd < c.heads; ++hd) rope(&q[size_t(i) * Q + hd * D], start + i);
         for (int hd = 0; hd < c.kv_heads; ++hd) rope(&k[size_t(i) * KV + hd * D], start + i);
@@ -228,20 +252,38 @@ class Model {
       std::copy(k.begin(), k.end(), k_cache_[l].begin() + size_t(start) * KV);
       std::copy(v.begin(), v.end(), v_cache_[l].begin() + size_t(start) * KV);
       for (int i = 0; i < n; ++i) attend(l, &q[size_t(i) * Q], start + i, &att[size_t(i) * Q], dot);
+      tap(l, ".attn.core", att, Q);
       matmul(att.data(), n, Q, L.o, H, proj.data(), dot);
+      tap(l, ".attn.o_proj", proj, H);
+      tap(l, ".attn", proj, H);  // the attention block's output, before the residual add
       for (size_t e = 0; e < x.size(); ++e) x[e] += proj[e];  // residual
       rms_norm(x.data(), n, L.post_norm, h.data());
+      tap(l, ".mlp_norm", h, H);
       matmul(h.data(), n, H, L.gate, I, g.data(), dot);
       matmul(h.data(), n, H, L.up, I, u.data(), dot);
+      tap(l, ".mlp.gate_proj", g, I);
+      tap(l, ".mlp.up_proj", u, I);
       for (size_t e = 0; e < g.size(); ++e) g[e] = g[e] / (1.0f + std::exp(-g[e])) * u[e];  // SwiGLU: silu(gate) * up
+      tap(l, ".mlp.act", g, I);
       matmul(g.data(), n, I, L.down, H, proj.data(), dot);
+      tap(l, ".mlp.down_proj", proj, H);
+      tap(l, ".mlp", proj, H);
       for (size_t e = 0; e < x.size(); ++e) x[e] += proj[e];
+      tap(l, "", x, H);  // the layer's output: the residual stream
     }
     const int rows = n - logits_from;
     rms_norm(&x[size_t(logits_from) * H], rows, norm_, h.data());  // the final norm, before the head
     std::vector<float> logits(size_t(rows) * c.vocab);
     matmul(h.data(), rows, H, c.tied ? embed_ : head_, c.vocab, logits.data(), dot);
+    if (probe) probe->keep("norm", h.data(), start + logits_from, rows, H);
+    if (probe) probe->keep("logits", logits.data(), start + logits_from, rows, c.vocab);
     return logits;
+  }
+
+  // The cached key vector (every KV head, after rotary) of `layer` at position `pos`: a planted decode bug
+  // (engine.cpp, STRICT_GATE_CPP_KV_BUG) writes here; nothing else outside forward does.
+  float* cached_key(int layer, int pos) {
+    return &k_cache_.at(layer).at(size_t(pos) * c.kv_heads * c.head_dim);
   }
 
  private:

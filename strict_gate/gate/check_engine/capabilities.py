@@ -1,12 +1,15 @@
 """The checks of what a command engine's hello declares beyond generate and score: requests in
-flight (`max_in_flight` above 1), `prefill_chunk`, `dump` and `graft`.
+flight (`max_in_flight` above 1), `prefill_chunk`, `dump`, `graft` and `dump_decode`.
 
 A declared capability nobody sends is a claim nobody checked: a gate's invariance variants and
 `strict-gate localize` would be the first to use it, and trust it. Each check sends what those
 send. Requests in flight and a prefill chunk must give the greedy check's tokens (a flip inside
 the tolerance is said, beyond it is a finding: the tokens depend on how they were served). A
 dump goes through the localiser's own audit (strict_gate/localize/capture.py), and its
-`logits`, where given, must choose the tokens the engine generated. A graft of the engine's own
+`logits`, where given, must choose the tokens the engine generated; so must a decode-path dump's
+(the prompt through prefill, then each generated id alone through the cache), which claims to be
+the very computation generate ran: `localize` trusts it exactly where the prefill dump did not
+reproduce a divergence. A graft of the engine's own
 layer inputs must give its own dump back, and a graft of other inputs must change it: a graft
 that is ignored passes the first only.
 """
@@ -87,10 +90,11 @@ def prefill_chunk(probe: Probe) -> Verdict:
     return _compare(f"with prefill_chunk {chunk} (the longest prompt {longest} tokens)", got, runs, probe)
 
 
-def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, positions, graft=None) -> dict:
+def _dump(probe: Probe, where: Path, name: str, ids: tuple[int, ...], points, positions, graft=None,
+          decode_from: int | None = None) -> dict:
     from strict_gate.localize.capture import capture
 
-    request = DumpRequest(ids, points, tuple(positions), where / name, graft)
+    request = DumpRequest(ids, points, tuple(positions), where / name, graft, decode_from)
     probe.start()
     try:
         return capture(probe.engine, request).tensors
@@ -108,20 +112,36 @@ def _undeclared(probe: Probe, op: str) -> str:
 def dump(probe: Probe) -> Verdict:
     if not probe.engine.can_dump:
         return Status.NOT_APPLICABLE, _undeclared(probe, "dump")
+    return _chooses_generated(probe, decode=False)
+
+
+def dump_decode(probe: Probe) -> Verdict:
+    if not (probe.engine.can_dump and probe.engine.can_dump_decode):
+        return Status.NOT_APPLICABLE, _undeclared(probe, "dump_decode")
+    return _chooses_generated(probe, decode=True)
+
+
+def _chooses_generated(probe: Probe, *, decode: bool) -> Verdict:
+    """A dump of the last 8 positions of a prompt and its generated tokens (prefill, or the decode
+    path from the prompt's end), audited; its logits, where given, choose the generated tokens."""
     pid, rec = next(iter(probe.need_runs().items()))
+    prompt_len = len(probe.prompt(pid).token_ids)
     ids = probe.prompt(pid).token_ids + rec.token_ids
     positions = range(max(0, len(ids) - 8), len(ids))
+    name = "decode-path dump" if decode else "dump"
     with tempfile.TemporaryDirectory(prefix="strict-gate-check-dump-") as tmp:
-        tensors = _dump(probe, Path(tmp), "dump", ids, None, positions)
-    prompt_len = len(probe.prompt(pid).token_ids)
+        tensors = _dump(probe, Path(tmp), name.replace(" ", "-"), ids, None, positions,
+                        decode_from=prompt_len if decode else None)
     logits = tensors.get("logits")
     if logits is not None:
         for row, p in enumerate(positions):
             k = p + 1 - prompt_len  # the generated token chosen from position p
             if 0 <= k < len(rec.token_ids) and logits[row][rec.token_ids[k]] < logits[row].max():
-                raise Failed(f"dump of prompt {pid!r}: logits at position {p} put {int(logits[row].argmax())} above "
-                             f"{rec.token_ids[k]}, the token generate chose there: the dump is not of this computation")
-    return Status.PASS, (f"{len(tensors)} points at {len(positions)} positions, audited"
+                raise Failed(f"{name} of prompt {pid!r}: logits at position {p} put {int(logits[row].argmax())} "
+                             f"above {rec.token_ids[k]}, the token generate chose there: the {name} is not of "
+                             "this computation")
+    where = f", decoded from position {prompt_len}" if decode else ""
+    return Status.PASS, (f"{len(tensors)} points at {len(positions)} positions{where}, audited"
                          + ("; its logits choose the generated tokens" if logits is not None else "; no logits"))
 
 
