@@ -94,3 +94,6 @@ def test_a_planted_kda_op_bug_is_named_to_the_op(tmp_path):
     assert [p.name for p in before] == ["layers.2.attn_norm", "layers.2.attn.q_proj", "layers.2.attn.k_proj",
                                         "layers.2.attn.v_proj", "layers.2.attn.forget"]
     assert all(p.max_abs == 0.0 for p in before)
+    # grafted at ops (the KDA example declares graft_ops): beta_proj wrong alone, nothing else
+    assert loc.verdict("layers.2.attn.beta_proj") is Alone.WRONG, (loc.alone, loc.op_graft_note)
+    assert [op for op, v in loc.alone if v is Alone.WRONG] == ["layers.2.attn.beta_proj"], loc.alone

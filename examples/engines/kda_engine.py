@@ -271,7 +271,8 @@ class KDAEngine:
         with torch hooks at the canonical points, the asked positions kept as float32, written
         as one safetensors file inside req["directory"]. `graft` names a safetensors file of the
         reference's layer inputs: layer i is fed `embed` (i = 0) or `layers.{i-1}` instead of
-        its own input."""
+        its own input; and of op points ("graft_ops"), each fed where the next op reads it, along
+        either path."""
         from safetensors.torch import load_file, save_file
 
         torch = self.torch
@@ -285,6 +286,7 @@ class KDAEngine:
             modules |= {f"layers.{i}.attn": layer.self_attn, f"layers.{i}.mlp": layer.mlp, f"layers.{i}": layer}
         modules["norm"] = base.norm
         inputs = {}  # points read as a module's input (the name docs/localize.md gives them)
+        op_inputs, op_outputs = {}, {}  # the same, ops only: what a graft may feed
         for i, layer in enumerate(base.layers):
             for op, (attr, takes_input) in OPS.items():
                 module = layer
@@ -292,13 +294,13 @@ class KDAEngine:
                     module = getattr(module, part, None)
                 if module is not None:
                     (inputs if takes_input else modules)[f"layers.{i}.{op}"] = module
+                    (op_inputs if takes_input else op_outputs)[f"layers.{i}.{op}"] = module
         wanted = req.get("points") or [*(m for m in modules if m.count(".") < 3 and "_norm" not in m), "logits"]
         pos = torch.tensor(positions, dtype=torch.long)
         rows, hooks = {}, []
         decode = req.get("mode") == "decode"
-        if decode and (req.get("graft") or not isinstance(req.get("decode_from"), int)
-                       or not 1 <= req["decode_from"] <= len(ids)):
-            raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids), and no graft")
+        if decode and (not isinstance(req.get("decode_from"), int) or not 1 <= req["decode_from"] <= len(ids)):
+            raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids)")
 
         def keep(name):
             def hook(module, args, out):
@@ -316,13 +318,17 @@ class KDAEngine:
                 hooks.append(modules[name].register_forward_hook(keep(name)))
             elif name in inputs:
                 hooks.append(inputs[name].register_forward_pre_hook(keep_input(name)))
-        if req.get("graft"):
-            inputs = load_file(req["graft"])
+        if req.get("graft"):  # after the dump's hooks: a dumped point stays this model's own
+            feeds = load_file(req["graft"])
             for i, layer in enumerate(base.layers):
-                source = inputs.get("embed" if i == 0 else f"layers.{i - 1}")
+                source = feeds.get("embed" if i == 0 else f"layers.{i - 1}")
                 if source is not None:
-                    x = source.to(getattr(torch, self.dtype)).unsqueeze(0)
-                    hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
+                    hooks.append(layer.register_forward_pre_hook(feeder(Rows(source)), with_kwargs=True))
+            for name, source in feeds.items():  # graft_ops: an op's value, where the next op reads it
+                if name in op_inputs:
+                    hooks.append(op_inputs[name].register_forward_pre_hook(input_feeder(Rows(source))))
+                elif name in op_outputs:
+                    hooks.append(op_outputs[name].register_forward_hook(output_feeder(Rows(source))))
         try:
             with torch.inference_mode():
                 for logits in (self._decode_passes(ids, req["decode_from"]) if decode
@@ -362,10 +368,40 @@ OPS = {"attn_norm": ("input_layernorm", False), "attn.q_proj": ("self_attn.q_pro
        "mlp.shared.down_proj": ("mlp.shared_experts.down_proj", False)}
 
 
-def feeder(x):
+class Rows:
+    """The graft file's rows of one point, handed out pass by pass: a prefill takes its rows, each
+    decode step the next one (grafting along either path)."""
+
+    def __init__(self, tensor):
+        self.tensor, self.at = tensor, 0
+
+    def next(self, like):
+        n = like.shape[1]
+        rows = self.tensor[self.at:self.at + n]
+        self.at += n
+        return rows.to(dtype=like.dtype, device=like.device).reshape(like.shape)
+
+
+def feeder(rows):
     """A forward pre-hook that replaces a decoder layer's input (grafting)."""
     def feed(module, args, kwargs):
-        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+        if args:
+            return (rows.next(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": rows.next(kwargs["hidden_states"])}
+    return feed
+
+
+def input_feeder(rows):
+    """A forward pre-hook that replaces an op's input (`attn.core`, `mlp.act`, `attn.kda`)."""
+    def feed(module, args):
+        return (rows.next(args[0]), *args[1:])
+    return feed
+
+
+def output_feeder(rows):
+    """A forward hook that replaces an op's output where the next op reads it."""
+    def feed(module, args, out):
+        return (rows.next(out[0]), *out[1:]) if isinstance(out, tuple) else rows.next(out)
     return feed
 
 
@@ -460,7 +496,7 @@ def main(argv=None) -> int:
         "name": NAME,
         "version": VERSION,
         "model": str(args.model),
-        "capabilities": ["generate", "score", "dump", "graft", "dump_decode", "prefill_chunk"],
+        "capabilities": ["generate", "score", "dump", "graft", "graft_ops", "dump_decode", "prefill_chunk"],
         "dtype": args.dtype,
         "max_in_flight": args.max_in_flight,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
