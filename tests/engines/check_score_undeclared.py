@@ -7,7 +7,7 @@ from conformant_engine import Conformant
 
 
 class Engine(Conformant):
-    capabilities: ClassVar[list[str]] = ["generate", "stream", "dump", "graft", "prefill_chunk"]
+    capabilities: ClassVar[list[str]] = ["generate", "stream", "dump", "graft", "graft_ops", "prefill_chunk"]
 
     def answer(self, req: dict) -> dict:
         return self.score(req) if req.get("op") == "score" else super().answer(req)
