@@ -8,8 +8,9 @@ layer's MLP down projection scaled by 1.01), grafting on, one prompt of 41 ids, 
     python benchmarks/localize_cost.py --shape smollm2 --device cuda [--no-narrow]   # its shape, random
 
 It prints the seconds of the localize() call (both engines' model loads included, and with
-narrowing the second pass at the first-beyond layer's ops, both engines loaded again), the
-process's peak RSS and, on CUDA, the peak GPU memory, and what the localisation named.
+narrowing the second pass at the first-beyond layer's ops and the candidate's op graft, both
+engines loaded again), the process's peak RSS and, on CUDA, the peak GPU memory, and what the
+localisation named.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main() -> None:
     print(f"layers={n} dtype={args.dtype} device={args.device} seconds={seconds:.2f} "
           f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}{gpu} "
           f"tolerance={loc.tolerance:g} first_beyond={loc.first_beyond} first_beyond_op={loc.first_beyond_op} "
-          f"grafted_beyond={list(loc.grafted_beyond)}")
+          f"grafted_beyond={list(loc.grafted_beyond)} op_grafted={loc.alone_words(loc.first_beyond_op).strip() or None}")
 
 
 if __name__ == "__main__":

@@ -133,8 +133,11 @@ def instrument(engine: Engine, sections: Sections) -> None:
         sections.wrap(engine._model, "generate", "library generate")
     else:
         sections.wrap(engine._llm, "generate", "library generate")
-    module = __import__(type(engine).__module__, fromlist=["sort_topk"])
-    sections.wrap(module, "sort_topk", "sort_topk (record building)")
+    # sort_topk as the engine's records are built: hf imports it into its own module, vLLM into
+    # its outputs module (records are built there since the engine was split)
+    where = type(engine).__module__ if hasattr(sys.modules[type(engine).__module__], "sort_topk") \
+        else "strict_gate.engines.vllm.outputs"
+    sections.wrap(__import__(where, fromlist=["sort_topk"]), "sort_topk", "sort_topk (record building)")
     sections.wrap(runner, "audit_record", "audit")
     sections.wrap(writer.RunWriter, "add", "write records.jsonl")
     sections.wrap(writer.RunWriter, "finish", "write records.jsonl")

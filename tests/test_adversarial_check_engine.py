@@ -44,6 +44,7 @@ BROKEN = {
     "check_dump": ({"dump": "fail"}, "the dump is not of this computation"),
     "check_graft": ({"graft": "fail"}, "the graft is ignored"),
     "check_dump_decode": ({"dump_decode": "fail"}, "the decode-path dump is not of this computation"),
+    "check_graft_ops": ({"graft_ops": "fail"}, "the op graft is ignored"),
     "check_stream": ({"stream": "fail"}, "must be the response's token_ids"),
     "check_unknown_op": ({"unknown_op": "fail"}, "exited with code 1"),
     "check_any_op_generates": ({"unknown_op": "fail"}, "not {\"id\": 'check-unknown-op', \"error\""),
@@ -133,7 +134,8 @@ def test_a_secret_the_engine_echoes_is_not_in_the_checklist(tmp_path):
 
 
 @pytest.mark.parametrize("script, check", [("check_in_flight", "in_flight"), ("check_dump", "dump"),
-                                           ("check_graft", "graft"), ("check_prefill_chunk", "prefill_chunk"),
+                                           ("check_graft", "graft"), ("check_graft_ops", "graft_ops"),
+                                           ("check_prefill_chunk", "prefill_chunk"),
                                            ("check_dump_decode", "dump_decode")])
 def test_a_declared_capability_is_exercised_from_the_cli(tmp_path, monkeypatch, script, check):
     """Issue 26, item 10: an engine declaring dump, graft, prefill_chunk and max_in_flight 4,

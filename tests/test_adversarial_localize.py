@@ -175,17 +175,19 @@ PROMPTS = [{"id": f"p{i}", "token_ids": [(5 * i + j * 7 + 1) % 32 for j in range
 
 
 def toy_gate(where: Path, *, bug: str = "mlp1", mode: str = "", ref_env: dict | None = None,
-             cand_env: dict | None = None) -> str:
-    """gate.toml in `where` with relative paths: output_dir "reports", localize "all"."""
+             cand_env: dict | None = None, dump_mode: str | None = None) -> str:
+    """gate.toml in `where` with relative paths: output_dir "reports", localize "all" (a
+    [localize] table with `mode = dump_mode` when given)."""
     import json
 
     (where / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
     arm = f'kind = "command"\ncommand = ["python", "{TOY}"]\n'
     env = {"BUG": bug, "MODE": mode} | (cand_env or {})
     text = ('name = "toy"\nprompts = "p.jsonl"\nmax_tokens = 8\ntop_logprobs = 5\npolicy = "strict"\n'
-            'output_dir = "reports"\nlocalize = "all"\n'
-            f"[reference]\n{arm}[reference.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in (ref_env or {}).items())
-            + f"[candidate]\n{arm}[candidate.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items()))
+            'output_dir = "reports"\n' + ('localize = "all"\n' if dump_mode is None else "")
+            + f"[reference]\n{arm}[reference.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in (ref_env or {}).items())
+            + f"[candidate]\n{arm}[candidate.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in env.items())
+            + ("" if dump_mode is None else f'[localize]\ninclude = "all"\nmode = "{dump_mode}"\n'))
     (where / "gate.toml").write_text(text, encoding="utf-8")
     return "gate.toml"
 

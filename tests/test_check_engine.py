@@ -72,7 +72,8 @@ def test_the_minimal_engine_passes_what_it_implements(tmp_path):
     assert statuses(checklist) == expect(ignore_eos="not_applicable", prefill_decode="not_applicable",
                                          stream="not_applicable", in_flight="not_applicable",
                                          prefill_chunk="not_applicable", dump="not_applicable",
-                                         graft="not_applicable", dump_decode="not_applicable"), checklist.lines()
+                                         graft="not_applicable", dump_decode="not_applicable",
+                                         graft_ops="not_applicable"), checklist.lines()
     by_name = {c.name: c for c in checklist.checks}
     assert "does not implement ignore_eos" in by_name["ignore_eos"].detail
     assert "not declared, and a score request gets an error reply" in by_name["score"].detail
@@ -83,14 +84,14 @@ def test_the_cli_prints_the_checklist_and_json(tmp_path):
     toml = write_engine_toml(tmp_path / "engine.toml", CONFORMANT)
     text = cli(str(toml))
     assert text.returncode == 0, text.stderr
-    assert "20 checks: 20 pass, 0 fail, 0 n/a, 0 skipped -> exit 0" in text.stdout
+    assert "21 checks: 21 pass, 0 fail, 0 n/a, 0 skipped -> exit 0" in text.stdout
     out = cli(str(toml), "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["schema"] == "strict-gate/check-engine@1" and report["exit_code"] == 0
     assert [c["name"] for c in report["checks"]] == NAMES
     assert all(set(c) == {"name", "status", "section", "detail", "finding"} for c in report["checks"])
-    assert report["counts"] == {"pass": 20, "fail": 0, "not_applicable": 0, "skipped": 0}
+    assert report["counts"] == {"pass": 21, "fail": 0, "not_applicable": 0, "skipped": 0}
     assert report["engine"]["versions"]["conformant"] == "1.0"
 
 
@@ -182,7 +183,8 @@ def test_the_ctranslate2_adapter_passes(tmp_path, gate):
     assert statuses(checklist) == expect(ignore_eos="not_applicable", ties=statuses(checklist)["ties"],
                                          stream="not_applicable", in_flight="not_applicable",
                                          prefill_chunk="not_applicable", dump="not_applicable",
-                                         graft="not_applicable", dump_decode="not_applicable"), checklist.lines()
+                                         graft="not_applicable", dump_decode="not_applicable",
+                                         graft_ops="not_applicable"), checklist.lines()
     assert statuses(checklist)["ties"] in ("pass", "not_applicable")
 
 
@@ -195,5 +197,5 @@ def test_the_llamacpp_adapter_passes(tmp_path, gate):
     # it declares dump (and dump_decode), not graft, requests in flight or prefill chunks
     assert statuses(checklist) == expect(ties=statuses(checklist)["ties"], stream="not_applicable",
                                          in_flight="not_applicable", prefill_chunk="not_applicable",
-                                         graft="not_applicable"), checklist.lines()
+                                         graft="not_applicable", graft_ops="not_applicable"), checklist.lines()
     assert statuses(checklist)["ties"] in ("pass", "not_applicable")

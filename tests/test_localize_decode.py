@@ -21,6 +21,7 @@ from strict_gate.core.model_files import resolve_model
 from strict_gate.engines.base import PromptInput
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.engines.hf import HFEngine, HFOptions
+from strict_gate.judge.localization import Alone
 from strict_gate.localize.run import Settings, localize, target
 from strict_gate.runs.records import Sampling
 
@@ -77,6 +78,10 @@ def test_hf_kv_cache_bug_is_localised_along_the_decode_path(tmp_path):
     ts = divergent_targets(reference, candidate)
     locs = localize(ts, reference, candidate, tmp_path / "work", Settings(), release=lambda e: None)
     check_decode_localised(locs, "layers.1.attn")
+    for loc in locs.values():  # narrowed along the decode path, and grafted at ops along it (issue 27)
+        assert loc.first_beyond_op == "layers.1.attn.core", [(p.name, p.rel_diff) for p in loc.ops]
+        assert loc.verdict("layers.1.attn.core") is Alone.WRONG, (loc.alone, loc.op_graft_note)
+        assert not [op for op, v in loc.alone if v is Alone.WRONG and op != "layers.1.attn.core"], loc.alone
     reference.close()
     candidate.close()
 

@@ -4,7 +4,8 @@ One forward pass over the ids (or, mode "decode", a prefill and then one id at a
 the cache: the recurrent state and the MLA cache), with torch hooks at the canonical points, the
 asked positions kept as float32 in one safetensors file inside req["directory"]. `graft` names
 a safetensors file of the reference's layer inputs: layer i is fed `embed` (i = 0) or
-`layers.{i-1}` instead of its own input.
+`layers.{i-1}` instead of its own input; and of op points ("graft_ops"), each fed where the next
+op reads it, along either path (each feed hands out its rows pass by pass).
 
 The points inside a layer (docs/localize.md, "Points inside a layer"): forward hooks on the
 submodules in OPS, and taps for what a module's output does not give alone:
@@ -39,10 +40,40 @@ EXPERTS = "mlp.experts.down_proj"  # the family that asks for every mlp.experts.
 EXPERT = re.compile(r"^layers\.([0-9]+)\.mlp\.experts\.[0-9]+\.down_proj$")
 
 
-def feeder(x):
+class Rows:
+    """The graft file's rows of one point, handed out pass by pass: a prefill takes its rows, each
+    decode step the next one (grafting along either path)."""
+
+    def __init__(self, tensor):
+        self.tensor, self.at = tensor, 0
+
+    def next(self, like):
+        n = like.shape[1]
+        rows = self.tensor[self.at:self.at + n]
+        self.at += n
+        return rows.to(dtype=like.dtype, device=like.device).reshape(like.shape)
+
+
+def feeder(rows):
     """A forward pre-hook that replaces a decoder layer's input (grafting)."""
     def feed(module, args, kwargs):
-        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+        if args:
+            return (rows.next(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": rows.next(kwargs["hidden_states"])}
+    return feed
+
+
+def input_feeder(rows):
+    """A forward pre-hook that replaces an op's input (`attn.core`, `mlp.act`, `attn.kda`)."""
+    def feed(module, args):
+        return (rows.next(args[0]), *args[1:])
+    return feed
+
+
+def output_feeder(rows):
+    """A forward hook that replaces an op's output where the next op reads it."""
+    def feed(module, args, out):
+        return (rows.next(out[0]), *out[1:]) if isinstance(out, tuple) else rows.next(out)
     return feed
 
 
@@ -160,6 +191,7 @@ def dump(engine, req):
         modules |= {f"layers.{i}.attn": layer.self_attn, f"layers.{i}.mlp": layer.mlp, f"layers.{i}": layer}
     modules["norm"] = base.norm
     inputs = {}  # points read as a module's input (the name docs/localize.md gives them)
+    op_inputs, op_outputs = {}, {}  # the same, ops only: what a graft may feed
     for i, layer in enumerate(base.layers):
         for op, (attr, takes_input) in OPS.items():
             module = layer
@@ -167,20 +199,24 @@ def dump(engine, req):
                 module = getattr(module, part, None)
             if module is not None:
                 (inputs if takes_input else modules)[f"layers.{i}.{op}"] = module
+                (op_inputs if takes_input else op_outputs)[f"layers.{i}.{op}"] = module
     wanted = set(req.get("points") or [*(m for m in modules if m.count(".") < 3 and "_norm" not in m), "logits"])
     decode = req.get("mode") == "decode"
-    if decode and (req.get("graft") or not isinstance(req.get("decode_from"), int)
-                   or not 1 <= req["decode_from"] <= len(ids)):
-        raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids), and no graft")
+    if decode and (not isinstance(req.get("decode_from"), int) or not 1 <= req["decode_from"] <= len(ids)):
+        raise ValueError("a decode dump needs decode_from in 1..len(prompt_token_ids)")
     d = Dump(engine, req)
     d.install(wanted, modules, inputs, base)
-    if req.get("graft"):
-        grafts = load_file(req["graft"])
+    if req.get("graft"):  # after the dump's hooks: a dumped point stays this model's own
+        feeds = load_file(req["graft"])
         for i, layer in enumerate(base.layers):
-            source = grafts.get("embed" if i == 0 else f"layers.{i - 1}")
+            source = feeds.get("embed" if i == 0 else f"layers.{i - 1}")
             if source is not None:
-                x = source.to(getattr(torch, engine.dtype)).unsqueeze(0)
-                d.hooks.append(layer.register_forward_pre_hook(feeder(x), with_kwargs=True))
+                d.hooks.append(layer.register_forward_pre_hook(feeder(Rows(source)), with_kwargs=True))
+        for name, source in feeds.items():  # graft_ops: an op's value, where the next op reads it
+            if name in op_inputs:
+                d.hooks.append(op_inputs[name].register_forward_pre_hook(input_feeder(Rows(source))))
+            elif name in op_outputs:
+                d.hooks.append(op_outputs[name].register_forward_hook(output_feeder(Rows(source))))
     try:
         with torch.inference_mode():
             for logits in passes(engine, d, ids, req["decode_from"] if decode else None):

@@ -364,7 +364,7 @@ def main(argv=None) -> int:
         "name": NAME,
         "version": VERSION,
         "model": str(args.model),
-        "capabilities": ["generate", "score", "dump", "graft", "dump_decode", "prefill_chunk"],
+        "capabilities": ["generate", "score", "dump", "graft", "graft_ops", "dump_decode", "prefill_chunk"],
         "dtype": args.dtype,
         "max_in_flight": args.max_in_flight,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

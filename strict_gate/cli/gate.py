@@ -186,13 +186,16 @@ def localize(
     no_graft: Annotated[bool, typer.Option("--no-graft", help="the accumulated curve only")] = False,
     no_narrow: Annotated[bool, typer.Option("--no-narrow", help="no second pass at the first-beyond layer's ops")
                          ] = False,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", help="the path dumped: auto (default: decode where prefill does not reproduce), prefill, decode, "
+                       "both (side by side)")] = None,
 ) -> None:
     """Where along the depth a divergence first shows: both arms dump activations, compared per point."""
     from strict_gate.gate.localize import relocalize
     from strict_gate.report.localization import text_lines
 
     outcome = relocalize(report_dir, prompt=prompt, points=points, positions=positions, tolerance=tolerance,
-                         keep=keep, graft=not no_graft, narrow=not no_narrow)
+                         keep=keep, graft=not no_graft, narrow=not no_narrow, mode=mode)
     for pid, loc in outcome.result.localization.items():
         console.print(Text(pid, style="bold"))  # the console prints no markup: a Text carries the style
         for line in text_lines(loc):

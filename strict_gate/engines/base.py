@@ -61,7 +61,8 @@ class DumpRequest:
     `token_ids` once, keep `positions` (indices into the ids) of each point, float32, and write
     them as one safetensors file into `directory`. `points` None: every point the engine gives.
     `graft`: a safetensors file of the reference's layer inputs (`embed`, `layers.{i}` at every
-    position) fed into the engine's layers in place of its own."""
+    position) fed into the engine's layers in place of its own; with `can_graft_ops`, op points
+    too (`layers.{i}.mlp.act`, ...), each fed to the op that reads it."""
 
     token_ids: tuple[int, ...]
     points: tuple[str, ...] | None
@@ -100,6 +101,7 @@ class Engine(ABC):
     can_dump: bool = False  # dump() writes activations
     can_graft: bool = False  # dump() honours DumpRequest.graft
     can_dump_decode: bool = False  # dump() honours DumpRequest.decode_from (the decode path)
+    can_graft_ops: bool = False  # dump() honours op points in DumpRequest.graft, along either path
     capabilities_at_start: ClassVar[bool] = False  # can_* are narrowed when it starts (a command hello)
     # The invariance variants: the ways this kind may serve. An engine that learns its own at
     # start (a command engine's hello) narrows `servings` on the instance then.

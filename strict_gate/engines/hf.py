@@ -55,6 +55,7 @@ class HFEngine(Engine):
     can_dump = True  # forward hooks on the named modules (strict_gate/engines/torch_dump.py)
     can_graft = True
     can_dump_decode = True  # a prefill, then one id at a time with past key values (torch_dump._passes)
+    can_graft_ops = True  # op points fed where the next op reads them, either path (torch_graft.py)
     servings = frozenset({Serving.BATCH})  # one padded generate(); no prefill chunking or prefix cache
     log_libraries = ("transformers",)
 

@@ -3,9 +3,9 @@
 The canonical names are transformers' own module paths (docs/localize.md): `embed` is
 `model.embed_tokens`, `layers.{i}` decoder layer i's output (the residual stream),
 `layers.{i}.attn` its `self_attn` output before the residual add, `layers.{i}.mlp` its `mlp`
-output, `norm` the final norm, `logits` the head's output. Grafting replaces each decoder
-layer's input with the reference's (the output of the layer before, `embed` for layer 0),
-so a layer's output then carries only its own error. torch is imported by the caller.
+output, `norm` the final norm, `logits` the head's output. Grafting (engines/torch_graft.py)
+feeds the reference's layer inputs and, at ops, the reference's op values in place of the
+model's own, so a point then carries only its own error. torch is imported by the caller.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from strict_gate.engines.base import DumpReply, DumpRequest
+from strict_gate.engines.torch_graft import graft_hooks
 from strict_gate.errors import EngineError
 
 
@@ -70,31 +71,6 @@ def op_modules(model: Any) -> dict[str, tuple[Any, bool]]:
     return found
 
 
-def graft_inputs(torch: Any, path: Path, n: int) -> dict[str, Any]:
-    """The reference's layer inputs (every position), read from the graft file."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    for name, t in tensors.items():
-        if t.dim() != 2 or t.shape[0] != n:
-            raise EngineError(f"graft file {path}: {name} has shape {tuple(t.shape)}, expected ({n}, hidden)")
-    return tensors
-
-
-def _graft_hook(torch: Any, tensor: Any) -> Callable:
-    def pre(module, args, kwargs):
-        x = tensor.to(dtype=module_dtype(module), device=module_device(module)).unsqueeze(0)
-        if args:
-            return (x, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": x}
-
-    return pre
-
-
-def module_dtype(module: Any) -> Any:
-    return next(module.parameters()).dtype
-
-
 def module_device(module: Any) -> Any:
     return next(module.parameters()).device
 
@@ -135,10 +111,8 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
             module, takes_input = ops[point]
             hooks.append(module.register_forward_pre_hook(keep_input(point)) if takes_input
                          else module.register_forward_hook(keep(point)))
-    if request.graft is not None:
-        if request.decode_from is not None:
-            raise EngineError("hf: grafting along the decode path is not supported (graft with a prefill dump)")
-        hooks += _graft_hooks(torch, modules, request)
+    if request.graft is not None:  # after the dump's hooks: a dumped point stays the model's own
+        hooks += graft_hooks(request.graft, len(request.token_ids), modules, ops)
     taps.install(set(wanted) & tapped)
     try:
         with torch.inference_mode():
@@ -155,19 +129,6 @@ def dump_hf_model(torch: Any, model: Any, request: DumpRequest, name: str = "act
     path = Path(request.directory) / f"{name}.safetensors"
     save_file(captured, str(path))
     return DumpReply(path=path, points=tuple(sorted(captured)))
-
-
-def _graft_hooks(torch: Any, modules: dict[str, Any], request: DumpRequest) -> list:
-    assert request.graft is not None
-    inputs = graft_inputs(torch, request.graft, len(request.token_ids))
-    layers = [p for p in modules if p.startswith("layers.") and p.count(".") == 1]
-    hooks = []
-    for i, point in enumerate(layers):
-        source = "embed" if i == 0 else f"layers.{i - 1}"
-        if source in inputs:
-            hooks.append(modules[point].register_forward_pre_hook(_graft_hook(torch, inputs[source]),
-                                                                  with_kwargs=True))
-    return hooks
 
 
 def _passes(torch: Any, model: Any, request: DumpRequest):

@@ -21,7 +21,7 @@ from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.localize.compare import check_tolerance
 from strict_gate.localize.points import parse_points
-from strict_gate.localize.run import Settings, localize, targets
+from strict_gate.localize.run import DumpMode, Settings, localize, parse_mode, targets
 
 WORK_DIR = "localize"  # under the report directory; removed unless keep
 
@@ -76,7 +76,7 @@ def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engin
     finally:
         if built:
             ref_engine.close()
-    failed = [f"localisation of prompt {pid!r} failed: {loc.error}" for pid, loc in found.items() if loc.error]
+    failed = [f"localisation of prompt {pid!r} failed: {e}" for pid, loc in found.items() for e in failures(loc)]
     return replace(result, localization={**result.localization, **found}, notes=result.notes + tuple(failed))
 
 
@@ -95,7 +95,7 @@ def _old(report_dir: Path) -> dict:
 
 def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str | None = None,
                positions: int | None = None, tolerance: float | None = None, keep: bool = False,
-               graft: bool = True, narrow: bool = True):
+               graft: bool = True, narrow: bool = True, mode: str | None = None):
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
     reports in place, its verdict, diagnoses and drift kept as they were."""
     from strict_gate.gate.config import load_gate_config
@@ -126,7 +126,8 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         points=parse_points(points) if points is not None else base.points,
         positions=positions or base.positions,
         tolerance=check_tolerance(tolerance) if tolerance is not None else base.tolerance,
-        graft=graft and base.graft, keep=keep or base.keep, narrow=narrow and base.narrow)
+        graft=graft and base.graft, keep=keep or base.keep, narrow=narrow and base.narrow,
+        mode=parse_mode(mode) if mode is not None else base.mode)
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     spec = GateSpec(
@@ -145,21 +146,23 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     if cfg.candidate is None:
         raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))
     candidate = cfg.candidate.build()
-    _can_dump_or_exit_2(candidate, report_dir / "gate.toml")  # before the reference loads anything
+    _can_dump_or_exit_2(candidate, report_dir / "gate.toml", settings.mode)  # before the reference loads anything
     reference = cfg.reference.build()
-    if activation_reference(cfg, reference)[0] is None:
-        raise ConfigError(activation_reference(cfg, reference)[2] or "no activation reference",
-                          path=str(report_dir / "gate.toml"))
+    activations, _, why = activation_reference(cfg, reference)
+    if activations is None:
+        raise ConfigError(why or "no activation reference", path=str(report_dir / "gate.toml"))
+    if not type(activations).capabilities_at_start:  # else known once started: checked per prompt
+        _decodes_or_exit_2(activations, "activation reference", report_dir / "gate.toml", settings.mode)
     result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
                              scope=scope, settings=settings, only=prompt)
     write_reports(result, report_dir)
     done = {p for p in result.localization if prompt is None or p == prompt}  # this run's, not old errors
-    if errors := [f"{pid}: {loc.error}" for pid, loc in result.localization.items() if pid in done and loc.error]:
+    if errors := [f"{pid}: {e}" for pid, loc in result.localization.items() if pid in done for e in failures(loc)]:
         raise EngineError("; ".join(errors))
     return GateOutcome(result, report_dir)
 
 
-def _can_dump_or_exit_2(candidate: Engine, config: Path) -> None:
+def _can_dump_or_exit_2(candidate: Engine, config: Path, mode: DumpMode) -> None:
     """An arm that cannot dump is bad input (exit 2), found before anything heavy starts: an engine
     that learns its capabilities at start (a command engine's hello) is started for its hello
     alone and closed again."""
@@ -171,6 +174,22 @@ def _can_dump_or_exit_2(candidate: Engine, config: Path) -> None:
             candidate.close()
     if not candidate.can_dump:
         raise ConfigError(f"{why} (docs/localize.md: \"Adding dump to your engine\")", path=str(config))
+    _decodes_or_exit_2(candidate, "candidate", config, mode)
+
+
+def _decodes_or_exit_2(engine: Engine, role: str, config: Path, mode: DumpMode) -> None:
+    """--mode decode or both with an arm that cannot dump along its decode path: exit 2."""
+    if mode in (DumpMode.DECODE, DumpMode.BOTH) and not engine.can_dump_decode:
+        raise ConfigError(f"--mode {mode}: the {role} ({engine.kind}) cannot dump along its decode path "
+                          "(no dump_decode; docs/localize.md, \"The decode path\")", path=str(config))
+
+
+def failures(loc: Localization) -> list[str]:
+    """What failed in a localisation, both paths (`both`) and a refused op graft included."""
+    out = [loc.error] if loc.error else []
+    if loc.op_graft_refused and loc.op_graft_note:
+        out.append(f"grafting at ops {loc.op_graft_note}")
+    return out + ([f"decode path: {e}" for e in failures(loc.decode)] if loc.decode is not None else [])
 
 
 def _kept(result: GateResult, old: dict) -> GateResult:

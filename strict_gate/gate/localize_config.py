@@ -13,7 +13,7 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.localize.compare import check_tolerance
 from strict_gate.localize.points import DEFAULT_POSITIONS, parse_points
-from strict_gate.localize.run import Settings
+from strict_gate.localize.run import DumpMode, Settings
 
 
 class Scope(StrEnum):
@@ -34,6 +34,7 @@ class LocalizeKeys(Checked):
     graft: bool = True
     keep: bool = False
     narrow: bool = True
+    mode: Annotated[DumpMode, Parse(DumpMode, takes=str)] = DumpMode.AUTO  # which path's dump is compared
     reference: dict | None = None
 
 
@@ -63,5 +64,5 @@ def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
     except ConfigError as e:
         raise ConfigError(f"[localize] {e}", path=where["path"], line=line_of("tolerance")) from None
     settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
-                        keep=keys.keep, narrow=keys.narrow)
+                        keep=keys.keep, narrow=keys.narrow, mode=keys.mode)
     return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)

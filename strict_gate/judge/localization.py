@@ -2,7 +2,9 @@
 
 Per prompt: the error of each canonical point along the depth (max |Δ|, rel_diff, cosine, the
 reference's scale), the first point whose rel_diff is beyond tolerance, and, where both arms
-could graft, each layer's error alone with the reference's input fed in (docs/localize.md).
+could graft, each layer's error alone with the reference's input fed in, and inside the first
+layer beyond, each op's: wrong on its own, or following its input (docs/localize.md). With
+`--mode both`, the decode path's localisation rides along the prefill one (`decode`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ def kind_of(name: str) -> PointKind:
 class Mode(StrEnum):
     ACCUMULATED = "accumulated"  # each arm's own forward pass: error carried from below
     GRAFTED = "grafted"  # the candidate's layers fed the reference's inputs: each layer's own error
+
+
+class Alone(StrEnum):
+    """An op fed the reference's inputs (grafted at ops): does it still differ?"""
+
+    WRONG = "wrong alone"  # beyond tolerance on the reference's inputs: the op itself computes differently
+    FOLLOWS = "follows when fed the reference's input: drift from earlier"  # beyond only on its own inputs
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,26 @@ class Localization:
     kept: str | None = None  # where the tensors were kept (--keep)
     reproduction: tuple[Reproduction, ...] = ()  # per arm: did its dump choose the token it generated
     ops: tuple[PointDiff, ...] = ()  # the narrowing pass: the points inside the first-beyond layer
+    ops_grafted: tuple[PointDiff, ...] = ()  # the same ops, each fed the reference's inputs (graft_ops)
+    alone: tuple[tuple[str, Alone], ...] = ()  # per judged op beyond on either curve: its verdict
+    op_graft_note: str | None = None  # why the ops were not grafted, or why the graft was refused
+    op_graft_refused: bool = False  # the candidate's op graft broke a check (the note says which)
+    dump_mode: str = "auto"  # --mode: auto | prefill | decode | both
+    decode: Localization | None = None  # --mode both: the decode path's localisation (this is prefill's)
+
+    def verdict(self, op: str | None) -> Alone | None:
+        return dict(self.alone).get(op or "")
+
+    def alone_words(self, op: str | None) -> str:
+        """"(grafted: wrong alone)" after an op's name, or why it has no verdict; "" without op graft."""
+        if op is None or not (self.ops_grafted or self.op_graft_note):
+            return ""
+        v = self.verdict(op)
+        if v is not None:
+            return f" (grafted: {v})"
+        if self.ops_grafted:
+            return " (grafted: not judged: its inputs are not points both arms give)"
+        return f" ({self.op_graft_note})"
 
     @property
     def first_beyond_op(self) -> str | None:
@@ -199,6 +228,13 @@ class Localization:
             "ops": [p.to_json() for p in self.ops],
             "first_beyond_op": self.first_beyond_op,
             "ops_not_compared": list(self.ops_not_compared),
+            "ops_grafted": [p.to_json() for p in self.ops_grafted],
+            "alone": {op: str(v) for op, v in self.alone},
+            "first_beyond_op_alone": None if (v := self.verdict(self.first_beyond_op)) is None else str(v),
+            "op_graft_note": self.op_graft_note,
+            "op_graft_refused": self.op_graft_refused,
+            "dump_mode": self.dump_mode,
+            "decode": None if self.decode is None else self.decode.to_json(),
         }
 
     @classmethod
@@ -212,6 +248,11 @@ class Localization:
             reference_note=d.get("reference_note"), error=d.get("error"), kept=d.get("kept"),
             reproduction=tuple(Reproduction.from_json(r) for r in d.get("reproduction") or ()),
             ops=tuple(PointDiff.from_json(p) for p in d.get("ops") or ()),
+            ops_grafted=tuple(PointDiff.from_json(p) for p in d.get("ops_grafted") or ()),
+            alone=tuple((str(op), Alone(v)) for op, v in (d.get("alone") or {}).items()),
+            op_graft_note=d.get("op_graft_note"), op_graft_refused=bool(d.get("op_graft_refused")),
+            dump_mode=str(d.get("dump_mode") or "auto"),
+            decode=None if not d.get("decode") else cls.from_json(d["decode"]),
         )
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from strict_gate.engines.base import Engine
 from strict_gate.errors import EngineError
 from strict_gate.judge.localization import Reproduction
+from strict_gate.localize.compare import point_diff
+from strict_gate.localize.points import in_depth_order
 
 
 def reproduction(engine: Engine, role: str, t: Any, token: int, tensors: Mapping[str, Any], path: str
@@ -37,3 +39,28 @@ def reproduction(engine: Engine, role: str, t: Any, token: int, tensors: Mapping
     best_id, best = step.top[0]
     tie = step.logprob is not None and best is not None and step.logprob >= best
     return Reproduction(role, token, token if tie else int(best_id), "a score of the same prefix", "prefill")
+
+
+def decode_mismatch(prefill: Mapping[str, Any], decoded: Mapping[str, Any], positions: tuple[int, ...],
+                    decode_from: int, tolerance: float) -> str | None:
+    """Why a decode dump's rows before `decode_from` are not its own prefill dump's, in words, or
+    None. Those rows are a prefill of ids[:decode_from] by the protocol, and causal attention makes
+    them the full prefill's rows: a decode dump that differs there ignored decode_from, or is of
+    other positions or ids; one that lacks a point its prefill dump gave is not of the points asked."""
+    rows = [i for i, p in enumerate(positions) if p < decode_from]
+    missing = [n for n in in_depth_order(prefill) if n not in decoded]
+    if missing:
+        return f"lacks {', '.join(missing)}, which its prefill dump gives: it is not of the points asked"
+    if not rows:
+        return None
+    for name in in_depth_order(set(prefill) & set(decoded)):
+        a, b = prefill[name], decoded[name]
+        if tuple(a.shape) != tuple(b.shape):
+            return f"has {name} of shape {tuple(b.shape)} where its prefill dump's is {tuple(a.shape)}"
+        d = point_diff(name, a[rows], b[rows], tolerance)
+        if d.beyond:
+            return (f"differs from its own prefill dump at positions before decode_from {decode_from} ({name}: "
+                    f"rel_diff {d.rel_diff:.3g} over positions {[positions[i] for i in rows]}, tolerance "
+                    f"{tolerance:g}): those rows are a prefill by the protocol, so it did not run the path asked "
+                    "(decode_from ignored, or other positions or ids)")
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from strict_gate.judge.localization import Localization, PointDiff, kind_of
+from strict_gate.judge.localization import Alone, Localization, PointDiff, kind_of
 from strict_gate.judge.result import GateResult
 
 _KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
@@ -22,7 +22,7 @@ def headline(loc: Localization) -> str:
     head = f"first beyond tolerance: {first_beyond(loc)}"
     if loc.ops:
         gap = f" (or earlier, not compared: {', '.join(loc.ops_not_compared)})" if loc.ops_not_compared else ""
-        head += f"; inside it, first op beyond: {loc.first_beyond_op or 'none of ' + str(len(loc.ops))}{gap}"
+        head += f"; inside it, first op beyond: {first_op(loc)}{gap}"
     if loc.first_differs and loc.first_differs != loc.first_beyond:
         head += f"; first difference: {loc.first_differs}"
     if loc.grafted:
@@ -39,6 +39,21 @@ def first_beyond(loc: Localization) -> str:
     return f"{loc.first_beyond or 'none'}{gap}"
 
 
+def first_op(loc: Localization) -> str:
+    """"layers.1.mlp.down_proj (grafted: wrong alone)", or none of the ops."""
+    if loc.first_beyond_op is None:
+        return f"none of {len(loc.ops)}"
+    return f"{loc.first_beyond_op}{loc.alone_words(loc.first_beyond_op)}"
+
+
+def alone_line(loc: Localization) -> str | None:
+    """Every op with a verdict, by verdict; or why the ops were not grafted."""
+    if not loc.alone:
+        return f"grafting at ops: {loc.op_graft_note}" if loc.op_graft_note else None
+    by = {v: [op for op, w in loc.alone if w is v] for v in Alone}
+    return "grafted at ops: " + "; ".join(f"{v}: {', '.join(ops)}" for v, ops in by.items() if ops)
+
+
 def grafted_beyond(loc: Localization) -> str:
     missing = [p.name for p in loc.grafted if p.rel_diff is None]
     gap = f" (not compared: {', '.join(missing)})" if missing else ""
@@ -50,7 +65,15 @@ def reproduction_line(loc: Localization) -> str | None:
 
 
 def text_lines(loc: Localization) -> list[str]:
-    """For the terminal: the headline, who was compared, then one line per point."""
+    """For the terminal: the headline, who was compared, then one line per point; with `both`,
+    the decode path's the same way after the prefill path's."""
+    out = _text_lines(loc)
+    if loc.decode is None:
+        return out
+    return [f"prefill path: {out[0]}", *out[1:], f"decode path: {(d := _text_lines(loc.decode))[0]}", *d[1:]]
+
+
+def _text_lines(loc: Localization) -> list[str]:
     out = [headline(loc), f"  {loc.pattern}",
            f"  reference activations: {loc.reference_engine}; candidate: {loc.candidate_engine}"]
     if loc.reference_note:
@@ -63,9 +86,14 @@ def text_lines(loc: Localization) -> list[str]:
         extra = f"  grafted rel_diff {_g(g.rel_diff)}{' BEYOND' if g.beyond else ''}" if g else ""
         body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
         out.append(f"  {'>' if p.beyond else ' '} {p.name:<16} {body}{extra}")
+    if (line := alone_line(loc)) is not None:
+        out.append(f"  {line}")
+    fed = {p.name: p for p in loc.ops_grafted}
     for p in loc.ops:
         body = p.note or f"max|Δ| {_g(p.max_abs)}  rel_diff {_g(p.rel_diff)}  cos {_g(p.cosine)}  scale {_g(p.scale)}"
-        out.append(f"  {'>' if p.beyond else ' '} {p.name:<22} {body}  (narrowing pass)")
+        g = fed.get(p.name)
+        extra = f"  fed the reference's input: rel_diff {_g(g.rel_diff)}{' BEYOND' if g.beyond else ''}" if g else ""
+        out.append(f"  {'>' if p.beyond else ' '} {p.name:<22} {body}  (narrowing pass){extra}")
     return out
 
 
@@ -74,26 +102,35 @@ def localization_markdown(r: GateResult) -> list[str]:
     if not r.localization:
         return []
     out = ["## Localisation", "",
-           "| prompt | first beyond | rel_diff there | first difference | grafted: beyond alone | grafted: first to "
-           "differ alone | reproduced | mode | reference |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for pid, loc in r.localization.items():
+           "| prompt | path | first beyond | rel_diff there | first difference | grafted: beyond alone | grafted: first "
+           "to differ alone | reproduced | mode | reference |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    each = [(pid, path, loc) for pid, top in r.localization.items() for path, loc in _paths(top)]
+    for pid, path, loc in each:
         at = next((p for p in loc.points if p.name == loc.first_beyond), None)
         if loc.error is not None:
-            out.append(f"| `{pid}` | not localised: {loc.error} | | | | | | | |")
+            out.append(f"| `{pid}` | {path} | not localised: {loc.error} | | | | | | | |")
             continue
-        op = f" → {loc.first_beyond_op}" if loc.first_beyond_op else ""
-        out.append(f"| `{pid}` | {first_beyond(loc)}{op} | {_g(at.rel_diff) if at else '–'} | "
+        op = f" → {first_op(loc)}" if loc.first_beyond_op else ""
+        out.append(f"| `{pid}` | {path} | {first_beyond(loc)}{op} | {_g(at.rel_diff) if at else '–'} | "
                    f"{loc.first_differs or 'none'} | {grafted_beyond(loc) if loc.grafted else '–'}"
                    f" | {(loc.grafted_differs or 'none') if loc.grafted else '–'} | {_reproduced(loc)} | {loc.mode} | "
                    f"{loc.reference_engine} |")
-    tols = sorted({loc.tolerance for loc in r.localization.values()})
-    notes = sorted({loc.reference_note for loc in r.localization.values() if loc.reference_note})
-    out += [f"- `{pid}`: {reproduction_line(loc)}" for pid, loc in r.localization.items()
+    tols = sorted({loc.tolerance for _, _, loc in each})
+    notes = sorted({loc.reference_note for _, _, loc in each if loc.reference_note})
+    out += [f"- `{pid}` ({path}): {reproduction_line(loc)}" for pid, path, loc in each
             if loc.not_reproduced or loc.unchecked]
+    out += [f"- `{pid}` ({path}): {line}" for pid, path, loc in each if (line := alone_line(loc)) is not None]
     out += ["", f"rel_diff = 1 - 2Σxy/(Σx²+Σy²) per point, tolerance {', '.join(f'{t:g}' for t in tols)} "
                 "(docs/localize.md)."] + [f"{n}." for n in notes] + [""]
     return out
+
+
+def _paths(loc: Localization) -> list[tuple[str, Localization]]:
+    """(path, localisation): one for auto, prefill or decode; two, side by side, for both."""
+    if loc.decode is not None:
+        return [("prefill", loc), ("decode", loc.decode)]
+    return [(loc.dump_mode, loc)]
 
 
 def _reproduced(loc: Localization) -> str:
@@ -142,14 +179,22 @@ _BEYOND = ' class="beyond"'
 
 
 def html_section(loc: Localization) -> str:
-    """A prompt's localisation in report.html: the headline, the curve, the table."""
+    """A prompt's localisation in report.html: the headline, the curve, the table; with `both`,
+    the prefill path's and the decode path's."""
+    if loc.decode is None:
+        return _html_section(loc, "Localisation")
+    return _html_section(loc, "Localisation: prefill path") + _html_section(loc.decode, "Localisation: decode path")
+
+
+def _html_section(loc: Localization, title: str) -> str:
+    fed = [(p, f"fed the reference's input{loc.alone_words(p.name)}") for p in loc.ops_grafted]
     rows = "".join(
         f"<tr{_BEYOND if p.beyond else ''}><td>{escape(p.name)}</td><td>{_g(p.max_abs)}</td>"
-        f"<td>{_g(p.rel_diff)}</td><td>{_g(p.cosine)}</td><td>{_g(p.scale)}</td><td>{escape(p.note or '')}</td></tr>"
-        for p in (*loc.points, *loc.ops))
+        f"<td>{_g(p.rel_diff)}</td><td>{_g(p.cosine)}</td><td>{_g(p.scale)}</td><td>{escape(note or '')}</td></tr>"
+        for p, note in (*((p, p.note) for p in (*loc.points, *loc.ops)), *fed))
     note = f"<p>{escape(loc.reference_note)}</p>" if loc.reference_note else ""
-    if (line := reproduction_line(loc)) is not None:
-        note += f"<p>{escape(line)}.</p>"
-    return (f'<div class="localization"><h4>Localisation</h4><p>{escape(headline(loc))}. {escape(loc.pattern)}.</p>'
+    for line in (reproduction_line(loc), alone_line(loc)):
+        note += f"<p>{escape(line)}.</p>" if line is not None else ""
+    return (f'<div class="localization"><h4>{escape(title)}</h4><p>{escape(headline(loc))}. {escape(loc.pattern)}.</p>'
             f"{note}{svg_curve(loc)}<table><tr><th>point</th><th>max |Δ|</th><th>rel_diff</th><th>cosine</th>"
             f"<th>scale</th><th></th></tr>{rows}</table></div>")

@@ -7,7 +7,7 @@ from conformant_engine import Conformant
 
 
 class Engine(Conformant):
-    capabilities: ClassVar[list[str]] = ["generate", "stream", "dump", "graft", "dump_decode", "prefill_chunk"]
+    capabilities: ClassVar[list[str]] = ["generate", "stream", "dump", "graft", "graft_ops", "dump_decode", "prefill_chunk"]
 
     def answer(self, req: dict) -> dict:
         return self.score(req) if req.get("op") == "score" else super().answer(req)

@@ -4,7 +4,8 @@
 The minimal engine's toy model (32 tokens, logits from the sum of the ids, exact ties between t
 and t + 17), plus score, token events, ignore_eos, timing, the hello's facts, requests in
 flight (max_in_flight 4, answered in turn), prefill_chunk (the toy has no prefill to split),
-and dump with graft: a one-layer toy (embed, layers.0 = 2 x its input + 1, norm, logits),
+and dump with graft (at ops too): a one-layer toy (embed, layers.0.mlp.act = 2 x its input,
+layers.0.mlp.down_proj = layers.0 = that + 1, norm, logits),
 written as safetensors by hand (the engine needs nothing outside the standard library); the toy
 has no cache, so its decode-path dump (`dump_decode`) is the same computation.
 Computed in float64, so score and generate agree exactly. The tests/engines/check_*.py engines subclass
@@ -60,7 +61,7 @@ def read_safetensors(path: str) -> dict[str, list[list[float]]]:
 
 
 class Conformant:
-    capabilities: ClassVar[list[str]] = ["generate", "score", "stream", "dump", "graft", "dump_decode", "prefill_chunk"]
+    capabilities: ClassVar[list[str]] = ["generate", "score", "stream", "dump", "graft", "graft_ops", "dump_decode", "prefill_chunk"]
     max_in_flight = 4
 
     def __init__(self) -> None:
@@ -140,17 +141,22 @@ class Conformant:
         return {"id": req["id"], "steps": steps}
 
     def points(self, ids: list[int], graft: dict | None) -> dict[str, list[list[float]]]:
-        """Every point at every position of the one-layer toy."""
+        """Every point at every position of the one-layer toy: its MLP's activated product
+        (`mlp.act` = 2 x the input) and down projection (+ 1), fed from the graft where it has them."""
         embed = [[float(t), float(p), 1.0, 0.0] for p, t in enumerate(ids)]
-        fed = graft["embed"] if graft else embed
-        layer = [[2 * x + 1 for x in row] for row in fed]
-        return {"embed": embed, "layers.0": layer, "norm": [[x / 10 for x in row] for row in layer],
+        graft = graft or {}
+        act = [[2 * x for x in row] for row in graft.get("embed", embed)]
+        layer = [[x + 1 for x in row] for row in graft.get("layers.0.mlp.act", act)]
+        return {"embed": embed, "layers.0.mlp.act": act, "layers.0.mlp.down_proj": layer, "layers.0": layer,
+                "norm": [[x / 10 for x in row] for row in layer],
                 "logits": [self.logprobs(ids[: p + 1]) for p in range(len(ids))]}
 
     def dump(self, req: dict) -> dict:
         graft = read_safetensors(req["graft"]) if req.get("graft") and "graft" in self.capabilities else None
+        if graft and "graft_ops" not in self.capabilities:
+            graft = {k: v for k, v in graft.items() if k.count(".") < 2}  # layer inputs only
         every = self.points(req["prompt_token_ids"], graft)
-        names = [n for n in (req.get("points") or every) if n in every]
+        names = [n for n in (req.get("points") or [n for n in every if n.count(".") < 2]) if n in every]
         path = os.path.join(req["directory"], "activations.safetensors")
         write_safetensors(path, {n: [every[n][p] for p in req["positions"]] for n in names})
         return {"id": req["id"], "path": path, "points": names}

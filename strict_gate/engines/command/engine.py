@@ -42,6 +42,7 @@ class CommandEngine(EngineProcess, Engine):
     can_dump = True  # narrowed per instance to what the hello declares ("dump", "graft")
     can_graft = True
     can_dump_decode = True
+    can_graft_ops = True
     capabilities_at_start = True  # the hello says what it can: dump, graft, dump_decode
     in_process = False
     writes_log = True
@@ -303,6 +304,9 @@ class CommandEngine(EngineProcess, Engine):
             if not self.can_dump_decode:
                 raise EngineError(f'command engine {self._name()}: {label}: a decode-path dump was asked for and '
                                   'its hello capabilities lack "dump_decode"')
+            if request.graft is not None and not self.can_graft_ops:
+                raise EngineError(f'command engine {self._name()}: {label}: a graft along the decode path was asked '
+                                  'for and its hello capabilities lack "graft_ops"')
             req["mode"], req["decode_from"] = "decode", request.decode_from
         obj = self._request(req, label)
         if "error" in obj:

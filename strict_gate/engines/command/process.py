@@ -71,6 +71,7 @@ class EngineProcess:
     can_dump: bool
     can_graft: bool
     can_dump_decode: bool
+    can_graft_ops: bool
     servings: frozenset[Serving]
     _proc: subprocess.Popen | None
     _pgid: int | None
@@ -176,6 +177,7 @@ class EngineProcess:
         self.can_dump = "dump" in caps  # activations for strict_gate/localize
         self.can_graft = self.can_dump and "graft" in caps
         self.can_dump_decode = self.can_dump and "dump_decode" in caps  # DumpRequest.decode_from
+        self.can_graft_ops = self.can_graft and "graft_ops" in caps  # op points in DumpRequest.graft
 
     def close(self) -> None:
         """Ask for a shutdown, give it a few seconds, then SIGTERM and SIGKILL the group.

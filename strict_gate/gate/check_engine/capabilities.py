@@ -1,5 +1,5 @@
 """The checks of what a command engine's hello declares beyond generate and score: requests in
-flight (`max_in_flight` above 1), `prefill_chunk`, `dump`, `graft` and `dump_decode`.
+flight (`max_in_flight` above 1), `prefill_chunk`, `dump`, `graft`, `graft_ops` and `dump_decode`.
 
 A declared capability nobody sends is a claim nobody checked: a gate's invariance variants and
 `strict-gate localize` would be the first to use it, and trust it. Each check sends what those
@@ -11,7 +11,7 @@ dump goes through the localiser's own audit (strict_gate/localize/capture.py), a
 the very computation generate ran: `localize` trusts it exactly where the prefill dump did not
 reproduce a divergence. A graft of the engine's own
 layer inputs must give its own dump back, and a graft of other inputs must change it: a graft
-that is ignored passes the first only.
+that is ignored passes the first only. The same at ops, with layer 0's op values.
 """
 
 from __future__ import annotations
@@ -176,3 +176,40 @@ def graft(probe: Probe) -> Verdict:
                      "outputs: the graft is ignored")
     return Status.PASS, (f"its own layer inputs grafted give its own {len(outputs)} layer outputs back; other inputs "
                          "change them")
+
+
+def graft_ops(probe: Probe) -> Verdict:
+    """Its own op values (layer 0's, every position) grafted give its own ops back; other values
+    (its own x GRAFT_SCALE) change the ops that read them: a graft at ops that is ignored passes
+    the first only (docs/localize.md, "Grafting at ops")."""
+    if not probe.engine.can_graft_ops:
+        return Status.NOT_APPLICABLE, _undeclared(probe, "graft_ops")
+    from safetensors.torch import save_file
+
+    from strict_gate.localize.graft import FEEDS, inputs_of
+    from strict_gate.localize.points import is_op, op_of, ops_of
+
+    pid, rec = next(iter(probe.need_runs().items()))
+    ids = probe.prompt(pid).token_ids + rec.token_ids
+    every = range(len(ids))
+    with tempfile.TemporaryDirectory(prefix="strict-gate-check-graft-ops-") as tmp:
+        where = Path(tmp)
+        own = _dump(probe, where, "ops", ids, tuple(p for p in ops_of(0) if is_op(p)), every)
+        feeds = {k: v.contiguous() for k, v in own.items() if op_of(k) in FEEDS}
+        fed = [k for k in own if any(i in feeds for i in inputs_of(k))]
+        if not fed:
+            raise Failed(f"a dump of layer 0's ops holds {sorted(own)}: no op reads another op point, nothing to "
+                         "graft at ops")
+        save_file(feeds, str(where / "own.safetensors"))
+        save_file({k: v * GRAFT_SCALE for k, v in feeds.items()}, str(where / "other.safetensors"))
+        same = _dump(probe, where, "grafted-own", ids, tuple(fed), every, where / "own.safetensors")
+        other = _dump(probe, where, "grafted-other", ids, tuple(fed), every, where / "other.safetensors")
+    for k in fed:
+        rel = float((same[k] - own[k]).abs().max()) / (float(own[k].abs().max()) or 1.0)
+        if rel > GRAFT_REL:
+            raise Failed(f"a graft of its own op values changes {k} (max rel {rel:.3g}): the op graft is not fed "
+                         "where docs/engine-protocol.md says")
+    if all(bool((other[k] == own[k]).all()) for k in fed):
+        raise Failed(f"a graft of other op values (its own x {GRAFT_SCALE}) changes none of the {len(fed)} ops that "
+                     f"read them ({', '.join(fed)}): the op graft is ignored")
+    return Status.PASS, f"its own op values grafted give its own {len(fed)} ops back; other values change them"

@@ -19,7 +19,7 @@ from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.runs.records import Record
 
 Verdict = tuple[Status, str]
-CAPABILITIES = ("generate", "score", "stream", "dump", "graft", "dump_decode", "prefill_chunk", "speculative")
+CAPABILITIES = ("generate", "score", "stream", "dump", "graft", "graft_ops", "dump_decode", "prefill_chunk", "speculative")
 UNKNOWN_OP = "strict-gate-check-unknown-op"  # no protocol version will define it
 NOISE = re.compile(r"traceback|error|exception|panic|abort|segmentation fault|broken pipe|core dumped", re.I)
 

@@ -18,7 +18,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import scrub
 from strict_gate.engines import engine_class
 from strict_gate.errors import ConfigError, EngineError
-from strict_gate.gate.check_engine.capabilities import dump, dump_decode, graft, in_flight, prefill_chunk
+from strict_gate.gate.check_engine.capabilities import dump, dump_decode, graft, graft_ops, in_flight, prefill_chunk
 from strict_gate.gate.check_engine.checklist import Check, Checklist, Status, clip
 from strict_gate.gate.check_engine.generation import (
     determinism,
@@ -66,6 +66,7 @@ CHECKS = (
     Spec("prefill_chunk", "5 (requests in flight: prefill_chunk)", prefill_chunk, protocol_only=True, finding=True),
     Spec("dump", "4 dump", dump),
     Spec("graft", "4 dump (graft)", graft),
+    Spec("graft_ops", "4 dump (graft_ops)", graft_ops),
     Spec("dump_decode", "4 dump (mode decode)", dump_decode),
     Spec("stream", "5 (token events)", stream, protocol_only=True, http=http_stream),
     Spec("unknown_op", "4 hello (an op you do not know)", unknown_op, protocol_only=True),
