@@ -63,7 +63,7 @@ def test_every_point_is_the_transformers_module_of_that_name(binary, tmp_path, a
     finally:
         hf.close()
         engine.close()
-    assert sorted(got) == sorted(ref) and len(got) == 3 + 2 * 14  # embed, norm, logits; 14 a layer (no KDA, MoE)
+    assert sorted(got) == sorted(ref) and len(got) == 3 + 2 * 16  # embed, norm, logits; 16 a layer (no KDA, MoE)
     diffs = {name: point_diff(name, ref[name], got[name], 1e-10) for name in ref}
     assert not [d for d in diffs.values() if d.beyond], [(d.name, d.rel_diff) for d in diffs.values()]
 
@@ -93,7 +93,8 @@ def test_graft_feeds_the_layer_inputs_and_the_decode_path_takes_the_cache(binary
     assert all(bool((bug_prefill[k] == own[k]).all()) for k in own)
     first = 4 + STEP - 1
     untouched = {"embed", *(k for k in own if k.startswith("layers.0")),
-                 *(f"layers.1.{o}" for o in ("attn_norm", "attn.q_proj", "attn.k_proj", "attn.v_proj"))}
+                 *(f"layers.1.{o}" for o in ("attn_norm", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.q_rope",
+                                             "attn.k_rope"))}
     for k in own:
         assert bool((bug_decode[k][:first] == decoded[k][:first]).all()), k
         assert bool((bug_decode[k][first:] == decoded[k][first:]).all()) == (k in untouched), k
@@ -185,7 +186,9 @@ def test_a_decode_only_kv_cache_bug_is_localised_along_the_decode_path(binary, t
         assert loc["first_beyond"] == f"layers.{LAYER}.attn", [(q["name"], q["rel_diff"]) for q in loc["points"]]
         assert loc["first_beyond_op"] == f"layers.{LAYER}.attn.core", loc["ops"]
     md = (result.report_dir / "report.md").read_text(encoding="utf-8")
-    assert md.count(f"| layers.{LAYER}.attn → layers.{LAYER}.attn.core |") == len(localised)
+    # the example engine grafts layer inputs but not at ops: the op is named, its graft verdict says why not
+    assert md.count(f"| layers.{LAYER}.attn → layers.{LAYER}.attn.core (not grafted: the candidate cannot graft at "
+                    "ops (no graft_ops)) |") == len(localised)
     assert md.count("candidate yes (decode)") == len(localised)
     # the prefill dump the decode path replaced: the candidate's own picks the reference's token at
     # the divergence (its prefill is honest), so comparing it would have localised nothing

@@ -249,6 +249,8 @@ class Model {
         for (int hd = 0; hd < c.heads; ++hd) rope(&q[size_t(i) * Q + hd * D], start + i);
         for (int hd = 0; hd < c.kv_heads; ++hd) rope(&k[size_t(i) * KV + hd * D], start + i);
       }
+      tap(l, ".attn.q_rope", q, Q);  // after rotary, as attention reads them
+      tap(l, ".attn.k_rope", k, KV);
       std::copy(k.begin(), k.end(), k_cache_[l].begin() + size_t(start) * KV);
       std::copy(v.begin(), v.end(), v_cache_[l].begin() + size_t(start) * KV);
       for (int i = 0; i < n; ++i) attend(l, &q[size_t(i) * Q], start + i, &att[size_t(i) * Q], dot);
