@@ -5,7 +5,8 @@ positions kept are the divergence position (the one whose logits chose the diffe
 and the n - 1 before it. The reference runs every prompt first (and, to graft, dumps each
 layer's input at every position), then is released; then the candidate. Each arm's dump is
 checked to choose, at the divergence, the token that arm generated (`reproduce`); where a
-prefill dump does not and the engine can dump along its decode path, that dump replaces it.
+prefill dump does not and the engine can dump along its decode path, that dump replaces it, and
+the other arm dumps along its decode path too where it can (both compared along one path).
 Tensors go to files under a work directory (made absolute: engines run elsewhere) and are read
 back one prompt at a time, exactly as audited, so memory holds one prompt's dump per arm; the
 directory is removed unless `keep`.
@@ -122,13 +123,20 @@ class _Arm:
         token = t.token(self.role)
         if found is None or token is None:
             return
-        check = reproduction(self.engine, self.role, t, token, found.tensors, "prefill")
-        if check.reproduced is False and self.engine.can_dump_decode and t.prompt_len:
-            decoded = self.dump(t, "decode", settings_points, t.positions, decode_from=t.prompt_len)
-            if decoded is not None:
-                self.files[(t.prompt_id, "points")] = decoded
-                check = reproduction(self.engine, self.role, t, token, decoded.tensors, "decode")
-        self.checks[t.prompt_id] = check
+        self.checks[t.prompt_id] = reproduction(self.engine, self.role, t, token, found.tensors, "prefill")
+        if self.checks[t.prompt_id].reproduced is False:
+            self.decoded(t, settings_points)
+
+    def decoded(self, t: Target, settings_points) -> None:
+        """The dump along the decode path, compared instead (and checked again), where it can."""
+        token = t.token(self.role)
+        if token is None or not self.engine.can_dump_decode or not t.prompt_len:
+            return
+        found = self.dump(t, "decode", settings_points, t.positions, decode_from=t.prompt_len)
+        if found is not None:
+            self.files[(t.prompt_id, "points")] = found
+            self.files.pop((t.prompt_id, "grafted"), None)  # a prefill-path pass: not comparable now
+            self.checks[t.prompt_id] = reproduction(self.engine, self.role, t, token, found.tensors, "decode")
 
     def load(self, pid: str, what: str) -> dict:
         return read_back(self.files[(pid, what)])
@@ -159,6 +167,7 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
             if candidate.can_graft and source is not None and (t.prompt_id, "decode") not in cand.files:
                 cand.dump(t, "grafted", settings.points, t.positions, source.path)
         release(candidate)
+        _same_path(ts, ref, cand, settings.first_pass, release)
         # after the dumps: a command engine says its dtype in its hello
         tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
         found = {t.prompt_id: _one(t, ref, cand, tol, work if settings.keep else None, reference_note) for t in ts}
@@ -166,6 +175,17 @@ def localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: P
     finally:
         if not settings.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _same_path(ts: Sequence[Target], ref: _Arm, cand: _Arm, points, release: Callable[[Engine], None]) -> None:
+    """Where one arm is compared along its decode path, the other is too when it can (started
+    again, released again): both dumps then took the path that generated the tokens."""
+    for arm, other in ((ref, cand), (cand, ref)):
+        todo = [t for t in ts if (t.prompt_id, "decode") in other.files and (t.prompt_id, "decode") not in arm.files]
+        for t in todo:
+            arm.decoded(t, points)
+        if todo and arm.engine.can_dump_decode:
+            release(arm.engine)
 
 
 def _narrowing(loc: Localization, settings: Settings) -> tuple[str, ...]:
