@@ -4,7 +4,8 @@ The prompt is the first `decode_from` ids; the rest are forced one per step by t
 processor of strict_gate/engines/vllm/force.py, so vLLM feeds them through its decode path (its
 KV cache) one forward pass at a time, with the dump's hooks on. An honest vLLM's decode dump
 equals its prefill dump within the float32 tolerance at every point; the ids forced are exactly
-the ones asked; generation is unchanged with the processor installed; and a KV-cache bug planted
+the ones asked; generation is unchanged with the processor installed; a bug planted in vLLM's
+decode steps alone shows in the decode dump and not in the prefill dump; and a KV-cache bug planted
 in the hf arm (tests/test_localize_decode.py) is localised with both arms dumped along their
 decode paths. Each test runs from a working directory with relative paths.
 """
@@ -37,6 +38,17 @@ def _dump(engine, where: str, positions, decode_from=None, points=None) -> dict:
     """One audited dump into ./where (made absolute, as localize does: a reply's path is absolute)."""
     request = DumpRequest(IDS, points, tuple(positions), Path(where).absolute(), decode_from=decode_from)
     return capture(engine, request).tensors
+
+
+def _by_value(fn):
+    """`fn` for LLM.apply_model as cloudpickled bytes: the engine core hands functions to its
+    worker with plain pickle, which takes module-level functions of importable modules only."""
+    from functools import partial
+
+    import cloudpickle
+    from vllm.v1.serial_utils import run_method
+
+    return partial(run_method, method=cloudpickle.dumps(fn), args=(), kwargs={})
 
 
 def _beyond(a: dict, b: dict) -> list:
@@ -79,6 +91,34 @@ def test_vllm_decode_dump_equals_its_prefill_dump_and_forces_exactly_the_ids(vll
     assert argmax == top1
     assert not _beyond({k: v for k, v in with_logits.items() if k != "logits"},
                        _dump(vllm_engine, "prefill-sampled", sampled))
+
+
+def test_a_decode_only_bug_inside_vllm_shows_in_its_decode_dump_alone(vllm_engine, tmp_path, monkeypatch):
+    """A hook on vLLM's own model scales layer 1's attention output by 1.01 in one-row forward
+    passes only (decode steps): the prefill dump cannot see it, the decode dump names the layer."""
+    monkeypatch.chdir(tmp_path)
+    positions = range(N0 - 2, len(IDS))
+    clean = _dump(vllm_engine, "clean", positions, decode_from=N0)  # (re)started with the processor first
+
+    def plant(model):
+        def hook(module, args, out):
+            return out * 1.01 if out.shape[0] == 1 else None
+
+        model._planted = model.model.layers[1].self_attn.register_forward_hook(hook)
+
+    def unplant(model):
+        model._planted.remove()
+        del model._planted
+
+    vllm_engine._llm.apply_model(_by_value(plant))
+    try:
+        prefill = _dump(vllm_engine, "prefill", positions)
+        decode = _dump(vllm_engine, "decode", positions, decode_from=N0)
+    finally:
+        vllm_engine._llm.apply_model(_by_value(unplant))
+    assert not _beyond(clean, prefill)
+    beyond = [p.name for p in compare_points(clean, decode, TOL) if p.beyond]
+    assert beyond and beyond[0] == "layers.1.attn", beyond
 
 
 def test_vllm_decode_dump_with_chunked_prefill_is_one_row_per_decode_step(tmp_path, monkeypatch):
