@@ -76,8 +76,10 @@ def test_the_processor_forces_only_the_rows_asked_and_only_while_ids_remain():
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 
+    from strict_gate.engines.vllm.dump import PROCESSOR
     from strict_gate.engines.vllm.force import ForceIds
 
+    assert f"{ForceIds.__module__}:{ForceIds.__qualname__}" == PROCESSOR  # the name vllm.LLM is given
     proc = ForceIds(None, torch.device("cpu"), False)
     assert proc.is_argmax_invariant() is False
     forced_out: list[int] = []

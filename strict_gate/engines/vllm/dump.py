@@ -7,8 +7,9 @@ hooks. Prefill: the ids are the prompt, one token is generated. Decode (`decode_
 first ids are the prompt and the rest are forced one per step by the logits processor of
 engines/vllm/force.py, then one token more, so every id is fed through vLLM's decode path (its
 KV cache) one forward pass at a time; the forward passes' row counts are checked to be the
-prompt (in chunks) then one row per step, and the generated tokens to be the ids given. vLLM's decoder layers return (hidden_states, residual) with the residual add deferred
-into the next layer's fused norm: the HF-equivalent layer output is their sum, and
+prompt (in chunks) then one row per step, and the generated tokens to be the ids given.
+vLLM's decoder layers return (hidden_states, residual) with the residual add deferred into the
+next layer's fused norm: the HF-equivalent layer output is their sum, and
 `layers.{i}.mlp` is the first element alone. Checked for Llama (LlamaDecoderLayer): embed =
 embed_tokens, attn = self_attn, mlp = mlp, norm = model.norm (fused with the last residual
 add: its first output is the normed hidden state). `logits`: vLLM computes logits only for the

@@ -15,8 +15,9 @@ The class API (vllm 0.32, `vllm.v1.sample.logits_processor`): `__init__(vllm_con
 is_pin_memory)`, `is_argmax_invariant()`, `update_state(batch_update)` with `added` tuples
 `(index, params, prompt_ids, output_ids)`, `removed` indices and `moved` (i, j, direction)
 applied in that order, and `apply(logits)`. It is passed as `LLM(logits_processors=[...])`
-(refused by vLLM together with speculative decoding), by its qualified name (dump.PROCESSOR). This module
-imports vllm at its top: only the vllm engine imports it, inside a method.
+(refused by vLLM together with speculative decoding), by its qualified name (dump.PROCESSOR),
+which vLLM's engine core imports. This module imports vllm at its top: nothing imports it but
+vLLM, in its own processes.
 """
 
 from __future__ import annotations
