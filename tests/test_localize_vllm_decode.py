@@ -157,3 +157,38 @@ def test_a_kv_cache_bug_against_vllm_is_localised_along_both_decode_paths(vllm_e
             ("reference", "decode", "its dumped logits", True), ("candidate", "decode", "its dumped logits", True)]
         assert loc.first_beyond == "layers.1.attn", [(p.name, p.rel_diff) for p in loc.points]
         assert loc.ops and loc.ops[0].name.startswith("layers.1."), loc.ops  # narrowed along the decode path
+
+
+def test_the_gate_with_vllm_against_a_kv_cache_bug_localises_along_both_decode_paths(tmp_path, monkeypatch):
+    """`strict-gate gate` from a working directory with relative paths: vLLM the reference, the
+    candidate a command engine (tests/engines/llama_kv_bug.py) whose decode path zeroes layer 1's
+    cached values from step 2. report.json: every divergent prompt reproduced by both arms'
+    decode-path dumps (each by its own logits: 2 positions kept, both sampled rows, so vLLM's
+    decode dump has its logits) and localised to layers.1.attn."""
+    import json
+    import subprocess
+    import sys
+
+    need_vllm()
+    monkeypatch.chdir(tmp_path)
+    Path("p.jsonl").write_text("".join(json.dumps({"id": p.id, "token_ids": list(p.token_ids)}) + "\n"
+                                       for p in PROMPTS), encoding="utf-8")
+    script, model = ROOT / "tests/engines/llama_kv_bug.py", resolve_model("bundled:tiny-llama", ROOT)
+    vllm = "".join(f"{k} = {json.dumps(v)}\n" for k, v in VLLM_OPTIONS.items())
+    Path("gate.toml").write_text(
+        'name = "vllm-kv-bug"\nprompts = "p.jsonl"\nmax_tokens = 12\ntop_logprobs = 5\npolicy = "strict"\n'
+        'output_dir = "reports"\n[localize]\ninclude = "all"\npositions = 2\n'
+        f'[reference]\nkind = "vllm"\n{vllm}'
+        f'[candidate]\nkind = "command"\ncommand = ["{sys.executable}", "{script}", "--model", "{model}", '
+        '"--dtype", "float32", "--max-in-flight", "1"]\nstartup_timeout_s = 300\n', encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "strict_gate.cli", "gate", "gate.toml"], capture_output=True,
+                         text=True, timeout=1200)
+    assert "Traceback" not in out.stdout + out.stderr and out.returncode == 1, out.stdout + out.stderr[-3000:]
+    report = json.loads(next(Path("reports").glob("*/report.json")).read_text(encoding="utf-8"))
+    locs = [p["localization"] for p in report["prompts"] if p.get("localization")]
+    assert locs, report["notes"]
+    for loc in locs:
+        assert loc["error"] is None, loc["error"]
+        assert [(r["arm"], r["path"], r["reproduced"]) for r in loc["reproduction"]] == [
+            ("reference", "decode", True), ("candidate", "decode", True)], loc["reproduction"]
+        assert loc["first_beyond"] == "layers.1.attn", loc["points"]
