@@ -3,8 +3,8 @@
 A decode-only bug leaves prefill, score and a prefill dump honest; only the path generate takes
 (a cache, a recurrent state) is wrong. Each arm's prefill dump is checked to choose the token that
 arm generated; the candidate's does not, so its decode-path dump (a prefill of the prompt, then
-the common prefix one id at a time through its cache) is compared instead, and must name the
-planted layer. Planted bugs: an hf KV-cache bug (from decode step K, layer L's cached value of
+the common prefix one id at a time through its cache) is compared instead, against the
+reference's decode-path dump (both arms along one path), and must name the planted layer. Planted bugs: an hf KV-cache bug (from decode step K, layer L's cached value of
 newest, zeroed), and a recurrent-state bug in the KDA example (tests/engines/kda_state_bug.py).
 The planting is a hook on the real engine's model: the engines, models and paths are real.
 """
@@ -66,7 +66,8 @@ def check_decode_localised(locs, planted: str) -> None:
     for loc in locs.values():
         assert loc.error is None, loc.error
         by_arm = {r.arm: r for r in loc.reproduction}
-        assert by_arm["reference"].reproduced and by_arm["reference"].path == "prefill"
+        # the candidate's decode-path dump is compared: the reference dumps along its decode path too
+        assert by_arm["reference"].reproduced and by_arm["reference"].path == "decode"
         assert by_arm["candidate"].reproduced and by_arm["candidate"].path == "decode", by_arm
         assert loc.first_beyond == planted, [(p.name, p.rel_diff) for p in loc.points]
 

@@ -164,6 +164,23 @@ class Arm:
         if check is not None:
             self.checks[t.prompt_id] = check
 
+    def decode_instead(self, t: Target) -> None:
+        """The dump along the decode path replaces this arm's prefill dump (and is checked again),
+        where the engine can: the other arm's compared dump took its decode path. A failure keeps
+        the prefill dump."""
+        prefill, token = self.files.get((t.prompt_id, "points")), t.token(self.role)
+        if prefill is None or self.decoded(t.prompt_id) or not (self.engine.can_dump_decode and t.prompt_len):
+            return
+        decoded = self.dump(t, "decode", self.settings.first_pass, t.positions, decode_from=t.prompt_len, fatal=False)
+        if decoded is None:
+            return
+        if (why := self._mismatch(t, prefill, decoded)) is not None:
+            self.errors[t.prompt_id] = why
+            return
+        self.files[(t.prompt_id, "points")] = decoded
+        if token is not None:
+            self.checks[t.prompt_id] = reproduction(self.engine, self.role, t, token, decoded.tensors, "decode")
+
     def _mismatch(self, t: Target, prefill: Audited, decoded: Audited) -> str | None:
         dtype = engine_dtype(self.engine)
         tol = self.settings.tolerance or default_tolerance(dtype, dtype)

@@ -5,7 +5,8 @@ positions kept are the divergence position (the one whose logits chose the diffe
 and the n - 1 before it. The reference runs every prompt first (and, to graft, dumps each
 layer's input at every position), then is released; then the candidate. Each arm's dump is
 checked to choose, at the divergence, the token that arm generated, along the path the mode
-asks (localize/arm.py); `both` localises each path on its own and puts the decode path's
+asks (localize/arm.py); in `auto`, where one arm's compared dump took its decode path, the other
+arm dumps along its decode path too where it can (both compared along one path); `both` localises each path on its own and puts the decode path's
 result beside the prefill one. A layer first beyond tolerance is narrowed to its ops
 (localize/narrow.py). Tensors go to files under a work directory (made absolute: engines run
 elsewhere) and are read back one prompt at a time, exactly as audited, so memory holds one
@@ -71,6 +72,8 @@ def _localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: 
             if candidate.can_graft and source is not None and not cand.decoded(t.prompt_id):
                 cand.dump(t, "grafted", settings.points, t.positions, source.path)
         release(candidate)
+        if settings.mode is DumpMode.AUTO:
+            _same_path(ts, ref, cand, release)
         # after the dumps: a command engine says its dtype in its hello
         tol = settings.tolerance or default_tolerance(engine_dtype(reference), engine_dtype(candidate))
         kept = work if settings.keep else None
@@ -79,6 +82,21 @@ def _localize(ts: Sequence[Target], reference: Engine, candidate: Engine, work: 
     finally:
         if not settings.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _same_path(ts: Sequence[Target], ref: Arm, cand: Arm, release: Callable[[Engine], None]) -> None:
+    """Where one arm is compared along its decode path, the other is too when it can (started
+    again, released again): both compared dumps then took the path that generated the tokens.
+    The grafted dump is a prefill-path pass: not comparable once either arm is decoded."""
+    for arm, other in ((ref, cand), (cand, ref)):
+        todo = [t for t in ts if other.decoded(t.prompt_id) and not arm.decoded(t.prompt_id)]
+        for t in todo:
+            arm.decode_instead(t)
+        if todo and arm.engine.can_dump_decode:
+            release(arm.engine)
+    for t in ts:
+        if ref.decoded(t.prompt_id) or cand.decoded(t.prompt_id):
+            cand.files.pop((t.prompt_id, "grafted"), None)
 
 
 def _one(t: Target, ref: Arm, cand: Arm, tol: float, kept: Path | None, note: str | None) -> Localization:

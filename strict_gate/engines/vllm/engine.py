@@ -31,6 +31,7 @@ from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, metric_counters
 from strict_gate.engines.vllm.args import vllm_speed_settings
+from strict_gate.engines.vllm.dump import PROCESSOR
 from strict_gate.engines.vllm.options import (
     DEFAULT_MAX_LOGPROBS,
     VLLMMissing,
@@ -61,6 +62,7 @@ class VLLMEngine(Engine):
     can_score = True
     can_batch = True  # several prompts in one LLM.generate() (the speed arm's concurrency rungs)
     can_dump = True  # hooks in the worker through LLM.apply_model (engines/vllm/dump.py); no grafting
+    can_dump_decode = True  # given ids forced one per step (engines/vllm/force.py); not with speculation
     servings = frozenset({Serving.BATCH, Serving.CHUNKED_PREFILL, Serving.PREFIX_CACHE, Serving.SPECULATIVE})
     log_libraries = ("vllm", "transformers")
 
@@ -80,6 +82,9 @@ class VLLMEngine(Engine):
         self._tok: PreTrainedTokenizerBase | None = None
         self._llm: Any = None  # vllm.LLM, made by start() (vllm is never imported at module level)
         self._effective: dict | None = None
+        self._forcing = False  # started with the forcing logits processor (a decode-path dump asked for it)
+        # vLLM refuses custom logits processors together with speculative decoding
+        self.can_dump_decode = "speculative_config" not in options.engine_args
         self.start_s: float | None = None  # wall time of start() (load + warm-up)
         self.warmup_s: float | None = None
 
@@ -89,8 +94,12 @@ class VLLMEngine(Engine):
         check_llm_args(options, where=where, line_of=line_of)
 
     def llm_kwargs(self) -> dict:
-        """The keyword arguments for vllm.LLM: only the options that are set, plus engine_args."""
-        return llm_kwargs(self.options, self.model_path, self.tokenizer_path)
+        """The keyword arguments for vllm.LLM: only the options that are set, plus engine_args (and
+        the forcing logits processor, once a decode-path dump asked for it)."""
+        kw = llm_kwargs(self.options, self.model_path, self.tokenizer_path)
+        if self._forcing:
+            kw["logits_processors"] = [*kw.get("logits_processors", ()), PROCESSOR]
+        return kw
 
     def max_logprobs(self) -> int:
         """vLLM's cap on logprobs/prompt_logprobs (-1: none): read back after start()."""
@@ -353,33 +362,22 @@ class VLLMEngine(Engine):
 
     def dump(self, request: DumpRequest) -> DumpReply:
         """Activations from the worker (engines/vllm/dump.py). apply_model pickles its function:
-        an engine started without VLLM_ALLOW_INSECURE_SERIALIZATION is restarted with it."""
-        from functools import partial
-
+        an engine started without VLLM_ALLOW_INSECURE_SERIALIZATION is restarted with it; one
+        started without the forcing logits processor is restarted with it for a decode-path dump
+        (and gets it whenever a dump restarts it: it leaves requests without forced ids alone)."""
         from safetensors.torch import save_file
 
         from strict_gate.engines.vllm import dump as worker
 
-        if os.environ.get(_PICKLES) != "1":
+        if request.decode_from is not None and not self.can_dump_decode:
+            raise EngineError("vllm: no decode-path dump with speculative decoding (vLLM refuses custom logits "
+                              "processors with it)")
+        if os.environ.get(_PICKLES) != "1" or (request.decode_from is not None and not self._forcing):
             self.close()
             os.environ[_PICKLES] = "1"  # inherited by the processes start() spawns
+            self._forcing = self.can_dump_decode
         self.start()
-        from vllm import SamplingParams
-
-        ids = [int(t) for t in request.token_ids]
-        try:
-            self._llm.apply_model(partial(worker.install, points=list(request.points) if request.points else None))
-            self._llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0.0, max_tokens=1,
-                                                                         prompt_logprobs=1), use_tqdm=False)
-            rows = self._llm.apply_model(worker.collect)[0]
-        except Exception as e:
-            raise EngineError(f"vllm: dump failed: {type(e).__name__}: {e}") from None
-        kept = {}
-        for name, t in rows.items():
-            if t.shape[0] < len(ids):
-                raise EngineError(f"vllm: dump of {name} holds {t.shape[0]} rows for {len(ids)} ids "
-                                  "(a cached prefix was not recomputed)")
-            kept[name] = t[: len(ids)][list(request.positions)].contiguous()  # the prompt pass's rows
+        kept = worker.run(self._llm, request)
         path = Path(request.directory) / "activations.safetensors"
         save_file(kept, str(path))
         return DumpReply(path=path, points=tuple(sorted(kept)))
