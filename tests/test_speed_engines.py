@@ -54,7 +54,10 @@ def assert_sane(result, max_tokens: dict[str, int]) -> None:
             assert arm.tokens == max_tokens[rung.rung.name]
             for name in FigureName:
                 fig = arm.figure(name)
-                assert len(fig.samples) == 2 and all(math.isfinite(x) and x > 0 for x in fig.samples), (rung, name)
+                # two-request decode: a repetition whose full request ran faster than the median
+                # TTFT request (two loaded cores) gives no decode sample, by design (speed/measure.py)
+                wanted = (1, 2) if name is FigureName.DECODE else (2,)
+                assert len(fig.samples) in wanted and all(math.isfinite(x) and x > 0 for x in fig.samples), (rung, name)
 
 
 @pytest.mark.vllm
