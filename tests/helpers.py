@@ -143,3 +143,20 @@ def write_gate(where: Path, *, reference: Mapping[str, Any] | None = None, candi
     path = where / file
     path.write_text(gate_text(reference=reference, candidate=candidate, **top), encoding="utf-8")
     return path
+
+
+def smollm2_converted(need: str = "model.safetensors") -> Path:
+    """SmolLM2-135M's conversion where `strict-gate model convert pypi:smollm2-135m` puts it (the
+    product's own cache rule); `need` absent there, the test skips here and fails under CI, whose
+    install converts it."""
+    import pytest
+
+    from strict_gate.core.registry_models import lookup, model_dir
+
+    path = model_dir(lookup("pypi:smollm2-135m"))
+    if not (path / need).is_file():
+        why = f"SmolLM2-135M is not converted at {path} (strict-gate model convert pypi:smollm2-135m)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {why}", pytrace=False)
+        pytest.skip(why)
+    return path

