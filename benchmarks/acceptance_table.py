@@ -13,6 +13,7 @@ is never a pass.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import tomllib
@@ -27,6 +28,33 @@ Expected = float | tuple[float, float]
 REF = re.compile(r"\{report:([A-Za-z0-9_.-]+)\}")
 # keys of report.json/speed.json that hold an engine's text (prompt, continuation): never scanned
 TEXT_KEYS = frozenset({"text", "prompt", "reference_text", "candidate_text", "tokens", "pieces", "continuation"})
+
+
+class Rule(enum.Enum):
+    """What holds on any x86 CPU where a figure moves with the CPU's bf16 or quantised kernels:
+    the count of flips is the CPU's, the kind of every flip is not. A row states its rule, and its
+    ranges are the documented spread over the machines measured, never one machine's number."""
+    NEAR_TIES_ONLY = "near-ties-only"  # every prompt exact or a near-tie: none divergent, errored or missing
+    NEAR_TIES_LOCALISED = "near-ties-localised"  # that, and each near-tie localised without an error
+
+    def unmet(self, got: dict[str, float]) -> list[str]:
+        """The rule's clauses the report's figures break (a figure absent breaks its clause)."""
+        g = {k: got.get(k) for k in ("prompts_exact", "prompts_total", "near_tie", "divergent", "error", "missing",
+                                     "localised", "not_localised")}
+        out = [f"rule {self.value}: {k} = {_show(g[k])}, expected 0" for k in ("divergent", "error", "missing")
+               if g[k] != 0]
+        if None in (g["prompts_exact"], g["near_tie"], g["prompts_total"]) or \
+                g["prompts_exact"] + g["near_tie"] != g["prompts_total"]:  # type: ignore[operator]
+            out.append(f"rule {self.value}: prompts_exact {_show(g['prompts_exact'])} + near_tie "
+                       f"{_show(g['near_tie'])} is not prompts_total {_show(g['prompts_total'])}: a flip is not a near-tie")
+        if self is Rule.NEAR_TIES_LOCALISED and (g["localised"] != g["near_tie"] or g["not_localised"] != 0):
+            out.append(f"rule {self.value}: localised {_show(g['localised'])} of {_show(g['near_tie'])} near-ties, "
+                       f"{_show(g['not_localised'])} not localised")
+        return out
+
+
+def _show(v: float | None) -> str:
+    return "absent" if v is None else f"{v:g}"
 
 
 class TableError(Exception):
@@ -48,6 +76,7 @@ class Step(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     report: str = ""  # else its report directory exactly: "{report:ID}" or a path
     figures: dict[str, Expected] = {}
     figures_why: str = ""  # required when a figure is a range: why it may move
+    rule: Rule | None = None  # what must hold whatever the CPU (near-ties-only, near-ties-localised)
     allow: tuple[str, ...] = ()  # failure notes this step may show (regexes)
     allow_why: str = ""  # required with allow
     files: tuple[str, ...] = ()  # must exist in the report directory
@@ -254,6 +283,8 @@ def check(step: Step, outcome: Outcome, patterns: tuple[str, ...]) -> list[str]:
             unmet += [f"{f} exists (expected absent)" for f in step.absent if (outcome.report_dir / f).exists()]
     unmet += [f"output lacks /{p}/" for p in step.output if not re.search(p, outcome.output, re.IGNORECASE)]
     named = figures(outcome.report_dir)
+    if step.rule is not None:
+        unmet += step.rule.unmet(named)
     for name, want in step.figures.items():
         got = figure(outcome.report_dir, name, named)
         low, high = want if isinstance(want, tuple) else (want, want)

@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 VENV=.venvs/llamacpp
 CACHE=${STRICT_GATE_CACHE:-$HOME/.cache/strict-gate}
 CPU_KEY=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
-WHEELS=$CACHE/wheels/llama-cpp-python-$LLAMACPP_VERSION-$CPU_KEY
+WHEELS=$CACHE/wheels/llama-cpp-python-$LLAMACPP_VERSION-libs-$CPU_KEY
 SDIST_DIR=$CACHE/src/llama_cpp_python-$LLAMACPP_VERSION
 PIP=(-m pip install -q --disable-pip-version-check)
 
@@ -30,6 +30,11 @@ if [ ! -f "$SDIST_DIR/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
   tar xzf "$tmp"/llama_cpp_python-"$LLAMACPP_VERSION".tar.gz -C "$CACHE/src"
   rm -rf "$tmp"
 fi
+# The binding loads libllama and libggml only: llama.cpp's `common` library (argument parsing, chat
+# templates, JSON schemas; about half the build) is forced on by the sdist's CMakeLists for tools
+# the wheel does not ship. Off, the build is the two libraries the engine loads.
+sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE BOOL "Build llama.cpp common library" FORCE)/set(LLAMA_BUILD_COMMON OFF CACHE BOOL "Build llama.cpp common library" FORCE)/' \
+  "$SDIST_DIR/CMakeLists.txt"
 
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $LLAMACPP_VERSION from source (7.5 min on 2 quiet cores, 36 min on busy ones; a one-time cost)..." >&2

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,3 +244,40 @@ def test_the_results_are_written_after_every_step_and_say_when_they_are_whole(tm
     assert "| loc | `strict-gate localize {report:g}` | 0 (0) |" in (out / "results.md").read_text(encoding="utf-8")
     acceptance.run_steps(acceptance.Runner(copy, PATTERNS), steps[:1], PATTERNS, meta, out)  # a run stopped after 1
     assert "partial: 1 of 2" in (out / "results.md").read_text(encoding="utf-8")
+
+
+def _counted(tmp_path: Path, name: str, exact: int, counts: dict, localised: int = 0, failed: int = 0) -> Path:
+    d = tmp_path / "reports" / name
+    d.mkdir(parents=True)
+    prompts = [{"id": f"p{i}", "localization": {}} for i in range(localised)]
+    prompts += [{"id": f"f{i}", "localization": {"error": "x"}} for i in range(failed)]
+    (d / "report.json").write_text(json.dumps({
+        "notes": [], "prompts": prompts,
+        "summary": {"prompts_exact": exact, "prompts_total": 128, "counts": counts}}), encoding="utf-8")
+    return d
+
+
+def test_a_cpu_rule_holds_for_any_count_of_near_ties_and_never_for_a_divergence(tmp_path):
+    """A bf16 row's rule: every flip a near-tie (each localised), the count within the spread.
+    111/17 (a CPU whose bf16 path flips more) passes where one machine's [112, 118] failed; a
+    divergent, a missing or an unlocalised flip never does."""
+    row = _step(rule="near-ties-localised", figures={"prompts_total": 128.0, "near_tie": (1.0, 32.0)},
+                figures_why="bf16")
+    row = msgspec.convert(msgspec.to_builtins(row), at.Step)
+    ok = _counted(tmp_path, "a", 111, {"near_tie": 17, "divergent": 0, "error": 0, "missing": 0}, localised=17)
+    assert at.check(row, at.Outcome(1, "", ok, 1.0), PATTERNS) == []
+    bad = _counted(tmp_path, "b", 111, {"near_tie": 16, "divergent": 1, "error": 0, "missing": 0}, localised=16)
+    unmet = at.check(row, at.Outcome(1, "", bad, 1.0), PATTERNS)
+    assert "rule near-ties-localised: divergent = 1, expected 0" in unmet
+    assert any("a flip is not a near-tie" in u for u in unmet)
+    gone = _counted(tmp_path, "c", 111, {"near_tie": 17, "divergent": 0}, localised=16, failed=1)
+    unmet = at.check(row, at.Outcome(1, "", gone, 1.0), PATTERNS)
+    assert "rule near-ties-localised: error = absent, expected 0" in unmet
+    assert any("localised 16 of 17 near-ties, 1 not localised" in u for u in unmet)
+
+
+def test_the_shipped_bf16_rows_state_a_rule_not_one_machines_count():
+    table = at.load_table(ROOT / "benchmarks" / "acceptance.toml")
+    for step in table.step:
+        if step.id in ("kda-recurrent", "demo"):
+            assert step.rule is not None and "prompts_exact" not in step.figures, step.id

