@@ -27,11 +27,13 @@ _EXPORTS: dict[str, str] = {
     "MissingExtraError": "strict_gate.errors",
     "EngineError": "strict_gate.errors",
     "IncompleteRunError": "strict_gate.errors",
+    "shipped": "strict_gate.core.shipped",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from strict_gate.core.shipped import shipped
     from strict_gate.errors import (
         ConfigError,
         EngineError,

@@ -101,7 +101,7 @@ def test_a_scoring_candidate_turns_an_off_top_k_divergence_into_one_near_tie(tmp
     assert "candidate 0.06" in fd["reason"] and "reference 0.05" in fd["reason"]
     text = _every_format(d)
     (row,) = [line for line in text["md"].splitlines() if line.startswith("| p0 | near-tie (")]
-    assert "| 0.0500 | 0.0600 |" in row  # both gaps shown: the candidate's from re-scoring
+    assert "| 0.0500 | n/a (re-scored 0.0600) |" in row  # both gaps shown: the candidate's from re-scoring alone
     for name, body in text.items():
         assert "real divergence" not in body and "| p0 | divergent" not in body, name
     assert "near-tie at position 1" in text["md"] and "near-tie at position 1" in text["html"]
@@ -109,7 +109,7 @@ def test_a_scoring_candidate_turns_an_off_top_k_divergence_into_one_near_tie(tmp
     assert "p0  near_tie at position 1" in text["show"] and "candidate 0.06" in text["show"]
     assert not list(ElementTree.fromstring(text["junit"]).iter("failure"))
     (line,) = [x for x in out.splitlines() if x.lstrip().startswith("p0 ")]
-    assert "near-tie" in line and "0.050 0.060" in line, out
+    assert "near-tie" in line and "0.050 n/a→0.060" in line, out
 
 
 def test_a_candidate_that_cannot_score_stays_divergent_and_says_why(tmp_path):

@@ -1,6 +1,7 @@
 """docs/python-api.md runs: its Python blocks in order, like one notebook, and its pytest
 module through pytest, so the documented API cannot drift from the code. So does the
-README's Python example."""
+README's Python example. Each runs from a fresh temporary working directory, as a user's
+notebook or test suite would: a path that only resolves from the repository root fails."""
 
 import re
 import subprocess
@@ -28,15 +29,16 @@ def test_the_documented_names_are_the_exported_ones():
         assert getattr(strict_gate, name) is not None
 
 
-def test_the_readme_example_runs(monkeypatch):
-    monkeypatch.chdir(REPO)
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (code,) = blocks(REPO / "README.md")
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
 
 
 def test_the_examples_run(tmp_path, monkeypatch):
     need("transformers")  # run_gate, rediagnose and capture_baseline run the hf engine
-    monkeypatch.chdir(REPO)
+    (work := tmp_path / "work").mkdir()
+    monkeypatch.chdir(work)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' mkdtemp() land here
     notebook = [b for b in blocks() if not PYTEST_MODULE.match(b)]
     assert len(notebook) >= 5
@@ -52,7 +54,7 @@ def test_the_pytest_example_passes(tmp_path):
     path.write_text(module, encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout

@@ -14,17 +14,23 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from strict_gate.core.shipped import ROOT
 from strict_gate.errors import ExitCode, StrictGateError
 
 console = Console(markup=False, highlight=False)
 err = Console(stderr=True, markup=False, highlight=False)
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent.parent / "gates" / "demo.toml"
+DEMO_CONFIG = ROOT / "gates" / "demo.toml"
 
 PolicyOpt = Annotated[
     str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto | near-tie-reference-only (one-sided; default: the config's)")
 ]
 BandOpt = Annotated[float | None, typer.Option("--band", help="near-tie band in nats (default 0.5)")]
+# A gate's band is its config's (gate/config.py: the `band` key, DEFAULT_BAND where the config sets
+# none, or "measured" from its noise profile); tests/test_newcomer.py holds the 0.5 to DEFAULT_BAND.
+GateBandOpt = Annotated[float | None, typer.Option(
+    "--band", help="near-tie band in nats; default: the config's `band` key (0.5 where the config sets none; "
+                   "\"measured\": its noise profile's, docs/noise.md)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="replace a complete run already at --out")]
 SummaryOpt = Annotated[
     Path | None,
@@ -115,10 +121,14 @@ def progress_bars():
     return progress, hook
 
 
-def finish(result, report_dir: Path | None, exit_code: int | None = None) -> None:
+def finish(result, report_dir: Path | None, exit_code: int | None = None, next_step: str | None = None) -> None:
+    """The console summary, then `next_step` (the command to type next), then the exit code."""
     from strict_gate.report.console import print_result
+    from strict_gate.report.text import visible
 
     print_result(result, console, report_dir=str(report_dir) if report_dir else None)
+    if next_step:
+        console.print(f"  {visible(next_step)}", soft_wrap=True)  # one line: it is copied into a shell
     raise typer.Exit(result.exit_code if exit_code is None else exit_code)
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from strict_gate.cli.common import (
     DEMO_CONFIG,
-    BandOpt,
+    GateBandOpt,
     PolicyOpt,
     SummaryOpt,
     console,
@@ -28,7 +28,7 @@ from strict_gate.errors import StrictGateError
 def gate(
     config: Annotated[Path | None, typer.Argument(help="gate TOML; default: the bundled demo gate")] = None,
     policy: PolicyOpt = None,
-    band: BandOpt = None,
+    band: GateBandOpt = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where reports go")] = None,
     resume: Annotated[
         Path | None,
@@ -64,6 +64,7 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         summarise(resumed.outcome.result, summary)
         return finish(resumed.outcome.result, resumed.outcome.report_dir, resumed.exit_code)
     from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.next_step import next_step
     from strict_gate.gate.run import run_gate
 
     if config is None:
@@ -76,7 +77,7 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
     with progress:
         outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
     summarise(outcome.result, summary)
-    finish(outcome.result, outcome.report_dir)
+    finish(outcome.result, outcome.report_dir, next_step=next_step(cfg, outcome.result, outcome.report_dir))
 
 
 @fail_cleanly

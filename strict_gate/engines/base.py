@@ -116,6 +116,12 @@ class Engine(ABC):
         self.log_path: str | Path | None = None  # where a writes_log engine logs; None: a temp file
 
     @classmethod
+    def could_dump(cls, info: EngineInfo) -> bool:
+        """Whether an engine of this class, as `info` describes it after a run, dumps activations:
+        the class's flag (a kind that learns it at start reads what it said then)."""
+        return cls.can_dump
+
+    @classmethod
     def check_options(cls, options, *, where: str, line_of) -> None:
         """Checks of parsed options that need the engine's own knowledge, run when the config is
         read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""

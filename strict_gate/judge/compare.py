@@ -77,12 +77,6 @@ class Divergence:
     reference_rescored: Rescored | None = None  # the teacher-forced gap, when the divergence was re-scored
     candidate_rescored: Rescored | None = None
 
-    def shown_gaps(self) -> tuple[float | None, float | None]:
-        """Each side's gap for a table cell: the decode-time one, else the re-scored one."""
-        return tuple(g if g is not None else (r.gap if r is not None else None)  # type: ignore[return-value]
-                     for g, r in ((self.reference_gap, self.reference_rescored),
-                                  (self.candidate_gap, self.candidate_rescored)))
-
 
 @dataclass(frozen=True)
 class PromptComparison:

@@ -165,12 +165,21 @@ def _head(pc: PromptComparison) -> str:
     return f"{word} at position {d.position} ({d.reason})"
 
 
+AFTER_IT = "; after it: "  # a verdict's tail: the later positions' judgement (Cascade.summary)
+
+
 def _tail(later: tuple[int, ...], cascade: Cascade | None = None) -> str:
     if cascade is not None:
-        return f"; after it: {cascade.summary()}"
+        return f"{AFTER_IT}{cascade.summary()}"
     if not later:
         return "; every later token is the reference's argmax on the candidate's prefix (downstream of the flip)"
     return f"; independent later error(s) at position(s) {', '.join(map(str, later[:10]))}"
+
+
+def without_later(verdict: str, summary: str | None) -> str:
+    """A verdict without its later-positions tail, for a view that gives that judgement (`summary`,
+    the cascade's) a line of its own: said once, not twice."""
+    return verdict.removesuffix(f"{AFTER_IT}{summary}") if summary else verdict
 
 
 def _reference_side(dg: Diagnosis | None) -> Rescored:

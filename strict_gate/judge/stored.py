@@ -43,6 +43,14 @@ class _Struct(msgspec.Struct, frozen=True, kw_only=True):
     """Stored shapes are read-only values."""
 
 
+class StoredRescored(_Struct, frozen=True):
+    """One side's teacher-forced gap at a divergence (judge/compare.py's Rescored)."""
+
+    gap: float | None = None
+    why: str | None = None
+    refutes: bool = False
+
+
 class StoredDivergence(_Struct, frozen=True):
     position: Count | None = None
     reference_token: TokenId | None = None
@@ -53,6 +61,8 @@ class StoredDivergence(_Struct, frozen=True):
     reason: str | None = None
     reference_top: list[tuple[TokenId, float]] | None = None
     candidate_top: list[tuple[TokenId, float]] | None = None
+    reference_rescored: StoredRescored | None = None  # absent: not re-scored, or a report from before
+    candidate_rescored: StoredRescored | None = None
 
 
 class StoredLaterPosition(_Struct, frozen=True):

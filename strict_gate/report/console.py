@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
+
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -13,6 +17,7 @@ from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report import invariance_view, noise_view, speed_view
 from strict_gate.report.drift_view import console_line
+from strict_gate.report.gaps import ARROW, gap_cells
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, visible
 from strict_gate.runs.layout import ReportFile
@@ -24,10 +29,11 @@ _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow",
 _SHORT_STATUS = {Status.NEAR_TIE: "near-tie", Status.LENGTH_MISMATCH: "length",
                  Status.TOKENIZATION_MISMATCH: "tokenizer", Status.NOT_GREEDY: "not greedy"}
 ROWS = 40
+REASONS = 6  # the verdict's reasons printed; the report has every one
 
 
 def _gaps(d) -> str:
-    return " ".join("n/a" if x is None else f"{x:.3f}" for x in d.shown_gaps())
+    return " ".join(gap_cells(d, 3, compact=True))
 
 
 def why(r: GateResult, p, dg) -> str:
@@ -74,12 +80,22 @@ def _after(dg) -> str:
     return f"; {c.flip_count} later flip(s)" if c.flip_count else "; rest follows"
 
 
-def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
+@dataclass(frozen=True)
+class Rows:
+    """The console table and what it did to fit: cells it cut, whether a gap cell is a pair."""
+
+    table: Table
+    cut: bool  # a cell shortened to "…" (the id, the tokens, the reason)
+    paired: bool  # a gap cell reads "decode→re-scored"
+
+
+def table(r: GateResult, bad, dec: Decoder, width: int) -> Rows:
     """One line per non-matching prompt that fits `width` columns: the id, status and position
     whole; tokens without ids and the reason in a few words (the report has both in full)."""
-    rows = bad[:ROWS]
-    key = lambda texts: max((len(x) for x in texts), default=1)  # noqa: E731
-    widths = [min(16, key(p.id for p in rows)), key(_SHORT_STATUS.get(p.status, p.status) for p in rows), 3, 14, 11]
+    rows = [(p, _cells(r, p, dec)) for p in bad[:ROWS]]
+    key = lambda i: max((len(c[i]) for _, c in rows), default=1)  # noqa: E731
+    widths = [min(16, key(0)), key(1), 3, 14, max(len("gaps R C"), key(4))]
+    widths.append(max(12, width - sum(widths) - 2 * len(widths)))  # the reason: what is left
     title = Text(visible(f"strict-gate: {r.name}"), no_wrap=True, overflow="ellipsis")
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
     t.add_column("prompt", no_wrap=True, overflow="ellipsis", width=widths[0])
@@ -87,19 +103,24 @@ def table(r: GateResult, bad, dec: Decoder, width: int) -> Table:
     t.add_column("pos", no_wrap=True, justify="right", width=widths[2])
     t.add_column("ref → cand", no_wrap=True, overflow="ellipsis", width=widths[3])
     t.add_column("gaps R C", no_wrap=True, width=widths[4])
-    t.add_column("why", no_wrap=True, overflow="ellipsis", max_width=max(12, width - sum(widths) - 2 * len(widths)))
-    for p in rows:
-        d = p.first_divergence
-        cells = (
-            p.id,
-            _SHORT_STATUS.get(p.status, p.status),
-            "–" if d is None else str(d.position),
-            "" if d is None else f"“{dec.token(d.reference_token)}”→“{dec.token(d.candidate_token)}”",
-            "" if d is None else _gaps(d),
-            why(r, p, r.diagnoses.get(p.id)),
-        )
-        t.add_row(*(Text(visible(c)) for c in cells))  # never read as rich markup, never raw control chars
-    return t
+    t.add_column("why", no_wrap=True, overflow="ellipsis", max_width=widths[5])
+    for _, cells in rows:
+        t.add_row(*(Text(c) for c in cells))  # never read as rich markup
+    cut = any(cell_len(c) > w for _, cells in rows for c, w in zip(cells, widths))
+    return Rows(t, cut, any(ARROW in cells[4] for _, cells in rows))
+
+
+def _cells(r: GateResult, p, dec: Decoder) -> tuple[str, ...]:
+    """One prompt's row, each cell made visible (never raw control characters)."""
+    d = p.first_divergence
+    return tuple(visible(c) for c in (
+        p.id,
+        _SHORT_STATUS.get(p.status, p.status),
+        "–" if d is None else str(d.position),
+        "" if d is None else f"“{dec.token(d.reference_token)}”→“{dec.token(d.candidate_token)}”",
+        "" if d is None else _gaps(d),
+        why(r, p, r.diagnoses.get(p.id)),
+    ))
 
 
 def speed_table(view: speed_view.SpeedView) -> Table:
@@ -136,6 +157,24 @@ def print_speed(view: speed_view.SpeedView, console: Console) -> None:
         console.print(Text(f"  {visible(line)}"))
 
 
+def _full(report_dir: str | None) -> str:
+    """Where the text the console shortened is whole."""
+    return f"{report_dir}/{ReportFile.MARKDOWN}" if report_dir else "the report (--out DIR writes it)"
+
+
+def _table_notes(rows: Rows, width: int, report_dir: str | None) -> list[str]:
+    """What the table did to fit, said: the cells it cut and where they are whole, and what a
+    gap pair means."""
+    out = []
+    if rows.paired:
+        out.append(f"gaps a{ARROW}b: a from the arm's decode-time top-k, b re-scored on the common prefix "
+                   "(teacher forcing), where the two differ")
+    if rows.cut:
+        show = f", or strict-gate show {shlex.quote(report_dir)} --prompt ID" if report_dir else ""
+        out.append(f"cells ending in … are cut to fit {width} columns: whole in {_full(report_dir)}{show}")
+    return out
+
+
 def _lines(text: str) -> str:
     """Escaped, its own newlines kept as indented lines (a server's log tail), never \\x0a."""
     return visible(text, keep_newlines=True).replace("\n", "\n    ")
@@ -149,9 +188,12 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
     bad = listed(r.comparison.prompts)
     if bad:
-        console.print(table(r, bad, dec, console.width))
+        rows = table(r, bad, dec, console.width)
+        console.print(rows.table)
         if len(bad) > ROWS:
             console.print(f"... {len(bad) - ROWS} more non-matching prompts in the report")
+        for line in _table_notes(rows, console.width, report_dir):
+            console.print(Text(visible(line)))
     for line in missing_lines(r.comparison.prompts):
         console.print(Text(_lines(line)))
     counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != Status.MATCH)
@@ -168,8 +210,10 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
         console.print(Text(f"  {visible(totals.line())}"))
     if r.drift is not None:
         console.print(Text(f"  {visible(console_line(r.drift))}"))
-    for reason in v.reasons[:6]:
+    for reason in v.reasons[:REASONS]:
         console.print(Text(f"  {_lines(reason)}"))
+    if len(v.reasons) > REASONS:
+        console.print(Text(visible(f"  ... {len(v.reasons) - REASONS} more reason(s) in {_full(report_dir)}")))
     view = speed_view.of(r)
     if view is not None:
         print_speed(view, console)

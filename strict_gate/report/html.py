@@ -7,11 +7,15 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
+from strict_gate.judge.diagnose import Diagnosis, without_later
 from strict_gate.judge.result import GateResult, status_label, to_json
 from strict_gate.report import invariance_view, later_view, noise_view, speed_view
-from strict_gate.report.html_prompt import anchor, detail, escape, num, strip
+from strict_gate.report.gaps import LEGEND, gap_cells
+from strict_gate.report.html_prompt import anchor, detail, escape, strip
 from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
 from strict_gate.report.localization import html_section
 from strict_gate.report.missing import listed, missing_lines
@@ -48,6 +52,15 @@ def _later_line(r: GateResult, p) -> str:
     return "" if line is None else f"<p class='diag'>{escape(line)}</p>"
 
 
+def _diagnosis(r: GateResult, p) -> Diagnosis | None:
+    """The prompt's diagnosis for its detail: where the later line (_later_line) gives the later
+    positions' judgement, the verdict without it, so the detail says it once."""
+    dg = r.diagnoses.get(p.id)
+    if dg is None or dg.later is None or later_view.prompt_line(r, p) is None:
+        return dg
+    return replace(dg, verdict=without_later(dg.verdict, dg.later.summary()))
+
+
 def _drift_note(r: GateResult, p) -> str:
     label = status_label(r, p)
     return "" if label == str(p.status) else f"<br><small>{escape(label)}</small>"
@@ -62,14 +75,15 @@ def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
         rows.append(
             f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span>{_drift_note(r, p)}</td>"
             f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
-            f"<td>{'' if d is None else d.position}</td><td>{'' if d is None else num(d.shown_gaps()[0])}</td>"
-            f"<td>{'' if d is None else num(d.shown_gaps()[1])}</td><td>{p.matched_positions}/{p.positions}</td>"
+            f"<td>{'' if d is None else d.position}</td>"
+            + "".join(f"<td>{escape(c)}</td>" for c in (("", "") if d is None else gap_cells(d)))
+            + f"<td>{p.matched_positions}/{p.positions}</td>"
             f"<td>{escape(r.diagnoses[p.id].short if p.id in r.diagnoses else reasons.get(p.id, ''))}</td></tr>"
         )
     return ("<h2>Prompts that do not match</h2><p class='legend'>One cell per position: "
             "<i class='m'>&nbsp;&nbsp;</i> match, <i class='t'>&nbsp;&nbsp;</i> near-tie, "
             "<i class='d'>&nbsp;&nbsp;</i> divergent, <i class='a'>&nbsp;&nbsp;</i> after the divergence; "
-            "hover a cell for its tokens.</p>"
+            f"hover a cell for its tokens; {escape(LEGEND)}.</p>"
             "<table><tr><th>prompt</th><th>status</th><th>agreement</th><th>pos</th><th>ref gap</th>"
             f"<th>cand gap</th><th>matched</th><th>why</th></tr>{''.join(rows)}</table>")
 
@@ -136,7 +150,7 @@ def render(r: GateResult) -> str:
     drift = to_json(r).get("drift")
     per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
     details = [
-        detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), r.diagnoses.get(p.id),
+        detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), _diagnosis(r, p),
                reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
                drift_html=_later_line(r, p) + prompt_drift(per_prompt.get(p.id))
                + (html_section(r.localization[p.id]) if p.id in r.localization else ""))

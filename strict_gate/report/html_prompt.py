@@ -10,6 +10,7 @@ import html
 
 from strict_gate.judge.compare import PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.report.gaps import gap_cells
 from strict_gate.report.text import Decoder, around, part_of, show_token, visible
 from strict_gate.runs.records import Record, TopK
 
@@ -127,10 +128,11 @@ def detail(
         parts.append(_chips("reference", R, ref, p, dec) + _chips("candidate", C, cand, p, dec))
     if d is not None:
         (rb, ra), (cb, ca) = around(ref, d.position), around(cand, d.position)
+        gaps = gap_cells(d)
         parts.append(
             f"<p class='gaps'>reference {escape(show_token(dec, d.reference_token, rb, ra))} vs candidate "
-            f"{escape(show_token(dec, d.candidate_token, cb, ca))}: reference gap <b>{num(d.shown_gaps()[0])}</b>, candidate gap "
-            f"<b>{num(d.shown_gaps()[1])}</b>, reference margin {num(d.reference_margin)} nats</p>"
+            f"{escape(show_token(dec, d.candidate_token, cb, ca))}: reference gap <b>{escape(gaps[0])}</b>, candidate gap "
+            f"<b>{escape(gaps[1])}</b>, reference margin {num(d.reference_margin)} nats</p>"
         )
         parts.append("<div class='tops'>"
                      + topk_table("reference", d.reference_top, d.reference_token, d.candidate_token, dec, rb)

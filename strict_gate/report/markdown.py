@@ -7,6 +7,7 @@ from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
+from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.text import Decoder, around, md, show_token
@@ -201,7 +202,7 @@ def _mismatches(r: GateResult, dec: Decoder) -> list[str]:
     out.append("")
     out.append("Gaps are in nats: reference gap = lp_ref(ref token) − lp_ref(cand token) from the reference's")
     out.append("top-k at that step, candidate gap the same on the candidate's side; n/a = the other token is")
-    out.append("outside that side's top-k (or no logprobs), which is never a near-tie.")
+    out.append("outside that side's top-k (or no logprobs), which is never a near-tie; " + LEGEND + ".")
     out.append("")
     out += near_tie_scales(r)
     out += _more(len(bad) - MD_ROWS, "non-matching prompts")
@@ -217,7 +218,7 @@ def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:
     return (
         f"| {md(p.id)} | {status_label(r, p)} | {d.position} | {_context(dec, ref.token_ids, d.position)} "
         f"| {md(show_token(dec, d.reference_token, rb, ra))} | {md(show_token(dec, d.candidate_token, cb, ca))} "
-        f"| {_gap(d.shown_gaps()[0])} | {_gap(d.shown_gaps()[1])} "
+        f"| {' | '.join(md(c) for c in gap_cells(d))} "
         f"| {_top(dec, d.reference_top, rb)} | {_top(dec, d.candidate_top, cb)} |"
     )
 

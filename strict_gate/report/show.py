@@ -18,11 +18,13 @@ from rich.text import Text
 
 from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
+from strict_gate.judge.diagnose import without_later
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import ONE_SIDED, POLICIES, Policy
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
+from strict_gate.report.gaps import gap_text
 from strict_gate.report.localization import text_lines
 from strict_gate.report.text import Decoder, around, show_token, visible
 from strict_gate.runs.layout import ReportDir, RunDir
@@ -115,13 +117,16 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
         side.add_row(_top(fd.reference_top, rt, ct, dec, around(ref, fd.position)[0]),
                      _top(fd.candidate_top, rt, ct, dec, around(cand, fd.position)[0]))
         parts.append(side)
-        parts.append(Text(f"reference gap {_g(fd.reference_gap)}, candidate gap {_g(fd.candidate_gap)}, "
+        gaps = [gap_text(g, r.gap if r is not None else None)
+                for g, r in ((fd.reference_gap, fd.reference_rescored), (fd.candidate_gap, fd.candidate_rescored))]
+        parts.append(Text(f"reference gap {gaps[0]}, candidate gap {gaps[1]}, "
                           f"reference margin {_g(fd.reference_margin)} nats"))
     else:
         parts.append(side)
     dg = entry.diagnosis
     if dg is not None:
-        parts.append(Text(visible(f"teacher-forced: {dg.verdict}" + (f": {dg.error}" if dg.error else ""))))
+        verdict = without_later(dg.verdict or "", dg.later.summary if dg.later is not None else None)
+        parts.append(Text(visible(f"teacher-forced: {verdict}" + (f": {dg.error}" if dg.error else ""))))
         if dg.later is not None:
             parts.append(Text(visible(f"after the flip ({dg.later.outcome}): {dg.later.summary}")))
     if entry.localization is not None:

@@ -103,6 +103,12 @@ class CommandEngine(EngineProcess, Engine):
         return eos_token_ids(Path(self.tokenizer_path))
 
     # -- the protocol
+    @classmethod
+    def could_dump(cls, info: EngineInfo) -> bool:
+        """What its hello declared (info() keeps the hello; its default, ["generate"], dumps nothing)."""
+        hello = info.options.get("hello")
+        return isinstance(hello, dict) and "dump" in (hello.get("capabilities") or ())
+
     def info(self) -> EngineInfo:
         versions: dict = {"protocol": PROTOCOL}
         model = self.options.model
