@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sys
 from pathlib import Path
 from xml.etree import ElementTree
@@ -160,3 +161,20 @@ def test_without_a_re_scored_gap_the_prompt_stays_divergent_and_says_which_and_w
     assert pc.status == Status.DIVERGENT
     assert pc.first_divergence.reason == ("candidate gap unknown: the reference's token is outside the candidate's "
                                           "top-2, and the candidate engine (recorded) cannot score")
+
+
+def test_a_run_that_omits_or_contradicts_its_device_is_never_said_to_match(tmp_path, monkeypatch):
+    """A candidate manifest with no device at all, and one whose two statements disagree
+    (device_info cuda, vLLM's effective device_type cpu): "device not stated" / "stated
+    inconsistently", never "devices differ" nor a device-alone count."""
+    from test_devices import compare, gpu_run
+
+    gpu_run(tmp_path / "silent", device=None, effective_device=None)
+    gpu_run(tmp_path / "liar", device={"type": "cuda"}, effective_device="cpu")
+    for name, words in (("silent", "device not stated"), ("liar", "device stated inconsistently")):
+        md, rep, console = compare(tmp_path / name / "..", monkeypatch, name)
+        notes = [n for n in rep["notes"] if "device" in n]
+        assert len(notes) == 1 and words in notes[0] and "devices not compared" in notes[0], notes
+        assert "alone" not in md and "devices differ" not in md and words in " ".join(console.split())
+        shutil.rmtree(tmp_path / "cpu")
+        shutil.rmtree(tmp_path / "out")

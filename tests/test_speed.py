@@ -435,3 +435,34 @@ def arm_figures() -> ArmFigures:
     """Four runs: the fewest whose interval can reach 95 %."""
     return ArmFigures(Figure((0.2, 0.21, 0.19, 0.2)), Figure((20.0, 20.5, 19.5, 20.2)), Figure((15.0, 15.2, 14.9, 15.1)),
                       tokens=4)
+
+
+def test_matched_check_compares_the_device_and_the_attention_backend():
+    """Another device is flagged both ways (the ratio compares hardware); another attention backend
+    between two vLLM arms is a named mismatch; across engine kinds it is stated in a note (each
+    engine names its own kernels), and vLLM's "auto" (its selector, not read back) is unstated."""
+    def on(kind, **s):
+        return ArmMeasurement(kind, s, False, {})
+
+    (m,), _ = check_matched(on("vllm", device="cpu"), on("vllm", device="cuda"), ())
+    assert (m.field, m.flattering) == ("device", True) and "hardware" in m.message
+    (m,), _ = check_matched(on("vllm", device="cuda"), on("hf", device="cpu"), ())
+    assert (m.field, m.flattering) == ("device", True)
+    (m,), _ = check_matched(on("vllm", attention_backend="FLASH_ATTN"), on("vllm", attention_backend="TRITON_ATTN"), ())
+    assert (m.field, m.flattering, m.reference, m.candidate) == ("attention_backend", False, "FLASH_ATTN", "TRITON_ATTN")
+    found, notes = check_matched(on("vllm", attention_backend="FLASH_ATTN"), on("hf", attention_backend="sdpa"), ())
+    assert found == () and any("FLASH_ATTN" in n and "sdpa" in n and "not compared" in n for n in notes)
+    found, notes = check_matched(on("vllm", attention_backend="auto"), on("vllm", attention_backend="FLASH_ATTN"), ())
+    assert found == () and "attention_backend" in notes[0] and "device" in notes[0]
+
+
+def test_vllm_states_its_device_and_backend_for_the_speed_check():
+    from strict_gate.engines.vllm.args import vllm_speed_settings
+    from strict_gate.engines.vllm.options import VLLMOptions
+
+    opts = VLLMOptions(model="m", engine_args={"attention_backend": "FLASH_ATTN"})
+    got = vllm_speed_settings(opts, {"device_type": "cuda", "attention_backend": "auto"}, "/nonexistent")
+    assert (got["device"], got["attention_backend"]) == ("cuda", "FLASH_ATTN")
+    got = vllm_speed_settings(VLLMOptions(model="m"), {"attention_backend": "TRITON_ATTN (from VLLM_ATTENTION_BACKEND)"},
+                              "/nonexistent")
+    assert (got["device"], got["attention_backend"]) == (None, "TRITON_ATTN")

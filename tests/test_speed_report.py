@@ -270,3 +270,32 @@ def test_hostile_text_is_escaped_everywhere():
     assert len(table) == 4 and {unescaped_pipes(line) for line in table} == {9}
     assert not any("\x1b" in line for line in console_lines(r))
     assert "\x1b" not in junit.render(r)
+
+
+def test_a_pass_across_mismatched_configs_names_every_difference_in_every_format(tmp_path):
+    """Another attention backend (not flattering: the ratio passes) and another device (flattering):
+    each is named in the speed verdict's own line and reasons in md, html, junit, JSON and the
+    console; a ratio across mismatched configs never reads as meeting vLLM's speed at its config."""
+    from strict_gate.speed.matched import check_matched
+    from strict_gate.speed.measure import ArmMeasurement
+
+    ref = ArmMeasurement("vllm", {"attention_backend": "FLASH_ATTN", "device": "cuda"}, False, {})
+    for cand_settings, kind in (({"attention_backend": "TRITON_ATTN", "device": "cuda"}, "pass"),
+                                ({"attention_backend": "FLASH_ATTN", "device": "cpu"}, "not_comparable")):
+        mismatches, _ = check_matched(ref, ArmMeasurement("vllm", cand_settings, False, {}), ())
+        base = speed("pass")
+        s = replace(base, mismatches=mismatches, verdict=judge_speed(base.rungs, {"decode": 0.95},
+                                                                     method=base.method, mismatches=mismatches))
+        assert s.verdict.kind.value == kind
+        field = mismatches[0].field
+        out = tmp_path / field
+        write_reports(gate(s), out, formats=("json", "md", "html", "junit"))
+        line = speed_view.of(gate(s)).verdict_line
+        assert line.endswith(f"config differs: {field}")
+        for name in ("report.md", "report.html", "junit.xml"):
+            text = (out / name).read_text()
+            said = md(f"config differs: {field}") if name.endswith(".md") else f"config differs: {field}"
+            assert said in text, (name, field)
+        reasons = json.loads((out / "report.json").read_text())["speed"]["speed_verdict"]["reasons"]
+        assert any(field in r and ("not at a matched config" in r or "not comparable" in r) for r in reasons)
+        assert any(f"config differs: {field}" in x for x in console_lines(gate(s), width=200))

@@ -29,6 +29,7 @@ from strict_gate.engines.base import (
     greedy_finish_reason,
     over_context,
 )
+from strict_gate.engines.device import device_facts, device_type
 from strict_gate.errors import ConfigError, EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, Timing, sort_topk
 
@@ -124,7 +125,8 @@ class HFEngine(Engine):
         return EngineInfo(
             kind=self.kind,
             model=self.options.model,
-            options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path)},
+            options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path),
+                                            "device_info": device_facts(self.options.device)},
             env=self.env,
             versions=versions,
             tokenizer=portable_model_ref(self.options.model, self.model_path),
@@ -256,9 +258,13 @@ class HFEngine(Engine):
 
     def speed_settings(self) -> dict:
         """transformers has no CUDA graphs or compile here: eager. Its KV cache grows as needed,
-        so it has no KV-cache setting to compare (left unknown)."""
+        so it has no KV-cache setting to compare (left unknown). The attention implementation is
+        the loaded model's (transformers picks sdpa or eager), else the option, else unstated."""
+        loaded = getattr(getattr(self._model, "config", None), "_attn_implementation", None)
         return {"dtype": self.options.dtype, "eager": True, "prefix_cache": False,
-                "max_context": model_max_context(self.model_path)}
+                "max_context": model_max_context(self.model_path),
+                "device": device_type(self.options.device),
+                "attention_backend": loaded or self.options.attn_implementation}
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """One forward pass over prompt + continuation; position i scores continuation[i]."""

@@ -27,6 +27,7 @@ from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook, new_report_dir
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import Comparison, Status
+from strict_gate.judge.devices import device_notes
 from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.history import append_history, with_history
 from strict_gate.judge.policy import Policy
@@ -346,7 +347,8 @@ def _write_phase(result: GateResult, g: _Gate) -> GateResult:
 
     report = g.report
     result = with_noise(result, g.cfg.noise)
-    result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference)),
+    devices = device_notes(result.reference, result.candidate, result.rescorer, result.comparison)
+    result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference) + devices),
                                  report.path)
     record_verdicts(report, g.state, verdicts(result), result.exit_code)
     write_reports(result, report.path)

@@ -4,6 +4,7 @@ no torch) and the reference captured K times into a baseline (`strict-gate captu
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.engines.base import Engine
@@ -14,6 +15,7 @@ from strict_gate.gate.judgement import judge
 from strict_gate.gate.outcome import ProgressHook
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.compare_runs import compare_on_disk
+from strict_gate.judge.devices import device_notes
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.text_only import run_decoder
@@ -67,6 +69,7 @@ def compare_run_dirs(
                                  greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP, decode=run_decoder(cand))
     result = judge(spec, ref, cand, comparison=comparison,
                    problems=_unheld(ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys()))
+    result = replace(result, notes=result.notes + device_notes(result.reference, result.candidate, None, comparison))
     if out is not None:
         from strict_gate.report import write_reports
 

@@ -14,6 +14,7 @@ from rich.text import Text
 from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.cascade import Later, later_totals
 from strict_gate.judge.compare import Status
+from strict_gate.judge.devices import device_notes
 from strict_gate.judge.result import GateResult, matched_drift
 from strict_gate.report import invariance_view, noise_view, speed_view
 from strict_gate.report.drift_view import console_line
@@ -205,6 +206,8 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             + (f"; {counts}" if counts else ""),
         )
     )
+    for note in device_notes(r.reference, r.candidate, r.rescorer, r.comparison):  # beside the headline it qualifies
+        console.print(Text(f"  note: {visible(note)}"))
     totals = later_totals(r.comparison.prompts, r.later)
     if totals.flipped:
         console.print(Text(f"  {visible(totals.line())}"))

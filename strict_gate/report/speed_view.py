@@ -161,6 +161,9 @@ def build(speed: object, reference_kind: object, candidate_kind: object = None) 
     else:
         line = f"speed: {said} (no min_speed_ratio: figures only)"
     mismatches = tuple(_mismatch(_dict(m), ref) for m in _list(speed.get("mismatches")))
+    fields = [str(_dict(m).get("field")) for m in _list(speed.get("mismatches"))]
+    if fields:  # a ratio across mismatched configs is not meeting the reference's speed: said where the verdict is
+        line += f"; config differs: {', '.join(dict.fromkeys(fields))}"
     rungs = [_dict(r) for r in _list(speed.get("rungs"))]
     method = str(speed.get("method") or "?")
     machine = str(speed.get("machine") or "not recorded")

@@ -53,6 +53,13 @@ def blockers(rungs: Sequence[RungResult], mismatches: Sequence[Mismatch]) -> lis
     return out
 
 
+def differences(mismatches: Sequence[Mismatch]) -> list[str]:
+    """Every other configuration difference, named in the verdict's reasons: a ratio across
+    mismatched configs is not meeting the reference's speed at its config, pass or not."""
+    return [f"not at a matched config: {m.field} ({m.message or 'differs'}; reference {m.reference!r}, "
+            f"candidate {m.candidate!r})" for m in mismatches if not m.flattering]
+
+
 def _checks(rung: RungResult, key: str, bar: float, method: Method) -> list[SpeedCheck]:
     """The checks one bar makes on one rung. Two-request decode is (n - 1) / (t_full - TTFT) of
     two different requests: an engine slow to answer max_tokens=1 (or with the full request's
@@ -103,16 +110,16 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float], 
     flattering mismatch or unverified timed tokens make it not comparable. Without a bar there
     is no verdict, but what blocks one is still said."""
     blocked = blockers(rungs, mismatches)
-    void = _unmeasured_arms(rungs)
+    void = _unmeasured_arms(rungs) + differences(mismatches)
     if not min_speed_ratio:
-        kind = SpeedVerdictKind.INCOMPLETE if void else SpeedVerdictKind.INFORMATIONAL
+        kind = SpeedVerdictKind.INCOMPLETE if _unmeasured_arms(rungs) else SpeedVerdictKind.INFORMATIONAL
         return SpeedVerdict(kind, {}, reasons=tuple(blocked + void))
     checks = [c for rung in rungs for key, bar in min_speed_ratio.items() for c in _checks(rung, key, bar, method)]
     by_name = {r.rung.name: r for r in rungs}
     reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed] + void))
     outcomes = {c.outcome for c in checks}
     kind = (SpeedVerdictKind.NOT_COMPARABLE if blocked
-            else SpeedVerdictKind.INCOMPLETE if void or CheckOutcome.NOT_MEASURED in outcomes
+            else SpeedVerdictKind.INCOMPLETE if _unmeasured_arms(rungs) or CheckOutcome.NOT_MEASURED in outcomes
             else SpeedVerdictKind.FAIL if CheckOutcome.BELOW in outcomes
             else SpeedVerdictKind.NOT_SEPARABLE if CheckOutcome.NOT_SEPARABLE in outcomes
             else SpeedVerdictKind.PASS)

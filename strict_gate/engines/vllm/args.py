@@ -91,7 +91,19 @@ def vllm_speed_settings(options, effective: dict, model_path: str) -> dict:
         "kv_cache": kv,
         "prefix_cache": bool(pick("enable_prefix_caching", True)),
         "max_context": pick("max_model_len") or model_max_context(model_path),
+        "device": effective.get("device_type"),  # stated once vLLM has started: its device_config
+        "attention_backend": _backend(effective.get("attention_backend"), options.engine_args.get("attention_backend")),
     }
+
+
+def _backend(chosen, asked) -> str | None:
+    """The backend name the arms compare ("FLASH_ATTN"): what the config read back names, else
+    what the options asked for; "auto" (vLLM's selector, not read back) stays unstated to the check."""
+    for value in (chosen, asked):
+        name = None if value is None else str(value).split(" (from ")[0].removeprefix("AttentionBackendEnum.")
+        if name and name.lower() != "auto":
+            return name
+    return "auto" if chosen is not None else None
 
 
 def vllm_serve_settings(argv: list[str]) -> dict:

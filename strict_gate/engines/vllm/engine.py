@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving
+from strict_gate.engines.device import device_facts
 from strict_gate.engines.process import signals_deferred
 from strict_gate.engines.speculative import Acceptance, Speculation, counters_acceptance, metric_counters
 from strict_gate.engines.vllm.args import vllm_speed_settings
@@ -54,6 +55,27 @@ def _is_engine_dead(exc: BaseException) -> bool:
 
 
 _PICKLES = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+_BACKEND_ENV = "VLLM_ATTENTION_BACKEND"  # older vLLMs' way to pick it; newer ones take attention_backend
+
+
+def _plain(v: Any) -> Any:
+    """A config value as JSON: an enum by name, a list of numbers as is, anything else as text."""
+    if isinstance(v, Enum):
+        return v.name
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v):
+        return list(v)
+    return v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
+
+
+def _attention_backend(cfg: Any, env: dict) -> str:
+    """The attention backend as the config states it (vLLM's attention_config.backend), else the
+    VLLM_ATTENTION_BACKEND variable; "auto" when neither names one: vLLM's selector then picks it
+    in the worker, per layer and device, and the choice is not read back (its log says it)."""
+    backend = getattr(getattr(cfg, "attention_config", None), "backend", None)
+    if backend is not None:
+        return str(_plain(backend))
+    named = env.get(_BACKEND_ENV) or os.environ.get(_BACKEND_ENV)
+    return f"{named} (from {_BACKEND_ENV})" if named else "auto"
 
 
 class VLLMEngine(Engine):
@@ -186,10 +208,11 @@ class VLLMEngine(Engine):
             return out
         pick = {
             "model_config": ("dtype", "max_model_len", "max_logprobs", "logprobs_mode", "enforce_eager", "seed"),
-            "cache_config": ("block_size", "enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes"),
+            "cache_config": ("block_size", "enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes",
+                             "gpu_memory_utilization"),
             "scheduler_config": ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"),
             "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"),
-            "compilation_config": ("mode", "backend"),
+            "compilation_config": ("mode", "backend", "cudagraph_mode", "cudagraph_capture_sizes"),
             "device_config": ("device_type",),
         }
         for section, names in pick.items():
@@ -199,9 +222,8 @@ class VLLMEngine(Engine):
             for n in names:
                 if hasattr(obj, n):
                     v = getattr(obj, n)
-                    if isinstance(v, Enum):
-                        v = v.name
-                    out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
+                    out[n] = _plain(v)
+        out["attention_backend"] = _attention_backend(cfg, self.env)
         return out
 
     def close(self) -> None:
@@ -239,6 +261,7 @@ class VLLMEngine(Engine):
         }
         if self._effective:
             options["effective"] = dict(self._effective)
+        options["device_info"] = device_facts((self._effective or {}).get("device_type"))
         if self.start_s is not None:  # load time is part of what a reviewer of the oracle wants to see
             options["start_s"] = round(self.start_s, 2)
             options["warmup_s"] = None if self.warmup_s is None else round(self.warmup_s, 2)

