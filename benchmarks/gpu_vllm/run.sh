@@ -44,12 +44,13 @@ run() {  # run NAME CMD...: under timeout, logged, its exit code written down; n
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$step_dir/rc.txt" "$OUT/rc.txt"
   tail -n 3 "$step_dir/$name.log" | sed 's/^/   /'
 }
-capture() { run "capture-$1" "${SG[@]}" capture "$CFG/capture-$1.toml" --out "$OUT/baselines/$2" --force; }
+BASELINES=${BASELINES:-$OUT/baselines}  # the GPU captures; device_call.sh keeps them across calls
+capture() { run "capture-$1" "${SG[@]}" capture "$CFG/capture-$1.toml" --out "$BASELINES/$2" --force; }
 gate() { run "$1" "${SG[@]}" gate "$CFG/$1.toml" -o "$step_dir/reports"; }
 recorded() {  # recorded NAME BASELINE: gate NAME with the GPU capture just made as its candidate (the
   # live vLLM candidate would generate the very tokens the capture's first run holds, at one more
   # engine start); its [rescorer], GPU vLLM, still re-scores every flip
-  "$PYTHON" - "$CFG/$1.toml" "$OUT/baselines/$2" <<'PY'
+  "$PYTHON" - "$CFG/$1.toml" "$BASELINES/$2" <<'PY'
 import re, sys
 path, baseline = sys.argv[1], sys.argv[2]
 text = open(path, encoding="utf-8").read()
