@@ -36,4 +36,6 @@ main() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   echo "== done piece $NN $(date -u +%FT%TZ)"
 }
-main "$@" 2>&1 | tee "$OUT/call$NN.log"
+main "$@" 2>&1 | tee "$H/call$NN.log"
+# the device tool brings back few files: everything in one archive
+cp "$H/call$NN.log" "$OUT/" ; (cd "$OUT" && tar czf "$H/results-$NN.tgz" . && rm -rf ./* && mv "$H/results-$NN.tgz" .)
