@@ -67,5 +67,6 @@ def run_invariance_gate(cfg: GateConfig, *, output_dir: Path | None = None, prog
     tokenizer.close()
     write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     result = invariance_phase(cfg, ps, inputs, report_dir, progress)
+    scrub_tree(report_dir)  # tokenizer.log too, before the reports say the set is whole
     write_invariance_reports(result, report_dir, name=cfg.name)
     return InvarianceOutcome(result, report_dir)
