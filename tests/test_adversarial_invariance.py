@@ -230,7 +230,7 @@ def test_a_prefill_chunk_longer_than_every_prompt_is_not_a_pass(tmp_path):
     """chunked_prefill 256 over 5-token prompts never splits a prefill. Was: a pass, no note."""
     p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [2, 256]})))
     assert p.returncode == 3, p.stdout + p.stderr  # chunk 2 moved, but a variant not exercised is incomplete
-    assert "INVARIANCE INCOMPLETE (chunked_prefill-2, chunked_prefill-256)" in p.stdout
+    assert "NOT INVARIANT (chunked_prefill-2); INCOMPLETE too (chunked_prefill-256): exit 3" in p.stdout  # the move first
     v = _variants(tmp_path)
     assert v["chunked_prefill-256"]["verdict"] == "incomplete"
     assert "no prompt is longer than 256 tokens (the longest has 5)" in v["chunked_prefill-256"]["problems"][0]
@@ -244,7 +244,7 @@ def test_a_move_under_a_prefill_chunk_is_not_called_batch_dependence(tmp_path):
     assert d["label"] == "prefill-chunk dependence", d  # was: "batch dependence"
 
 
-# ---------------------------------------------------------------------------- issue 40, item 2
+# ---------------------------------------------------------------------------- issue 40, items 2-3
 
 
 def _relative_gate(tmp_path: Path, mode: str, invariance: dict, *, extra: tuple[str, ...] = ()) -> Path:
@@ -287,3 +287,26 @@ def test_a_gate_interrupted_in_the_candidates_batch_1_run_resumes_its_invariance
     baseline = json.loads((d / "invariance" / "candidate" / "baseline" / "manifest.json").read_text())
     assert baseline["status"] == "complete" and len((d / "invariance" / "candidate" / "baseline" / "records.jsonl")
                                                     .read_text().splitlines()) == 6
+    assert "NOT INVARIANT (batch-4)" in p.stdout
+
+
+def test_a_variant_that_moved_leads_the_headline_over_one_the_engine_cannot_run(tmp_path, monkeypatch):
+    """batch-4 moves (exit 5 alone) and the binary cannot serve chunked_prefill-2 (no
+    "prefill_chunk" in its hello): both are reported, the move first, in the console, report.md
+    and report.json; exit 3, README's precedence (a variant not run is never a pass). Was:
+    "INCOMPLETE  INVARIANCE INCOMPLETE (batch-4, chunked_prefill-2)", the move filed as incomplete."""
+    monkeypatch.chdir(tmp_path)
+    _relative_gate(tmp_path, "in_flight", {"chunked_prefill": [2], "batch": [4]}, extra=("--no-chunk",))
+    p = _cli("gate", "gate.toml")
+    assert p.returncode == 3, p.stdout + p.stderr
+    (d,) = [x for x in Path("out").iterdir() if x.is_dir()]
+    doc = json.loads((d / "report.json").read_text())
+    assert {v["name"]: v["verdict"] for v in doc["invariance"]["variants"]} == {
+        "batch-4": "fail", "chunked_prefill-2": "incomplete"}
+    assert doc["invariance"]["verdict"] == "incomplete" and doc["invariance"]["exit_code"] == 3
+    line = "NOT INVARIANT (batch-4); INCOMPLETE too (chunked_prefill-2): exit 3, policy strict"
+    head = [ln for ln in p.stdout.splitlines() if "INVARIAN" in ln]
+    assert head and head[0].startswith("FAIL") and line in head[0], p.stdout
+    after = p.stdout.split(line, 1)[1]
+    assert after.index("batch-4: q0: batch dependence") < after.index("chunked_prefill-2:"), p.stdout  # the move first
+    assert f"{line}; see Invariance below." in (d / "report.md").read_text().replace("\\_", "_")
