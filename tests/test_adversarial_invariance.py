@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -228,7 +230,7 @@ def test_a_prefill_chunk_longer_than_every_prompt_is_not_a_pass(tmp_path):
     """chunked_prefill 256 over 5-token prompts never splits a prefill. Was: a pass, no note."""
     p = _cli("invariance", str(_gate(tmp_path, "chunk", {"chunked_prefill": [2, 256]})))
     assert p.returncode == 3, p.stdout + p.stderr  # chunk 2 moved, but a variant not exercised is incomplete
-    assert "INVARIANCE INCOMPLETE (chunked_prefill-2, chunked_prefill-256)" in p.stdout
+    assert "NOT INVARIANT (chunked_prefill-2); INCOMPLETE too (chunked_prefill-256): exit 3" in p.stdout  # the move first
     v = _variants(tmp_path)
     assert v["chunked_prefill-256"]["verdict"] == "incomplete"
     assert "no prompt is longer than 256 tokens (the longest has 5)" in v["chunked_prefill-256"]["problems"][0]
@@ -240,3 +242,71 @@ def test_a_move_under_a_prefill_chunk_is_not_called_batch_dependence(tmp_path):
     assert p.returncode == 5, p.stdout + p.stderr
     (d, *_) = _variants(tmp_path)["chunked_prefill-2"]["divergences"]
     assert d["label"] == "prefill-chunk dependence", d  # was: "batch dependence"
+
+
+# ---------------------------------------------------------------------------- issue 40, items 2-3
+
+
+def _relative_gate(tmp_path: Path, mode: str, invariance: dict, *, extra: tuple[str, ...] = ()) -> Path:
+    """_gate's six prompts and engines, written with relative paths (run it from tmp_path)."""
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [3 + i, 11, 20 + 5 * i, 7, 2 + i]})
+                                              + "\n" for i in range(6)), encoding="utf-8")
+    arm = {"kind": "command", "command": ["python", ENGINE, "--mode", mode, *extra], "timeout_s": 5.0}
+    return write_gate(tmp_path, prompts="p.jsonl", max_tokens=4, top_logprobs=2, output_dir="out", policy="strict",
+                      reference={"kind": "command", "command": ["python", ENGINE]}, candidate=arm,
+                      invariance={"policy": "strict"} | invariance)
+
+
+def test_a_gate_interrupted_in_the_candidates_batch_1_run_resumes_its_invariance_on_every_prompt(tmp_path,
+                                                                                               monkeypatch):
+    """SIGINT to a real gate while the candidate's batch-1 run of [invariance] runs, then `gate
+    --resume`: the variant runs on the six prompts and moves, exit 5 as uninterrupted. Was: both
+    arms had finished, so the resume tokenized nothing and ran the variants on zero prompts ("the
+    prompt set has 0 prompts, so every request was served alone"), INCOMPLETE, exit 3."""
+    monkeypatch.chdir(tmp_path)
+    _relative_gate(tmp_path, "in_flight", {"batch": [4]}, extra=("--delay", "0.3"))
+    gate = subprocess.Popen([sys.executable, "-m", "strict_gate.cli", "gate", "gate.toml"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=os.environ | {"COLUMNS": "200"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and gate.poll() is None:
+        found = list(Path("out").glob("*/invariance/candidate/baseline/records.jsonl.partial"))
+        if found and found[0].read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    gate.send_signal(signal.SIGINT)
+    said = gate.communicate(timeout=60)[0]
+    assert gate.returncode == 3 and "continue with: strict-gate gate --resume" in said.replace("\n", ""), said
+    (d,) = [x for x in Path("out").iterdir() if x.is_dir()]
+    assert not (d / "report.json").exists()
+    p = _cli("gate", "--resume", str(d))
+    assert p.returncode == 5, p.stdout + p.stderr  # was: 3
+    assert "0 prompts" not in p.stdout + p.stderr
+    doc = json.loads((d / "report.json").read_text())
+    (v,) = doc["invariance"]["variants"]
+    assert (v["name"], v["verdict"], v["prompts_total"], v["prompts_exact"]) == ("batch-4", "fail", 6, 0), v
+    baseline = json.loads((d / "invariance" / "candidate" / "baseline" / "manifest.json").read_text())
+    assert baseline["status"] == "complete" and len((d / "invariance" / "candidate" / "baseline" / "records.jsonl")
+                                                    .read_text().splitlines()) == 6
+    assert "NOT INVARIANT (batch-4)" in p.stdout
+
+
+def test_a_variant_that_moved_leads_the_headline_over_one_the_engine_cannot_run(tmp_path, monkeypatch):
+    """batch-4 moves (exit 5 alone) and the binary cannot serve chunked_prefill-2 (no
+    "prefill_chunk" in its hello): both are reported, the move first, in the console, report.md
+    and report.json; exit 3, README's precedence (a variant not run is never a pass). Was:
+    "INCOMPLETE  INVARIANCE INCOMPLETE (batch-4, chunked_prefill-2)", the move filed as incomplete."""
+    monkeypatch.chdir(tmp_path)
+    _relative_gate(tmp_path, "in_flight", {"chunked_prefill": [2], "batch": [4]}, extra=("--no-chunk",))
+    p = _cli("gate", "gate.toml")
+    assert p.returncode == 3, p.stdout + p.stderr
+    (d,) = [x for x in Path("out").iterdir() if x.is_dir()]
+    doc = json.loads((d / "report.json").read_text())
+    assert {v["name"]: v["verdict"] for v in doc["invariance"]["variants"]} == {
+        "batch-4": "fail", "chunked_prefill-2": "incomplete"}
+    assert doc["invariance"]["verdict"] == "incomplete" and doc["invariance"]["exit_code"] == 3
+    line = "NOT INVARIANT (batch-4); INCOMPLETE too (chunked_prefill-2): exit 3, policy strict"
+    head = [ln for ln in p.stdout.splitlines() if "INVARIAN" in ln]
+    assert head and head[0].startswith("FAIL") and line in head[0], p.stdout
+    after = p.stdout.split(line, 1)[1]
+    assert after.index("batch-4: q0: batch dependence") < after.index("chunked_prefill-2:"), p.stdout  # the move first
+    assert f"{line}; see Invariance below." in (d / "report.md").read_text().replace("\\_", "_")

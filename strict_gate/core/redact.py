@@ -9,12 +9,16 @@ The rule, in one place:
   gate.toml and the console; the engine itself still receives the real value.
 - Known secret VALUES are scrubbed from any text the gate writes (an engine error that echoes
   the key, a server log that prints its arguments): the values of secret-named arm env entries
-  and the key behind an openai engine's `api_key_env`. A value shorter than MIN_SECRET_CHARS
-  is not scrubbed from free text (a "1" cannot be told apart from ordinary text); it is still
-  redacted by name.
+  (as the config gives them or, where a report's gate.toml reads "<redacted>", as the engine
+  inherits them from the environment) and the key behind an openai engine's `api_key_env`. A
+  value shorter than MIN_SECRET_CHARS is not scrubbed from free text (a "1" cannot be told apart
+  from ordinary text); it is still redacted by name.
 
-Known values are kept for the whole process: an exception message that crosses layers (engine,
-runner, gate, console) must be scrubbed wherever it is finally written.
+Known values are kept for the whole process, registered when a config is read (restore_env), so
+before anything is written: an exception message that crosses layers (engine, runner, gate,
+console) must be scrubbed wherever it is finally written. What is written goes through one of
+scrub / scrub_json / scrub_obj / scrub_bytes (an engine's output on its way into engine.log), and
+every directory a command writes gets a last scrub_tree.
 """
 
 from __future__ import annotations
@@ -66,9 +70,14 @@ def redact_env(env: Mapping[str, object]) -> dict:
 
 
 def restore_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Entries read back as "<redacted>" (a report's gate.toml) are not applied: the engine
-    inherits that variable from the environment the gate runs in, where the secret lives."""
-    return {k: v for k, v in env.items() if v != REDACTED}
+    """An arm's env table as read from a config, to apply. An entry read back as "<redacted>" (a
+    report's gate.toml: `gate --resume`, `diagnose`, `localize`) takes its value from the
+    environment the command runs in, where the secret lives, and is left out where it is not set
+    there. Every secret-named value is registered here: whatever reads a config knows its secrets
+    before it writes anything, the manifest of a resumed run names the entry as the first did."""
+    applied = {k: os.environ[k] if v == REDACTED else v for k, v in env.items() if v != REDACTED or k in os.environ}
+    register_env(applied)
+    return applied
 
 
 def scrub(text: str) -> str:
@@ -117,19 +126,23 @@ def scrub_obj(obj: Any) -> Any:
     return obj
 
 
+def scrub_bytes(data: bytes) -> bytes:
+    """scrub() of raw output (an engine's stderr on its way into engine.log), as UTF-8."""
+    for value in sorted(_known, key=len, reverse=True):
+        data = data.replace(value.encode("utf-8"), REDACTED.encode())
+    return data
+
+
 def scrub_tree(root: Path) -> None:
     """Last pass over a finished report or run directory: known values are removed from every
     file, engine logs included (a server that logs its own arguments, key and all)."""
     if not _known or not root.is_dir():
         return
-    needles = [v.encode("utf-8") for v in sorted(_known, key=len, reverse=True)]
     for path in root.rglob("*"):
         if path.is_symlink() or not path.is_file():
             continue
         data = path.read_bytes()
-        clean = data
-        for needle in needles:
-            clean = clean.replace(needle, REDACTED.encode())
+        clean = scrub_bytes(data)
         if clean == data:
             continue
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

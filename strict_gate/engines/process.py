@@ -4,7 +4,8 @@ An engine process runs in a process group of its own so that stopping it also st
 everything it started (vLLM's engine-core and workers, a binary's helpers): the group is
 what we signal and what we wait for. Its output goes through a pipe into a capped log file
 (core/engine_log.py: the first and last few MiB of each start), whose tail the engines quote
-when it dies.
+when it dies; the pump scrubs known secrets from it line by line as it copies (core/redact.py),
+so a gate killed before its last pass over the report directory leaves none in an engine.log.
 
 No engine process may outlive the gate, whatever signal arrives when. Hence:
 - a cleanup (stop_group, an engine's close()) runs inside `signals_deferred()`: a Ctrl-C or
@@ -37,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from strict_gate.core.engine_log import CappedLog
+from strict_gate.core.redact import scrub_bytes
 
 POLL_S = 0.05  # how often stop_group looks at the group
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -44,6 +46,7 @@ EXIT_TERM_GRACE_S = 2.0  # the atexit net: SIGTERM grace before SIGKILL
 EXIT_KILL_WAIT_S = 5.0
 PUMP_POLL_S = 0.1  # how often a log pump looks for an end
 PUMP_DRAIN_S = 2.0  # after its group is gone: time to copy what is left in the pipe
+PUMP_LINE_BYTES = 64 * 1024  # an unfinished line held back this long at most (scrubbed whole, then written)
 
 # The watchdog: argv gate-pid pgid grace. While the gate is its parent it waits (and ends when
 # the group is gone); once the gate is gone it stops the group: SIGTERM, `grace` s, SIGKILL.
@@ -203,6 +206,7 @@ class LogPump(threading.Thread):
 
     def run(self) -> None:
         drain_until = None
+        held = b""  # the unfinished last line: a secret a read cut in two is scrubbed whole
         try:
             while True:
                 if self._stopping.is_set() and drain_until is None:
@@ -211,6 +215,7 @@ class LogPump(threading.Thread):
                     break  # a grandchild outside the group still writes: stop copying
                 ready, _, _ = select.select([self.fd], [], [], 0 if drain_until else PUMP_POLL_S)
                 if not ready:
+                    held = self._write(held, whole=True)  # the pipe went quiet: its last words count
                     self._idle.set()
                     if drain_until is not None:
                         break
@@ -218,13 +223,21 @@ class LogPump(threading.Thread):
                 data = os.read(self.fd, 65536)
                 if not data:
                     break
-                try:
-                    self.log.write(data)
-                except (OSError, ValueError):  # disk full, log closed: keep the pipe flowing
-                    pass
+                held = self._write(held + data, whole=len(held) + len(data) > PUMP_LINE_BYTES)
         finally:
+            self._write(held, whole=True)
             self._idle.set()
             os.close(self.fd)
+
+    def _write(self, data: bytes, *, whole: bool) -> bytes:
+        """Copy data's finished lines (all of it when `whole`), scrubbed; return what is held."""
+        cut = len(data) if whole else data.rfind(b"\n") + 1
+        if cut:
+            try:
+                self.log.write(scrub_bytes(data[:cut]))
+            except (OSError, ValueError):  # disk full, log closed: keep the pipe flowing
+                pass
+        return data[cut:]
 
     def caught_up(self, timeout: float = 1.0) -> None:
         """Wait (up to timeout) until what the child wrote so far is in the log."""

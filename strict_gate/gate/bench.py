@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
+from strict_gate.core.redact import scrub_obj, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
@@ -275,7 +276,8 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     finally:
         for role, engine in engines.items():
             _close(engine, dirs[role])  # safe twice
-    result = session.result()
+        scrub_tree(out_dir)  # engine logs too: a server may log its key
+    result = scrub_obj(session.result())  # a rung's engine error may quote it: speed.json and the console
     return BenchOutcome(result, write_speed(result, out_dir))
 
 

@@ -1,13 +1,16 @@
 """The invariance phase of a gate, and `strict-gate invariance`: the [invariance] variants alone.
 
 In a gate the phase runs last, after both arms are stopped (one engine loaded at a time), and
-its result rides in the GateResult (report.json's `invariance`). Alone, it writes its own
+its result rides in the GateResult (report.json's `invariance`); a resumed gate runs it again
+whole, on every prompt, into a fresh invariance/ (an interrupted attempt's runs are removed:
+none of them, half-written, reads as a run of this one). Alone, it writes its own
 report directory: gate.toml, the runs under invariance/, invariance.json (last), .md, .html
 and junit.xml.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,7 @@ def invariance_phase(cfg: GateConfig, ps: PromptSet, inputs: list[PromptInput], 
 
     builders = {role: (cfg.reference if role == "reference" else cfg.candidate).build  # type: ignore[union-attr]
                 for role in cfg.invariance.arms}
+    shutil.rmtree(report_dir / INVARIANCE_DIR, ignore_errors=True)  # a resumed gate's: an interrupted attempt's runs
     try:
         return run_invariance(cfg.invariance, builders, inputs, report_dir / INVARIANCE_DIR, run, band=cfg.band)
     finally:
@@ -67,5 +71,6 @@ def run_invariance_gate(cfg: GateConfig, *, output_dir: Path | None = None, prog
     tokenizer.close()
     write_text_atomic(report_dir / "gate.toml", redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
     result = invariance_phase(cfg, ps, inputs, report_dir, progress)
+    scrub_tree(report_dir)  # tokenizer.log too, before the reports say the set is whole
     write_invariance_reports(result, report_dir, name=cfg.name)
     return InvarianceOutcome(result, report_dir)

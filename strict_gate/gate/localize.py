@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from strict_gate.core.redact import scrub_tree
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
 from strict_gate.gate.localize_config import Scope
@@ -174,6 +175,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         _decodes_or_exit_2(activations, "activation reference", report_dir / "gate.toml", settings.mode)
     result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
                              scope=scope, settings=settings, only=prompt)
+    scrub_tree(report_dir)  # what the engines logged and dumped, before the reports say the set is whole
     write_reports(result, report_dir)
     done = {p for p in result.localization if prompt is None or p == prompt}  # this run's, not old errors
     if errors := [f"{pid}: {e}" for pid, loc in result.localization.items() if pid in done for e in failures(loc)]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from strict_gate.core.redact import scrub_tree
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
@@ -100,5 +101,6 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     finally:
         candidate.close()
     result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
+    scrub_tree(report_dir)  # rescorer.log too, before the reports say the set is whole
     write_reports(with_noise(result, cfg.noise), report_dir)
     return GateOutcome(result, report_dir)

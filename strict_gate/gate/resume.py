@@ -138,8 +138,8 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     candidate = cfg.candidate.build()
     if "reference" not in done:
         reference.check_compatible(ps.sha256, spec.sampling)
-    with engine_log(report.arm("reference").engine_log, reference.log_libraries):
-        inputs = prompt_inputs(ps, reference) if done != set(ROLES) else []
+    with engine_log(report.arm("reference").engine_log, reference.log_libraries):  # every prompt, arms done or not:
+        inputs = prompt_inputs(ps, reference)  # the speed and invariance phases after them run on the whole set
     result = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
                        owned=set(ROLES), progress=progress, prior=prior)
     records = {"candidate": result.candidate_records, "reference": result.reference_records}

@@ -96,7 +96,7 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
         values[f"[{role}] runs"] = arm.runs
         values.update({f"[{role}] {k}": v for k, v in asdict(arm.options).items()})
         # Secret-named entries are not fingerprinted: the report's gate.toml holds them as
-        # "<redacted>" (not applied on resume: the engine inherits the real value).
+        # "<redacted>" (on resume its value comes from the environment, where the secret lives).
         values.update({f"[{role}.env] {k}": v for k, v in arm.env.items() if not is_secret_name(k)})
     return {name: _digest(v) for name, v in values.items()}
 

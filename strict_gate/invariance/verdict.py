@@ -148,15 +148,29 @@ class InvarianceResult:
             self.verdict, ExitCode.ENGINE_FAILURE)
 
     @property
+    def lead(self) -> VariantVerdict:
+        """What the headline leads with: a measured move before anything that could not be run
+        (the verdict, and the exit code, stay incomplete then: README, "Exit codes")."""
+        return VariantVerdict.FAIL if any(v.verdict == VariantVerdict.FAIL for v in self.variants) else self.verdict
+
+    def _names(self, verdict: VariantVerdict) -> str:
+        one_arm = len({x.arm for x in self.variants}) == 1
+        named = [v.name if one_arm else f"{v.arm}:{v.name}" for v in self.variants if v.verdict == verdict]
+        return f" ({', '.join(named)})" if named else ""
+
+    @property
     def verdict_line(self) -> str:
-        moved = [v.name if len({x.arm for x in self.variants}) == 1 else f"{v.arm}:{v.name}"
-                 for v in self.variants if v.verdict != VariantVerdict.PASS]
-        head = {VariantVerdict.PASS: "INVARIANT", VariantVerdict.FAIL: "NOT INVARIANT",
-                VariantVerdict.INCOMPLETE: "INVARIANCE INCOMPLETE"}[self.verdict]
-        tail = f" ({', '.join(moved)})" if moved else ""
+        """The move first, then what could not be run: "NOT INVARIANT (batch-4); INCOMPLETE too
+        (chunked_prefill-2): exit 3, policy strict"."""
         note = " (informational: the exit code is the token verdict's)" \
             if self.policy == InvariancePolicy.INFORMATIONAL else ""
-        return f"{head}{tail}, policy {self.policy.value}{note}"
+        moved, unrun = self._names(VariantVerdict.FAIL), self._names(VariantVerdict.INCOMPLETE)
+        if self.verdict == VariantVerdict.INCOMPLETE and moved:
+            code = "" if note else f": exit {int(self.exit_code)}"
+            return f"NOT INVARIANT{moved}; INCOMPLETE too{unrun}{code}, policy {self.policy.value}{note}"
+        head = {VariantVerdict.PASS: "INVARIANT", VariantVerdict.FAIL: "NOT INVARIANT",
+                VariantVerdict.INCOMPLETE: "INVARIANCE INCOMPLETE"}[self.verdict]
+        return f"{head}{moved or unrun}, policy {self.policy.value}{note}"
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict.value, "policy": self.policy.value, "band": self.band,

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+from strict_gate.core.redact import scrub_json, scrub_tree
 from strict_gate.engines.recorded import RecordedOptions
 from strict_gate.errors import ExitCode, InputError, StrictGateError
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
@@ -214,8 +215,8 @@ def run_step(state_path: Path) -> int:
         step = Step(commit, StepVerdict.SKIP, None, None, f"the build exited {built.returncode}: " + " | ".join(tail))
     else:
         step = _gate_step(commit, state, out)
-    with open(out / STEPS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(asdict(step)) + "\n")
+    with open(out / STEPS_FILE, "a", encoding="utf-8") as f:  # a step's message may quote an engine's secret
+        f.write(json.dumps(scrub_json(asdict(step))) + "\n")
     return GIT_CODE[step.verdict]
 
 
@@ -339,12 +340,13 @@ def _finish(repo: Path, out: Path, good: str, bad: str, build: str, output: str)
         flipped = tuple({"id": p.id, "status": str(p.status)} for p in report.prompts if not p.passed)
     outcome = BisectOutcome(first_bad, candidates, tuple(steps), flipped, at.report_dir if at else None,
                             out / BISECT_FILE)
-    write_text_atomic(outcome.path, json.dumps({
+    scrub_tree(out)  # every step's report directory too, before bisect.json says the bisection is whole
+    write_text_atomic(outcome.path, json.dumps(scrub_json({
         "schema": BISECT_SCHEMA, "repo": str(repo), "good": good, "bad": bad, "build": build,
         "first_bad": first_bad, "subject": git(repo, "log", "-1", "--format=%s", first_bad) if first_bad else None,
         "candidates": list(candidates), "report_dir": outcome.report_dir, "flipped": list(flipped),
         "steps": [asdict(s) for s in steps],
-    }, indent=2) + "\n")
+    }), indent=2) + "\n")
     return outcome
 
 

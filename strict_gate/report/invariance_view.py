@@ -138,8 +138,8 @@ def print_invariance(inv: InvarianceResult, console: Console) -> None:
         console.print(Text(visible(f"  {v.name}: tokens {cells['tokens']}; drafted {cells['drafted']}, accepted "
                                    f"{cells['accepted']} ({cells['acceptance']}), mean accepted length "
                                    f"{cells['mean accepted length']}; time {cells['time (batch-1 run)']}")))
-    console.print(Text.assemble((inv.verdict.value.upper(), _STYLE[inv.verdict]), f"  {visible(inv.verdict_line)}"))
-    for v in inv.variants:
+    console.print(Text.assemble((inv.lead.value.upper(), _STYLE[inv.lead]), f"  {visible(inv.verdict_line)}"))
+    for v in sorted(inv.variants, key=lambda v: v.verdict != VariantVerdict.FAIL):  # what moved first, as the line
         for p in v.problems[:2]:
             console.print(Text(visible(f"  {v.arm} {v.name}: {p}")))
         for m in v.divergences[:3]:

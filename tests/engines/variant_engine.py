@@ -2,12 +2,14 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
+                             [--delay S]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
 match replies by id). Token i of a prompt is a function of the prompt alone:
 (sum(ids) * 31 + 7 * i) % 1000 + 1 + S, its logprob -0.1, the runner-up (token + 1) G nats below
-(S: --shift, 0 by default; another S is another engine at batch 1 already).
+(S: --shift, 0 by default; another S is another engine at batch 1 already). --delay S: each group
+is answered S seconds after it is read (a test signals the gate meanwhile).
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
@@ -26,6 +28,7 @@ import json
 import os
 import select
 import sys
+import time
 
 VOCAB = 1000
 
@@ -90,6 +93,7 @@ def main() -> int:
     ap.add_argument("--shift", type=int, default=0)
     ap.add_argument("--no-chunk", action="store_true")
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--delay", type=float, default=0.0)
     args = ap.parse_args()
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"])
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
@@ -102,6 +106,7 @@ def main() -> int:
             return 0
         if any(r.get("op") == "shutdown" for r in group):
             return 0
+        time.sleep(args.delay)
         if args.mode == "refuse" and len(group) > 1:
             stdin.drain()
             return 0
