@@ -16,10 +16,13 @@ cd "$(dirname "$0")/.."
 t0=$(date +%s)
 step() { echo "== $1: $(( $(date +%s) - t0 )) s since start" >&2; }
 
+# Debian's chromium downloads beside the pip installs (both wait on the network, not the cores)
+chromium=""
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  apt-get update -qq && apt-get install -y -qq chromium
+  mkdir -p build
+  (apt-get update -qq && apt-get install -y -qq chromium) > build/install-chromium.log 2>&1 &
+  chromium=$!
 fi
-step chromium
 bash scripts/install.sh
 step install
 mkdir -p build
@@ -32,6 +35,10 @@ step llama.cpp
 wait "$ct2" || { cat build/install-ctranslate2.log >&2; echo "install-ctranslate2.sh failed" >&2; exit 1; }
 tail -n 3 build/install-ctranslate2.log
 step ctranslate2
+if [ -n "$chromium" ]; then
+  wait "$chromium" || { cat build/install-chromium.log >&2; echo "apt-get install chromium failed" >&2; exit 1; }
+fi
+step chromium
 .venv/bin/ruff check strict_gate tests
 .venv/bin/mypy
 step lint

@@ -31,6 +31,15 @@ VLLM_OPTIONS = dict(
 )
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tier (tests/tiers.py): marked `full`, so CI's `-m "not full"` leaves it out."""
+    from tiers import FULL
+
+    for item in items:
+        if item.nodeid in FULL:
+            item.add_marker(pytest.mark.full)
+
+
 def _import_error(module: str) -> str | None:
     try:
         __import__(module)
