@@ -39,15 +39,16 @@ MAX_TOKENS = 8
 PROMPTS = {"p0": [1, 2, 3], "p1": [4, 5, 6, 7]}
 
 
-def _setup(tmp_path: Path, monkeypatch, *cand_args: str, policy: str = "near-tie", **top) -> None:
+def _setup(tmp_path: Path, monkeypatch, *cand_args: str, policy: str = "near-tie", cand_opts=None, **top) -> None:
     monkeypatch.chdir(tmp_path)
     shutil.copy(ENGINE, "cascade_engine.py")
     Path("prompts.jsonl").write_text("".join(json.dumps({"id": i, "token_ids": t}) + "\n" for i, t in PROMPTS.items()))
     reference = top.pop("reference", {"kind": "command", "command": ["python", "cascade_engine.py", "reference"]})
+    candidate = top.pop("candidate", {"kind": "command", "command": ["python", "cascade_engine.py", "candidate",
+                                                                     *cand_args], **(cand_opts or {})})
     write_gate(Path("."), name="cascade", prompts="prompts.jsonl", max_tokens=MAX_TOKENS, top_logprobs=5,
                policy=policy, band=0.5, output_dir="reports", reference=reference,
-               candidate={"kind": "command", "command": ["python", "cascade_engine.py", "candidate", *cand_args]},
-               **top)
+               candidate=candidate, **top)
 
 
 def _gate(tmp_path: Path, monkeypatch, *cand_args: str, **kw) -> tuple[int, str, Path, dict]:
@@ -193,6 +194,50 @@ def test_a_negative_rescored_gap_is_named_and_never_called_within_zero_band(tmp_
     assert "[0, band" not in reason and "prefill/decode disagreement" in reason
     assert p["diagnosis"]["later"]["prefill_decode"] == [5]
     assert "[0, band" not in (d / "report.md").read_text().split("## Teacher-forced diagnosis")[1]
+
+
+@pytest.mark.parametrize("policy", ["near-tie", "near-tie-reference-only"])
+def test_a_candidate_that_stops_early_after_a_flip_is_never_a_pass(tmp_path, monkeypatch, policy):
+    """A flip at 2, the reference's argmax at 3 and 4, then "stop" after 4 on an ordinary token:
+    5 of 8 tokens, every one judged, but the stop itself is not (the gate knows no end-of-sequence
+    id), so positions 5-7, where the reference would have gone on, are unjudged: never a pass."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--stop", "4", policy=policy)
+    assert code == 3, out  # before: exit 0, "5/5 later position(s) judged" of a 5-token reply
+    p = _prompt(report)
+    assert p["outcome"] == "unverified" and not p["passed"]
+    assert "stopped after 5 of 8 tokens" in p["reason"] and "positions 5-7" in p["reason"]
+    assert report["verdict"] == "incomplete"
+    for name, body in _formats(d).items():
+        assert "stopped after 5 of 8 tokens" in " ".join(body.split()), name
+
+
+def test_a_stop_on_an_id_that_is_not_an_eos_is_never_a_pass(tmp_path, monkeypatch):
+    """The same early stop where the gate knows the end-of-sequence ids (eos_token_ids = [2]) from
+    a stored candidate run (the engine's reply check no longer sees it): never a pass."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2", "--stop", "4")
+    shutil.copytree(d / "candidate", "cand-run")
+    manifest = json.loads(Path("cand-run/manifest.json").read_text())
+    manifest["engine"]["options"]["eos_token_ids"] = [2]
+    Path("cand-run/manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree("reports")
+    code, out, d, report = _gate(tmp_path, monkeypatch, candidate={"kind": "recorded", "path": "cand-run"})
+    assert code == 3, out
+    assert "on token" in _prompt(report)["reason"] and "not an end-of-sequence id [2]" in _prompt(report)["reason"]
+
+
+@pytest.mark.parametrize("eos, code", [([2], 0), (None, 3)])
+def test_a_flip_then_a_real_eos_passes_only_where_the_eos_is_known(tmp_path, monkeypatch, eos, code):
+    """Both arms' model ends at position 5 (its argmax the EOS, 2): a flip at 2, then the
+    reference's argmax to the EOS, is a whole judgement with eos_token_ids = [2] (exit 0), and
+    without any known end-of-sequence id the stop is unjudged (exit 3)."""
+    opts = {"eos_token_ids": eos} if eos else {}
+    got, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--eos-at", "5", cand_opts=opts,
+                                reference={"kind": "command", "command": ["python", "cascade_engine.py",
+                                                                          "reference", "--eos-at", "5"]})
+    assert got == code, out
+    p = _prompt(report)
+    assert p["status"] == "near_tie" and p["diagnosis"]["later"]["judged"] == 3
+    assert ("no end-of-sequence id" in p["reason"]) == (eos is None)
 
 
 # ------------------------------------------------------------- property (library path)

@@ -167,6 +167,20 @@ class Cascade:
                    prefill_decode=tuple(d.get("prefill_decode") or ()))
 
 
+def stop_problem(tokens: Sequence[int], finish: str | None, max_tokens: int, eos: frozenset[int] | None) -> str | None:
+    """Why a candidate's stop after a flip is not judged, or None: it ran to max_tokens, or it
+    ended on an id known to end a sequence (that token's own judgement is the stop's). Any other
+    early stop leaves unjudged the positions the reference may have gone on to."""
+    n = len(tokens)
+    if finish != "stop" or not tokens or n >= max_tokens or (eos is not None and tokens[-1] in eos):
+        return None
+    span = f"position {n}" if n == max_tokens - 1 else f"positions {n}-{max_tokens - 1}"
+    what = (f"which is not an end-of-sequence id {sorted(eos)}" if eos is not None else
+            "and the gate knows no end-of-sequence id (no eos_token_ids, no tokenizer) to tell that it is one")
+    return (f'the candidate stopped after {n} of {max_tokens} tokens (finish "stop") on token {tokens[-1]}, {what}: '
+            f"{span}, where the reference may have gone on, not judged")
+
+
 def unjudged(first: int, end: int, why: str) -> Cascade:
     """A cascade none of whose later positions could be judged (no re-scoring, a failed one)."""
     return Cascade(first=first, end=end, unverified_from=first + 1 if end > first + 1 else None, why=why)

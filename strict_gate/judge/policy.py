@@ -19,13 +19,15 @@ Only near-tie accepts a near-tie; auto and distributional accept a divergence on
 exact copy of a reference sample, so no rule passes a token after a flip unjudged. A near-tie
 prompt whose later positions could not all be judged (no re-scoring: diagnose = false, a stored
 reference without [rescorer], a failed rescorer, fewer steps scored) is unverified: never a
-pass, counted with the incomplete verdicts (exit 3) unless another prompt fails.
+pass, counted with the incomplete verdicts (exit 3) unless another prompt fails. So is one whose
+candidate stopped early (finish "stop", fewer than max_tokens tokens) on an id not known to end a
+sequence (cascade.stop_problem): the positions it never generated are not judged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from strict_gate.errors import ConfigError, ExitCode
@@ -120,19 +122,21 @@ def apply_policy(
     run_problems: tuple[str, ...] = (),
     later: Mapping[str, Cascade] | None = None,
     diagnoses: Mapping[str, Diagnosis] | None = None,
+    stops: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Judge a comparison. run_problems (an arm that failed or stopped early) force incomplete:
     a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge.
     `later`: each diverged prompt's later positions judged (cross_check); a near-tie without
     one, with positions after its flip, is unverified. `diagnoses` (the reference's re-scoring)
-    is what policy near-tie-reference-only judges by."""
+    is what policy near-tie-reference-only judges by. `stops`: why a prompt's early stop is not
+    judged (cascade.stop_problem); a near-tie with one is unverified."""
     policy = check_policy(policy)
     if policy == Policy.DISTRIBUTIONAL:
         _require_samples(comparison, reference)
-    later = later or {}
+    later, stops = later or {}, stops or {}
     verdicts = tuple(
-        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, later.get(pc.id),
-                        (diagnoses or {}).get(pc.id), comparison.band)
+        _stopped(_prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, later.get(pc.id),
+                                 (diagnoses or {}).get(pc.id), comparison.band), pc, stops.get(pc.id))
         for pc in comparison.prompts
     )
     notes = _auto_notes(comparison, verdicts, reference) if policy == Policy.AUTO else ()
@@ -140,6 +144,15 @@ def apply_policy(
         notes = (f"policy {policy}: {ONE_SIDED}",)
     verdict, reasons = _outcome(comparison, verdicts, policy, run_problems)
     return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
+
+
+def _stopped(v: PromptVerdict, pc: PromptComparison, stop: str | None) -> PromptVerdict:
+    """A diverged prompt that passed, whose candidate then stopped early on an id not known to
+    end a sequence: what it did not generate is unjudged, so it is unverified, never a pass."""
+    if not v.passed or stop is None or v.rule not in (Policy.NEAR_TIE, Policy.NEAR_TIE_REFERENCE_ONLY) \
+            or pc.status not in (Status.NEAR_TIE, Status.DIVERGENT):
+        return v
+    return replace(v, passed=False, unverified=True, reason=f"unverified: {v.reason}; {stop}")
 
 
 def _require_samples(comparison: Comparison, reference: Mapping[str, Record]) -> None:
