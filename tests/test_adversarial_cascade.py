@@ -34,6 +34,7 @@ from strict_gate.report.show import show
 from strict_gate.runs.records import Record, ScoredStep
 
 ENGINE = Path(__file__).parent / "engines" / "cascade_engine.py"
+BUNDLED = Path(__file__).parent.parent / "strict_gate" / "models" / "tiny-llama"
 
 MAX_TOKENS = 8
 PROMPTS = {"p0": [1, 2, 3], "p1": [4, 5, 6, 7]}
@@ -238,6 +239,55 @@ def test_a_flip_then_a_real_eos_passes_only_where_the_eos_is_known(tmp_path, mon
     p = _prompt(report)
     assert p["status"] == "near_tie" and p["diagnosis"]["later"]["judged"] == 3
     assert ("no end-of-sequence id" in p["reason"]) == (eos is None)
+
+
+@pytest.mark.parametrize("spelled", ["cascade_engine.py", "./cascade_engine.py"])
+def test_a_rescorer_that_is_the_candidate_itself_is_refused(tmp_path, monkeypatch, spelled):
+    """A stored reference and a [rescorer] that is the candidate's own command (however its path
+    is spelled): re-scored by itself, the candidate's garbage after a flip is each time its own
+    argmax, so it would vouch for itself. Refused before any engine starts: exit 2, naming it."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")  # a live gate first: its reference run
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.rmtree("reports")
+    hostile = ["--flip", "2", "--garbage"]
+    _setup(tmp_path, monkeypatch, *hostile, reference={"kind": "recorded", "path": "ref-run"},
+           rescorer={"kind": "command", "command": ["python", spelled, "candidate", *hostile]})
+    r = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    assert r.exit_code == 2, r.output  # before: exit 0, "5/5 later position(s) judged, 0 later flip(s)"
+    flat = " ".join(r.output.split())
+    assert "gate.toml" in flat and "[rescorer] is the candidate itself: the same command line" in flat
+    assert not Path("reports").exists() or not any(Path("reports").iterdir())
+
+
+def test_a_rescorer_on_the_candidates_model_files_is_refused(tmp_path, monkeypatch):
+    """The same engine kind on a copy of the candidate's model files (one digest) in its dtype is
+    the candidate too, under another path; refused before any model loads (exit 2)."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.copytree(BUNDLED, "copy-of-the-model")
+    hf = {"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"}
+    _setup(tmp_path, monkeypatch, reference={"kind": "recorded", "path": "ref-run"}, candidate=hf,
+           rescorer=hf | {"model": "copy-of-the-model"})
+    r = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    assert "the same model files (sha256-files:" in r.output and "engine kind (hf) and dtype (float32)" in r.output
+
+
+def test_diagnose_refuses_a_rescorer_that_is_the_candidate(tmp_path, monkeypatch):
+    """`strict-gate diagnose REPORT_DIR` of a gate whose gate.toml now names the candidate as its
+    [rescorer] is refused the same way (exit 2), its report left as it was."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.rmtree("reports")
+    hostile = ["--flip", "2", "--garbage"]
+    code, out, d, before = _gate(tmp_path, monkeypatch, *hostile, reference={"kind": "recorded", "path": "ref-run"})
+    assert code == 3, out  # no re-scoring: unverified
+    table = '\n[rescorer]\nkind = "command"\ncommand = ["python", "cascade_engine.py", "candidate", "--flip", "2", "--garbage"]\n'
+    (d / "gate.toml").write_text((d / "gate.toml").read_text() + table)
+    r = CliRunner().invoke(app, ["diagnose", str(d)], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    assert "is the candidate itself" in " ".join(r.output.split())
+    assert json.loads((d / "report.json").read_text())["verdict"] == before["verdict"] == "incomplete"
 
 
 # ------------------------------------------------------------- property (library path)
