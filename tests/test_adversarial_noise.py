@@ -176,3 +176,114 @@ def test_a_profile_with_a_field_this_version_does_not_know_is_refused(here):
     gate(here, band="measured")
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "malformed" in r.output and "trust_me" in r.output
+
+
+# ---- issue 36: a profile of another engine, or resealed to widen the band, names the field it breaks
+
+
+def _resealed(path, edit) -> None:
+    """The profile edited by a tool that knows the seal and keeps every figure adding up
+    (noise/profile.py's sealed(): the largest gaps recomputed from the flips)."""
+    import msgspec
+
+    from strict_gate.noise.profile import NoiseProfile, write_profile
+
+    raw = json.loads(path.read_text())
+    edit(raw)
+    for v in raw["variations"]:  # each variation's counts, from its (edited) flips
+        flips = [f for f in raw["self_flips"] if f["variation"] == v["name"]]
+        known = [f["gap"] for f in flips if f["gap"] is not None]
+        v["largest_gap"] = max(known) if known else None
+    write_profile(msgspec.convert(raw, NoiseProfile), path)
+
+
+def _band(here) -> float:
+    (d,) = (here / "gates" / "reports").iterdir()
+    return json.loads((d / "report.json").read_text())["band"]
+
+
+def test_a_profile_of_another_engine_is_refused(here):
+    """The same model, dtype and battery, measured by another engine kind (transformers' noise is
+    not vLLM's): refused, naming provenance.engine."""
+    path = _profiled(here)
+    _resealed(path, lambda raw: raw["provenance"].update(engine="hf"))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, the gate ran on it
+    assert "provenance.engine" in r.output and "'hf'" in r.output and "'vllm'" in r.output
+
+
+def test_a_profile_counting_a_second_build_as_its_own_noise_is_refused(here):
+    """A second build (bf16) marked same_build: its flips (gaps up to ~1 nat) would set the band."""
+    path = _profiled(here, f"baselines/{BF16}")
+    build = next(i for i, v in enumerate(json.loads(path.read_text())["variations"]) if v["kind"] == "second_build")
+    _resealed(path, lambda raw: raw["variations"][build].update(same_build=True))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, the bf16 build's flips in the band
+    assert f"variations[{build}].same_build" in r.output and "second_build" in r.output
+
+
+def test_a_profile_without_its_baselines_sha256_is_refused(here):
+    """baseline_sha256 set to null hides a re-captured baseline: a recorded reference's profile
+    must name the records it was measured on."""
+    path = _profiled(here)
+    _resealed(path, lambda raw: raw["provenance"].update(baseline_sha256=None))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted
+    assert "provenance.baseline_sha256" in r.output
+
+
+def test_a_self_flip_whose_gap_its_logprobs_contradict_is_refused(here):
+    """A self-flip's gap widened (2 nats) without its logprobs: the two disagree."""
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+
+    def widen(raw):
+        f = raw["self_flips"][0]
+        f["gaps"], f["gap"] = [2.0, f["gaps"][1]], 2.0
+    _resealed(path, widen)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, band 2.0
+    assert "self_flips[0].gaps" in r.output and "logprobs" in r.output
+
+
+def test_a_k_run_flip_the_baseline_does_not_hold_is_refused(here):
+    """The K-run flips are the baseline's own samples, re-derived from its records: one widened
+    with its gap and logprobs in step is not what the baseline holds."""
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+
+    def widen(raw):
+        f = raw["self_flips"][0]
+        f["logprobs"] = [f["logprobs"][0], f["logprobs"][0] - 2.0]
+        f["gaps"], f["gap"] = [2.0, None], 2.0
+    _resealed(path, widen)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, band 2.0
+    assert "variations[0] (runs-5)" in r.output and "are not what the baseline's records hold" in r.output
+
+
+def test_a_profile_measured_over_more_tokens_than_the_gate_judges_is_refused(here):
+    """max_tokens 16 in the profile, 8 in the gate: its flips past position 8 would set the band."""
+    _profiled(here)
+    gate(here, band="measured", max_tokens=8)
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output
+    assert "provenance.max_tokens" in r.output
+
+
+def test_a_field_refused_is_named_for_model_dtype_and_battery(here):
+    """The refusals that were there name their field too."""
+    _profiled(here)
+    gate(here, reference=BF16, candidate=FP32, band="measured", noise={"profile": f"../baselines/{FP32}/noise.json"})
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "provenance.dtype" in r.output and "provenance.model_digest" not in r.output
+    lines = (here / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)
+    (here / "prompts" / "small.jsonl").write_text("".join(lines[:16]))
+    gate(here, band="measured", prompts="../prompts/small.jsonl")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "provenance.battery.sha256" in r.output

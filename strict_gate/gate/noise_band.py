@@ -17,10 +17,11 @@ from strict_gate.core.files import file_sha256
 from strict_gate.core.model_files import model_digest, resolve_model
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
+from strict_gate.noise.flips import sample_flip_problems
 from strict_gate.noise.profile import PROFILE_NAME, NoiseProfile, load_profile
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import load_prompts
-from strict_gate.runs.reader import read_manifest
+from strict_gate.runs.reader import load_run, read_manifest
 
 
 def shown(path: Path) -> str:
@@ -46,12 +47,13 @@ def arm_facts(arm: Any) -> ArmFacts:
     base = baseline_dir(arm)
     model = getattr(arm.options, "model", None)
     dtype = getattr(arm.options, "dtype", None)
-    sha = None
+    sha, engine = None, arm.kind
     if base is not None:
         manifest = read_manifest(base)
         dtype = manifest.engine.options.get("dtype")
         model = model or manifest.engine.model
         sha = file_sha256(RunDir(base).records)
+        engine = manifest.engine.kind
     digest = None
     if isinstance(model, str):
         try:
@@ -59,7 +61,8 @@ def arm_facts(arm: Any) -> ArmFacts:
         except ConfigError:
             digest = None
     return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
-                    model_digest=digest, baseline=None if base is None else str(base), baseline_sha256=sha)
+                    model_digest=digest, baseline=None if base is None else str(base), baseline_sha256=sha,
+                    engine=engine)
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,11 @@ class NoiseSetting:
 
 
 def noise_setting(band: float | str, table: dict | None, reference: Any, prompts: Path, *, path: str,
-                  line_of) -> NoiseSetting | None:
+                  line_of, max_tokens: int | None = None) -> NoiseSetting | None:
     """None when the gate neither has [noise] nor asks for a measured band; else the profile,
-    checked to fit the reference and the battery (exit 2 naming the profile when it does not)."""
+    checked to fit the reference, the battery and the gate's max_tokens, and for a recorded
+    reference its K-run flips re-derived from the baseline (exit 2 naming the profile and the
+    field when it does not)."""
     if table is None and band != MEASURED:
         return None
     from strict_gate.core.options import parse_options
@@ -85,7 +90,10 @@ def noise_setting(band: float | str, table: dict | None, reference: Any, prompts
         profile = load_profile(profile_path)
     except InputError as e:
         raise ConfigError(f"[noise] {e}", path=path, line=line_of("profile") or line_of("band")) from None
-    problems = fit_problems(profile, arm_facts(reference), load_prompts(prompts).sha256)
+    problems = fit_problems(profile, arm_facts(reference), load_prompts(prompts).sha256, max_tokens)
+    base = baseline_dir(reference)
+    if not problems and base is not None:
+        problems = sample_flip_problems(profile, load_run(base).records)
     if problems:
         raise ConfigError(f"the noise profile {profile_path} does not fit this gate: {'; '.join(problems)}",
                           path=path, line=line_of("profile") or line_of("band"))
