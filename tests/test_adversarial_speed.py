@@ -219,3 +219,27 @@ def test_all_equal_samples_are_not_certainty():
     assert "samples tie" in reason and "runs per arm would separate" not in reason
     i = ratio_interval([0.5] * 5, [0.5] * 5)
     assert i is not None and i.tied and not i.reached
+
+
+# ---------------------------------------------------------------------------- issue 36: a near-tie, then what?
+
+
+def test_timed_tokens_after_a_near_tie_flip_are_not_verified(tmp_path):
+    """Both arms see a 0.01-nat tie at position 1 of every timed reply; the candidate takes the
+    runner-up, then answers zeros to the end. The first divergence alone is a near-tie; the six
+    tokens after it nobody judged, so the rung is not verified and the speed not comparable."""
+    code, out, data = bench(tmp_path, arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"),
+                            arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
+    assert code == 4 and data["verdict"] == "not_comparable", out  # before: verified, a speed pass
+    check = data["rungs"][0]["token_check"]
+    assert check["verified"] is False
+    assert "near_tie at position 1" in data["speed_verdict"]["reasons"][0]
+    assert "positions 2-7 after the flip not judged" in data["speed_verdict"]["reasons"][0]
+
+
+def test_timed_tokens_with_a_tie_the_candidate_does_not_flip_verify(tmp_path):
+    """The control: the same tie on both arms, neither flips it: verified."""
+    code, out, data = bench(tmp_path, arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"),
+                            arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"), 'rungs = ["8/8"]')
+    assert data["rungs"][0]["token_check"]["verified"] is True, out

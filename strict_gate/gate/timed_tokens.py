@@ -11,9 +11,11 @@ greedy tolerance, so that no figure is the speed of tokens nobody verified:
   without gate records: `strict-gate bench`, a recorded reference's stand-in) against the
   other arm's reply to the very same request, over their common length.
 
-A reply verifies when it matches or first diverges at a near-tie; anything else (a choice
-that is not its own argmax, a divergence beyond a near-tie, other prompt ids) leaves the
-rung unverified, and the speed verdict not comparable (speed.verdict.judge_speed).
+A reply verifies when it matches, or first diverges at a near-tie at its last compared token;
+a near-tie with tokens after it leaves those unjudged (the speed arm does not re-score, as the
+gate does), and so does anything else (a choice that is not its own argmax, a divergence beyond
+a near-tie, other prompt ids): the rung is unverified, and the speed verdict not comparable
+(speed.verdict.judge_speed).
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def _disagreement(first: Record, second: Record, rules: TokenRules, decode: Deco
         return None
     n = min(len(first.token_ids), len(second.token_ids))
     c = compare_prompt(first.id, _head(first, n), _head(second, n), rules.band, rules.greedy_tolerance)
+    d = c.first_divergence
+    if c.status == Status.NEAR_TIE and d is not None and d.position + 1 < n:
+        span = f"position {n - 1}" if d.position + 2 == n else f"positions {d.position + 1}-{n - 1}"
+        return (f"near_tie at position {d.position} ({d.reason}); {span} after the flip not judged: the speed arm "
+                "does not re-score, so the tokens it timed after a flip are unverified")
     if c.status in AGREE:
         return None
-    d = c.first_divergence
     return f"{c.status} at position {d.position} ({d.reason})" if d is not None else f"{c.status} ({c.detail})"
 
 
