@@ -17,8 +17,8 @@ unjudged make it incomplete.
 A speculative variant is exact: under a strict or near-tie policy any token it changes fails it,
 a flipped near-tie too (verification recomputes the very logits the plain run chose from; a
 near-tie that flips says its verify pass sums in another order, worth seeing). Its acceptance
-counts ride along; counts that say it drafted nothing make it incomplete (speculation was never
-exercised), counts that are absent leave acceptance unknown.
+counts ride along; counts that say it drafted nothing, or no counts at all, make it incomplete
+(speculation was never shown to run: a plain run is lossless too).
 """
 
 from __future__ import annotations
@@ -190,8 +190,12 @@ def _fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
 
 
 def _acceptance_problem(name: str, acc: Acceptance | None) -> str | None:
-    """Counts that say nothing was drafted: speculation was never exercised, nothing is proven."""
-    if acc is None or acc.drafted > 0 or (acc.replies == 0 and acc.drafts is None):
+    """Counts that say nothing was drafted, or no counts at all: speculation was never shown to
+    run, so nothing is proven about it."""
+    if acc is None or (acc.replies == 0 and acc.drafts is None):
+        return (f"{name}: no reply carried acceptance counts and the engine keeps none: whether it speculated at "
+                "all is unknown (a plain run is lossless too), so the run proves nothing about speculation")
+    if acc.drafted > 0:
         return None
     return (f"{name}: the engine drafted no token over the whole run (its counts say drafted 0): speculation "
             "was not exercised, so the run proves nothing about it")
