@@ -290,6 +290,30 @@ def test_diagnose_refuses_a_rescorer_that_is_the_candidate(tmp_path, monkeypatch
     assert json.loads((d / "report.json").read_text())["verdict"] == before["verdict"] == "incomplete"
 
 
+def test_a_negative_decode_gap_within_the_greedy_tolerance_is_a_tie_said_as_one(tmp_path, monkeypatch):
+    """At its flip the candidate's decode ranks the reference's token 0.0005 nats above its own
+    choice, within the greedy tolerance (1e-3) the gate accepted it as greedy by; its prefill
+    says the same. Its words must not call the choice "not its own argmax" (the greedy check
+    says it is), nor a prefill/decode disagreement (both paths agree): a near-tie by size, with
+    the tolerance named."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--lean", "2")
+    assert code == 0, out  # before: exit 1, "candidate gap -0.0005 < 0: ... not its own argmax"
+    p = _prompt(report)
+    fd = p["first_divergence"]
+    assert p["status"] == "near_tie" and fd["candidate_gap"] == pytest.approx(-0.0005)
+    for words in ("not its own argmax", "prefill/decode disagreement", "[0, band"):
+        assert words not in fd["reason"], fd["reason"]
+    assert "within the greedy tolerance 0.001" in fd["reason"]
+    assert "not its own argmax" not in (d / "report.md").read_text()
+
+
+def test_a_negative_decode_gap_beyond_the_greedy_tolerance_is_not_greedy(tmp_path, monkeypatch):
+    """The same lean with a greedy tolerance of 1e-4: the greedy check fails it, and says so."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--lean", "2", greedy_tolerance=1e-4)
+    assert code == 1, out
+    assert _prompt(report)["status"] == "not_greedy"
+
+
 # ------------------------------------------------------------- property (library path)
 
 

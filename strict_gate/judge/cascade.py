@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from strict_gate.judge.compare import Divergence, PromptComparison, Rescored, Status, classify, side_problem
+from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.records import ScoredStep, TopK
 
 NAMED_POSITIONS = 20  # later near-ties and divergences kept per prompt (the counts are whole)
@@ -208,7 +209,7 @@ def _candidate_side(j: int, token: int, argmax: int, cand: CandidateView) -> tup
     return decode, top, Rescored(st - sa)
 
 
-def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> LaterPosition:
+def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None, tolerance: float) -> LaterPosition:
     """One later position that is not the reference's argmax: a near-tie or divergent, by classify."""
     ref = (Rescored(sp.gap) if sp.gap is not None
            else Rescored(None, "the candidate's token is outside the reference's top-k on re-scoring", refutes=True))
@@ -220,7 +221,8 @@ def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> Later
     decode, top, rescored = _candidate_side(sp.position, sp.token, sp.reference_argmax, cand)
     d = Divergence(position=sp.position, reference_token=sp.reference_argmax, candidate_token=sp.token,
                    reference_gap=None, candidate_gap=decode, reference_margin=None, reason="",
-                   reference_top=None, candidate_top=top, reference_rescored=ref, candidate_rescored=rescored)
+                   reference_top=None, candidate_top=top, reference_rescored=ref, candidate_rescored=rescored,
+                   greedy_tolerance=tolerance)
     status, reason = classify(d, band)
     kind = Later.NEAR_TIE if status == Status.NEAR_TIE else Later.DIVERGENT
     return LaterPosition(sp.position, sp.token, sp.reference_argmax, sp.gap, decode, rescored.gap, kind, reason)
@@ -228,10 +230,11 @@ def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> Later
 
 def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band: float, *,
                 candidate: CandidateView | None, why_short: str = "the reference scored no further",
-                one_sided: bool = False) -> Cascade:
+                one_sided: bool = False, greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> Cascade:
     """Judge candidate positions first+1 .. end-1 from the reference's re-scored positions
     (`reference`, any order; positions it lacks are unverified because of `why_short`) and the
-    candidate's view of its own prefix (ignored when one_sided)."""
+    candidate's view of its own prefix (ignored when one_sided; a decode gap down to
+    -greedy_tolerance is a greedy choice, a tie by its size)."""
     by_pos = {sp.position: sp for sp in reference}
     flips: list[LaterPosition] = []
     divergent: list[LaterPosition] = []
@@ -248,7 +251,7 @@ def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band:
             worst = sp.gap if worst is None else max(worst, sp.gap)
         if sp.token == sp.reference_argmax:
             continue
-        lp = _judge(sp, band, cand)
+        lp = _judge(sp, band, cand, greedy_tolerance)
         (flips if lp.kind == Later.NEAR_TIE else divergent).append(lp)
     pd = tuple(p.position for p in (*flips, *divergent) if p.candidate_rescored is not None and p.candidate_rescored < 0)
     note = None

@@ -14,6 +14,8 @@ ROLE `reference` decodes the model greedily. ROLE `candidate` decodes it too, ex
   --score-refuses  it declares `score` and answers every score request with an error
   --prefill-disagrees  its score op (prefill) ranks the reference's argmax 0.03 nats above its
                    own token at each flip, where its decode chose its own: a negative re-scored gap
+  --lean J         at its flip J its decode lists the reference's argmax 0.0005 nats above its own
+                   token (a greedy choice within the gate's 1e-3 tolerance), and so does its score op
   --stop J         it stops after position J (finish "stop") on the model's argmax there, an
                    ordinary token, not an end-of-sequence id: an early stop nothing judged
 Both roles take --eos-at J: the model's argmax at generated position J is the end-of-sequence
@@ -56,6 +58,8 @@ def candidate_top(prefix: list[int], j: int, a: argparse.Namespace, flipped: boo
         chosen = top[2][0]
     else:
         return top
+    if j in a.lean:
+        return [(argmax, -0.0995), (chosen, -0.1)] + [(t + 1000, -8.0 - i) for i, (t, _) in enumerate(top[:3])]
     claimed = [(chosen, -0.1)] + ([] if j == a.hide_argmax else [(argmax, -0.1 - TIE)])
     return claimed + [(t + 1000, -8.0 - i) for i, (t, _) in enumerate(top[:5 - len(claimed)])]
 
@@ -76,7 +80,7 @@ def generate(req: dict, a: argparse.Namespace) -> dict:
     prompt, tokens, tops = list(req["prompt_token_ids"]), [], []
     for j in range(req["max_tokens"]):
         top = view(prompt, tokens, j, a)[: max(1, req.get("top_logprobs", 5))]
-        tokens.append(top[0][0])
+        tokens.append(top[1][0] if a.role == "candidate" and j in a.lean else top[0][0])
         tops.append([list(p) for p in top])
         if tokens[-1] == EOS or j == a.stop:
             break
@@ -106,6 +110,7 @@ def main() -> None:
     ap.add_argument("--score-refuses", action="store_true")
     ap.add_argument("--prefill-disagrees", action="store_true")
     ap.add_argument("--stop", type=int, default=None)
+    ap.add_argument("--lean", type=int, action="append", default=[])
     ap.add_argument("--eos-at", type=int, action="append", default=[])
     a = ap.parse_args()
     EOS_AT.update(a.eos_at)
