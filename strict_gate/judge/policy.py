@@ -1,6 +1,7 @@
 """Pass/fail policies. The policy is explicit in every report and cannot pass vacuously.
 
-strict          every prompt matches token for token
+strict          every prompt matches token for token (a text-only server's equal text is not
+                enough where it re-tokenises to other ids or its usage counts others)
 near-tie        every prompt matches, or diverges at a near-tie (both gaps within the band)
                 after which EVERY later candidate token, judged on the candidate's own prefix
                 (judge/cascade.py), is the reference's argmax there or a further near-tie
@@ -35,6 +36,7 @@ from strict_gate.judge.cascade import Cascade, Later
 from strict_gate.judge.compare import UNCOMPARED, Comparison, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.one_sided import reference_only
+from strict_gate.judge.text_only import strict_problem
 from strict_gate.runs.records import Record
 
 
@@ -186,6 +188,9 @@ def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, 
     if rule == Policy.DISTRIBUTIONAL:
         return _distributional(pc, rule, reference[pc.id], candidate[pc.id])
     if pc.status == Status.MATCH:
+        loose = strict_problem(reference[pc.id], candidate[pc.id]) if rule == Policy.STRICT else None
+        if loose is not None:
+            return PromptVerdict(pc.id, False, rule, loose)
         return PromptVerdict(pc.id, True, rule, f"exact match ({pc.detail})" if pc.detail else "exact match")
     if rule == Policy.NEAR_TIE_REFERENCE_ONLY and pc.status in (Status.DIVERGENT, Status.NEAR_TIE):
         passed, why = reference_only(pc, dg, band)
