@@ -287,3 +287,45 @@ def test_a_field_refused_is_named_for_model_dtype_and_battery(here):
     gate(here, band="measured", prompts="../prompts/small.jsonl")
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "provenance.battery.sha256" in r.output
+
+
+# ---- issue 36: `compare` takes the profile as a gate does, and refuses what a gate refuses
+
+
+def test_compare_judges_against_a_noise_profile_and_its_measured_band(here):
+    """Two stored runs and the reference's profile, relative paths from the user's directory:
+    band = "measured" is the profile's rule, and the report places each flip against it."""
+    plant_self_flip(here / "baselines" / FP32)
+    _profiled(here)
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--policy", "near-tie", "--band", "measured",
+            "--noise", f"baselines/{FP32}/noise.json", "--noise-floor", "0.05", "--out", "cmp")
+    assert r.exit_code in (1, 3), r.output  # before: exit 2, "No such option: --noise"
+    report = json.loads((here / "cmp" / "report.json").read_text())
+    rule = report["noise"]["band_rule"]
+    assert rule.startswith("band = max(floor 0.05 nats, largest self-flip gap") and report["band"] == pytest.approx(
+        max(0.05, report["noise"]["largest_self_flip_gap"] or 0.0))
+    assert "band = max(floor 0.05 nats" in (here / "cmp" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda raw: raw["provenance"].update(dtype="bfloat16"), "provenance.dtype"),
+    (lambda raw: raw["provenance"].update(engine="hf"), "provenance.engine"),
+])
+def test_compare_refuses_a_profile_that_does_not_fit_the_reference_run(here, edit, field):
+    path = _profiled(here)
+    _resealed(path, edit)
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured", "--noise", str(
+        path.relative_to(here)))
+    assert r.exit_code == 2 and field in r.output and "noise.json" in r.output, r.output
+
+
+def test_compare_refuses_a_measured_band_without_a_profile_and_an_edited_one(here):
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured")
+    assert r.exit_code == 2 and "give --noise PROFILE" in r.output, r.output
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["largest_self_flip_gap"] = 2.0
+    path.write_text(json.dumps(raw))
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured", "--noise",
+            f"baselines/{FP32}/noise.json")
+    assert r.exit_code == 2 and "edited after it was measured" in r.output, r.output

@@ -45,24 +45,31 @@ def baseline_dir(arm: Any) -> Path | None:
 def arm_facts(arm: Any) -> ArmFacts:
     """An ArmConfig's dtype, model and model digest; a recorded arm's from its baseline's manifest."""
     base = baseline_dir(arm)
-    model = getattr(arm.options, "model", None)
-    dtype = getattr(arm.options, "dtype", None)
-    sha, engine = None, arm.kind
     if base is not None:
-        manifest = read_manifest(base)
-        dtype = manifest.engine.options.get("dtype")
-        model = model or manifest.engine.model
-        sha = file_sha256(RunDir(base).records)
-        engine = manifest.engine.kind
-    digest = None
-    if isinstance(model, str):
-        try:
-            digest = model_digest(resolve_model(model, Path(arm.base_dir)))
-        except ConfigError:
-            digest = None
+        return baseline_facts(base, getattr(arm.options, "model", None), Path(arm.base_dir))
+    model, dtype = getattr(arm.options, "model", None), getattr(arm.options, "dtype", None)
     return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
-                    model_digest=digest, baseline=None if base is None else str(base), baseline_sha256=sha,
-                    engine=engine)
+                    model_digest=_digest(model, Path(arm.base_dir)), engine=arm.kind)
+
+
+def baseline_facts(base: Path, model: str | None, base_dir: Path) -> ArmFacts:
+    """A stored run's dtype, engine and records' sha256 from its manifest; its model (`model`, else
+    the manifest's) digested where it resolves on this machine."""
+    manifest = read_manifest(base)
+    dtype = manifest.engine.options.get("dtype")
+    model = model or manifest.engine.model
+    return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
+                    model_digest=_digest(model, base_dir), baseline=str(base),
+                    baseline_sha256=file_sha256(RunDir(base).records), engine=manifest.engine.kind)
+
+
+def _digest(model: object, base_dir: Path) -> str | None:
+    if not isinstance(model, str):
+        return None
+    try:
+        return model_digest(resolve_model(model, base_dir))
+    except ConfigError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -136,3 +143,27 @@ def with_noise(result, setting: NoiseSetting | None):
         note = replace(note, notes=(*note.notes, f"band = \"measured\" would be {m.value:.4g} ({m.rule}); the band "
                                     f"given on the command line, {result.verdict.band:g}, judged instead"))
     return replace(result, noise=note)
+
+
+def stored_noise(profile_path: Path, reference: Path, *, measured: bool, floor: float = 0.0,
+                 ulps: float = 0.0) -> NoiseSetting:
+    """`strict-gate compare --noise PROFILE`: the profile checked against the stored reference
+    run as a gate checks it against a recorded reference (its battery, model digest, dtype,
+    engine, records and max_tokens; its K-run flips re-derived from the run), then its measured
+    band when asked for. Bad input (exit 2) names the profile and the field."""
+    from strict_gate.core.options import parse_options
+
+    where = str(profile_path)
+    keys = parse_options(NoiseKeys, {"floor": floor, "ulps": ulps}, where="compare --noise-floor/--noise-ulps",
+                         line_of=lambda _k: None)
+    profile = load_profile(profile_path)
+    manifest = read_manifest(reference)
+    battery = manifest.prompt_set.get("sha256")
+    problems = fit_problems(profile, baseline_facts(reference, None, Path(".")), battery if isinstance(battery, str)
+                            else "", manifest.sampling.max_tokens)
+    if not problems:
+        problems = sample_flip_problems(profile, load_run(reference, allow_incomplete=True).records)
+    if problems:
+        raise InputError(f"the noise profile does not fit the reference run {reference}: {'; '.join(problems)}",
+                         path=where)
+    return NoiseSetting(shown(profile_path), profile, measured_band(profile, keys, where) if measured else None)
