@@ -16,6 +16,7 @@ from strict_gate.core.model_files import (
     find_tokenizer_json,
     model_digest,
     model_max_context,
+    model_source,
     portable_model_ref,
     resolve_model,
 )
@@ -124,7 +125,8 @@ class HFEngine(Engine):
         return EngineInfo(
             kind=self.kind,
             model=self.options.model,
-            options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path)},
+            options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path),
+                                            "model_source": model_source(self.model_path)},
             env=self.env,
             versions=versions,
             tokenizer=portable_model_ref(self.options.model, self.model_path),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from strict_gate.core.files import file_sha256
-from strict_gate.core.model_files import model_digest, resolve_model
+from strict_gate.core.model_files import model_digest, model_digests, resolve_model
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
 from strict_gate.noise.flips import sample_flip_problems
@@ -49,7 +49,8 @@ def arm_facts(arm: Any) -> ArmFacts:
         return baseline_facts(base, getattr(arm.options, "model", None), Path(arm.base_dir))
     model, dtype = getattr(arm.options, "model", None), getattr(arm.options, "dtype", None)
     return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
-                    model_digest=_digest(model, Path(arm.base_dir)), engine=arm.kind)
+                    model_digest=_digest(model, Path(arm.base_dir)), engine=arm.kind,
+                    model_digests=_digests(model, Path(arm.base_dir)))
 
 
 def baseline_facts(base: Path, model: str | None, base_dir: Path) -> ArmFacts:
@@ -60,7 +61,8 @@ def baseline_facts(base: Path, model: str | None, base_dir: Path) -> ArmFacts:
     model = model or manifest.engine.model
     return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
                     model_digest=_digest(model, base_dir), baseline=str(base),
-                    baseline_sha256=file_sha256(RunDir(base).records), engine=manifest.engine.kind)
+                    baseline_sha256=file_sha256(RunDir(base).records), engine=manifest.engine.kind,
+                    model_digests=_digests(model, base_dir))
 
 
 def _digest(model: object, base_dir: Path) -> str | None:
@@ -70,6 +72,16 @@ def _digest(model: object, base_dir: Path) -> str | None:
         return model_digest(resolve_model(model, base_dir))
     except ConfigError:
         return None
+
+
+def _digests(model: object, base_dir: Path) -> frozenset[str]:
+    """Every form a profile may have recorded the model's digest in (an older whole-files one)."""
+    if not isinstance(model, str):
+        return frozenset()
+    try:
+        return model_digests(resolve_model(model, base_dir))
+    except ConfigError:
+        return frozenset()
 
 
 @dataclass(frozen=True)

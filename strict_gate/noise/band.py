@@ -62,6 +62,7 @@ class ArmFacts:
     baseline: str | None = None
     baseline_sha256: str | None = None
     engine: str | None = None  # the engine kind (a recorded reference's: its baseline's)
+    model_digests: frozenset[str] = frozenset()  # every form of its digest (core/model_files.model_digests)
 
 
 def fit_problems(profile: NoiseProfile, facts: ArmFacts, battery_sha256: str, max_tokens: int | None = None) -> list[str]:
@@ -75,7 +76,7 @@ def fit_problems(profile: NoiseProfile, facts: ArmFacts, battery_sha256: str, ma
     if facts.model_digest is None or p.model_digest is None:
         out.append("provenance.model_digest: the model digest of the profile or of the gate's reference is unknown, "
                    "so it cannot be checked to be the same model")
-    elif p.model_digest != facts.model_digest:
+    elif p.model_digest not in (facts.model_digests or {facts.model_digest}):
         out.append(f"provenance.model_digest: it profiles model {p.model!r} ({p.model_digest[:24]}...), and the gate's "
                    f"reference is {facts.model!r} ({facts.model_digest[:24]}...)")
     if facts.dtype is None or p.dtype != facts.dtype:
