@@ -82,11 +82,17 @@ def stop_ids(ref: Run, cand: Run) -> frozenset[int] | None:
     return None
 
 
-def stops_of(spec: GateSpec, ref: Run, cand: Run) -> dict[str, str]:
-    """Why each candidate record's early stop is not judged (cascade.stop_problem), by prompt."""
+def stops_of(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison) -> dict[str, str]:
+    """Why each diverged prompt's early stop is not judged (cascade.stop_problem), by prompt."""
     eos = stop_ids(ref, cand)
-    return {pid: why for pid, rec in cand.records.items() if rec.error is None
-            and (why := stop_problem(rec.token_ids, rec.finish_reason, spec.sampling.max_tokens, eos)) is not None}
+    out = {}
+    for pc in comparison.prompts:
+        rec = cand.records.get(pc.id) if pc.status in DIVERGED else None
+        why = None if rec is None or rec.error is not None else \
+            stop_problem(rec.token_ids, rec.finish_reason, spec.sampling.max_tokens, eos)
+        if why is not None:
+            out[pc.id] = why
+    return out
 
 
 def later_of(diagnoses: Mapping[str, Diagnosis]) -> dict[str, Cascade]:
@@ -136,7 +142,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if spec.policy.one_sided:
         diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
-                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand))
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -183,7 +189,7 @@ def judge_stored(spec: GateSpec, ref: Run, cand: Run, diagnoses: Mapping[str, Di
         return result
     comparison = stored_check(result.comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
-                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand))
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=dict(diagnoses), verdict=verdict)
 
 
@@ -204,5 +210,5 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
     if spec.policy.one_sided:
         diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
-                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand))
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)
