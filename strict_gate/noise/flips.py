@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from strict_gate.noise.profile import ExactTie, NoiseProfile, SelfFlip, Variation, largest
+from strict_gate.noise.profile import K_RUNS, ExactTie, NoiseProfile, SelfFlip, Variation, largest
 from strict_gate.noise.ulp import gap_ulps
 from strict_gate.runs.records import Record, ScoredStep, TopK
 
@@ -126,7 +126,7 @@ def sample_flip_problems(profile: NoiseProfile, records: Mapping[str, Record]) -
     the profile of this baseline (a flip widened by hand, resealed, included)."""
     out = []
     for i, v in enumerate(profile.variations):
-        if v.kind != "runs":
+        if v.kind != K_RUNS:
             continue
         sites, tally = sample_sites(records)
         want = [self_flip(s, v.name, profile.provenance.dtype) for s in sites]

@@ -170,6 +170,7 @@ def _refuse_constant(name: str) -> float:
 
 
 SECOND_BUILD = "second_build"  # the one kind of variation that is another oracle, not the reference's own noise
+K_RUNS = "runs"  # the variation read from a baseline's K captured runs
 GAP_EPS = 1e-9
 
 
