@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.judge.cascade import Cascade
 from strict_gate.judge.compare import Comparison, PromptComparison, Status, with_prompts
@@ -57,21 +59,26 @@ def _rescored(j: Judged, baseline: Run, run: Run, engine: Engine, k: int) -> Jud
 
 
 def judge_later_of(pending: list[tuple[Run, list[Run]]], build: Callable[[], Engine], band: float,
-                   k: int) -> list[list[Judged]]:
+                   k: int, log: Path) -> list[list[Judged]]:
     """Each variant's runs compared with its batch-1 run and, where a near-tie has tokens after
-    it, re-scored by a fresh engine of the arm (started only when one has)."""
+    it, re-scored by a fresh engine of the arm (started only when one has; its own output into
+    `log`)."""
     judged = [[compared(base, r, band) for r in runs] for base, runs in pending]
     if not any(needs_later(p) for js in judged for j in js for p in j.comparison.prompts):
         return judged
     engine = build()
-    try:
-        why = _unable(engine)
-        if why is not None:
-            return [[replace(j, unjudged=why) for j in js] for js in judged]
-        return [[_rescored(j, base, r, engine, k) for j, r in zip(js, runs)]
-                for js, (base, runs) in zip(judged, pending)]
-    finally:
-        engine.close()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if engine.writes_log:
+        engine.set_log_path(log)
+    with engine_log(log, engine.log_libraries):
+        try:
+            why = _unable(engine)
+            if why is not None:
+                return [[replace(j, unjudged=why) for j in js] for js in judged]
+            return [[_rescored(j, base, r, engine, k) for j, r in zip(js, runs)]
+                    for js, (base, runs) in zip(judged, pending)]
+        finally:
+            engine.close()
 
 
 def _unable(engine: Engine) -> str | None:

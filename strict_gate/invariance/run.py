@@ -107,21 +107,14 @@ class _Arm:
         near = [i for i, r in enumerate(self.pending) if not r.variant.exact] \
             if self.inv.policy == InvariancePolicy.NEAR_TIE else []
         judged = dict(zip(near, judge_later_of(
-            [(self.baseline, self.pending[i].runs) for i in near], lambda: self._logged(build()), self.band,
-            self.baseline.manifest.sampling.top_logprobs))) if near else {}
+            [(self.baseline, self.pending[i].runs) for i in near], build, self.band,
+            self.baseline.manifest.sampling.top_logprobs, self.out / "rescore" / "engine.log"))) if near else {}
         for i, r in enumerate(self.pending):
             v = r.variant
             self.results.append(judge_variant(v.name, self.arm, self.baseline, r.runs, policy=self.inv.policy,
                                               band=self.band, problems=r.problems, seconds=r.seconds,
                                               baseline_seconds=self.baseline_s, cause=CAUSES.get(v.kind, "batch"),
                                               exact=v.exact, acceptance=r.acceptance, judged=judged.get(i)))
-
-    def _logged(self, engine: Engine) -> Engine:
-        """The re-scoring engine, logging into <arm>/rescore/engine.log."""
-        if engine.writes_log:
-            (self.out / "rescore").mkdir(parents=True, exist_ok=True)
-            engine.set_log_path(self.out / "rescore" / "engine.log")
-        return engine
 
 
 @dataclass(frozen=True)
