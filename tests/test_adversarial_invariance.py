@@ -84,6 +84,7 @@ def test_a_near_tie_flip_passes_the_near_tie_policy_only(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     d = _variants(tmp_path)["batch-4"]["divergences"][0]
     assert d["label"] == "batch-variant near-tie" and "1/1 later position(s) judged" in d["reason"]
+    assert list((tmp_path / "out").glob("*/invariance/candidate/rescore/engine.log"))  # the re-scoring engine's log
 
 
 def test_a_near_tie_flip_then_garbage_fails_the_near_tie_policy(tmp_path):
