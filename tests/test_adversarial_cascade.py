@@ -34,20 +34,22 @@ from strict_gate.report.show import show
 from strict_gate.runs.records import Record, ScoredStep
 
 ENGINE = Path(__file__).parent / "engines" / "cascade_engine.py"
+BUNDLED = Path(__file__).parent.parent / "strict_gate" / "models" / "tiny-llama"
 
 MAX_TOKENS = 8
 PROMPTS = {"p0": [1, 2, 3], "p1": [4, 5, 6, 7]}
 
 
-def _setup(tmp_path: Path, monkeypatch, *cand_args: str, policy: str = "near-tie", **top) -> None:
+def _setup(tmp_path: Path, monkeypatch, *cand_args: str, policy: str = "near-tie", cand_opts=None, **top) -> None:
     monkeypatch.chdir(tmp_path)
     shutil.copy(ENGINE, "cascade_engine.py")
     Path("prompts.jsonl").write_text("".join(json.dumps({"id": i, "token_ids": t}) + "\n" for i, t in PROMPTS.items()))
     reference = top.pop("reference", {"kind": "command", "command": ["python", "cascade_engine.py", "reference"]})
+    candidate = top.pop("candidate", {"kind": "command", "command": ["python", "cascade_engine.py", "candidate",
+                                                                     *cand_args], **(cand_opts or {})})
     write_gate(Path("."), name="cascade", prompts="prompts.jsonl", max_tokens=MAX_TOKENS, top_logprobs=5,
                policy=policy, band=0.5, output_dir="reports", reference=reference,
-               candidate={"kind": "command", "command": ["python", "cascade_engine.py", "candidate", *cand_args]},
-               **top)
+               candidate=candidate, **top)
 
 
 def _gate(tmp_path: Path, monkeypatch, *cand_args: str, **kw) -> tuple[int, str, Path, dict]:
@@ -193,6 +195,123 @@ def test_a_negative_rescored_gap_is_named_and_never_called_within_zero_band(tmp_
     assert "[0, band" not in reason and "prefill/decode disagreement" in reason
     assert p["diagnosis"]["later"]["prefill_decode"] == [5]
     assert "[0, band" not in (d / "report.md").read_text().split("## Teacher-forced diagnosis")[1]
+
+
+@pytest.mark.parametrize("policy", ["near-tie", "near-tie-reference-only"])
+def test_a_candidate_that_stops_early_after_a_flip_is_never_a_pass(tmp_path, monkeypatch, policy):
+    """A flip at 2, the reference's argmax at 3 and 4, then "stop" after 4 on an ordinary token:
+    5 of 8 tokens, every one judged, but the stop itself is not (the gate knows no end-of-sequence
+    id), so positions 5-7, where the reference would have gone on, are unjudged: never a pass."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--stop", "4", policy=policy)
+    assert code == 3, out  # before: exit 0, "5/5 later position(s) judged" of a 5-token reply
+    p = _prompt(report)
+    assert p["outcome"] == "unverified" and not p["passed"]
+    assert "stopped after 5 of 8 tokens" in p["reason"] and "positions 5-7" in p["reason"]
+    assert report["verdict"] == "incomplete"
+    for name, body in _formats(d).items():
+        assert "stopped after 5 of 8 tokens" in " ".join(body.split()), name
+
+
+def test_a_stop_on_an_id_that_is_not_an_eos_is_never_a_pass(tmp_path, monkeypatch):
+    """The same early stop where the gate knows the end-of-sequence ids (eos_token_ids = [2]) from
+    a stored candidate run (the engine's reply check no longer sees it): never a pass."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2", "--stop", "4")
+    shutil.copytree(d / "candidate", "cand-run")
+    manifest = json.loads(Path("cand-run/manifest.json").read_text())
+    manifest["engine"]["options"]["eos_token_ids"] = [2]
+    Path("cand-run/manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree("reports")
+    code, out, d, report = _gate(tmp_path, monkeypatch, candidate={"kind": "recorded", "path": "cand-run"})
+    assert code == 3, out
+    assert "on token" in _prompt(report)["reason"] and "not an end-of-sequence id [2]" in _prompt(report)["reason"]
+
+
+@pytest.mark.parametrize("eos, code", [([2], 0), (None, 3)])
+def test_a_flip_then_a_real_eos_passes_only_where_the_eos_is_known(tmp_path, monkeypatch, eos, code):
+    """Both arms' model ends at position 5 (its argmax the EOS, 2): a flip at 2, then the
+    reference's argmax to the EOS, is a whole judgement with eos_token_ids = [2] (exit 0), and
+    without any known end-of-sequence id the stop is unjudged (exit 3)."""
+    opts = {"eos_token_ids": eos} if eos else {}
+    got, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--eos-at", "5", cand_opts=opts,
+                                reference={"kind": "command", "command": ["python", "cascade_engine.py",
+                                                                          "reference", "--eos-at", "5"]})
+    assert got == code, out
+    p = _prompt(report)
+    assert p["status"] == "near_tie" and p["diagnosis"]["later"]["judged"] == 3
+    assert ("no end-of-sequence id" in p["reason"]) == (eos is None)
+
+
+@pytest.mark.parametrize("spelled", ["cascade_engine.py", "./cascade_engine.py"])
+def test_a_rescorer_that_is_the_candidate_itself_is_refused(tmp_path, monkeypatch, spelled):
+    """A stored reference and a [rescorer] that is the candidate's own command (however its path
+    is spelled): re-scored by itself, the candidate's garbage after a flip is each time its own
+    argmax, so it would vouch for itself. Refused before any engine starts: exit 2, naming it."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")  # a live gate first: its reference run
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.rmtree("reports")
+    hostile = ["--flip", "2", "--garbage"]
+    _setup(tmp_path, monkeypatch, *hostile, reference={"kind": "recorded", "path": "ref-run"},
+           rescorer={"kind": "command", "command": ["python", spelled, "candidate", *hostile]})
+    r = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    assert r.exit_code == 2, r.output  # before: exit 0, "5/5 later position(s) judged, 0 later flip(s)"
+    flat = " ".join(r.output.split())
+    assert "gate.toml" in flat and "[rescorer] is the candidate itself: the same command line" in flat
+    assert not Path("reports").exists() or not any(Path("reports").iterdir())
+
+
+def test_a_rescorer_on_the_candidates_model_files_is_refused(tmp_path, monkeypatch):
+    """The same engine kind on a copy of the candidate's model files (one digest) in its dtype is
+    the candidate too, under another path; refused before any model loads (exit 2)."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.copytree(BUNDLED, "copy-of-the-model")
+    hf = {"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"}
+    _setup(tmp_path, monkeypatch, reference={"kind": "recorded", "path": "ref-run"}, candidate=hf,
+           rescorer=hf | {"model": "copy-of-the-model"})
+    r = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    assert "the same model files (sha256-files:" in r.output and "engine kind (hf) and dtype (float32)" in r.output
+
+
+def test_diagnose_refuses_a_rescorer_that_is_the_candidate(tmp_path, monkeypatch):
+    """`strict-gate diagnose REPORT_DIR` of a gate whose gate.toml now names the candidate as its
+    [rescorer] is refused the same way (exit 2), its report left as it was."""
+    code, out, d, _ = _gate(tmp_path, monkeypatch, "--flip", "2")
+    shutil.copytree(d / "reference", "ref-run")
+    shutil.rmtree("reports")
+    hostile = ["--flip", "2", "--garbage"]
+    code, out, d, before = _gate(tmp_path, monkeypatch, *hostile, reference={"kind": "recorded", "path": "ref-run"})
+    assert code == 3, out  # no re-scoring: unverified
+    table = '\n[rescorer]\nkind = "command"\ncommand = ["python", "cascade_engine.py", "candidate", "--flip", "2", "--garbage"]\n'
+    (d / "gate.toml").write_text((d / "gate.toml").read_text() + table)
+    r = CliRunner().invoke(app, ["diagnose", str(d)], terminal_width=200)
+    assert r.exit_code == 2, r.output
+    assert "is the candidate itself" in " ".join(r.output.split())
+    assert json.loads((d / "report.json").read_text())["verdict"] == before["verdict"] == "incomplete"
+
+
+def test_a_negative_decode_gap_within_the_greedy_tolerance_is_a_tie_said_as_one(tmp_path, monkeypatch):
+    """At its flip the candidate's decode ranks the reference's token 0.0005 nats above its own
+    choice, within the greedy tolerance (1e-3) the gate accepted it as greedy by; its prefill
+    says the same. Its words must not call the choice "not its own argmax" (the greedy check
+    says it is), nor a prefill/decode disagreement (both paths agree): a near-tie by size, with
+    the tolerance named."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--lean", "2")
+    assert code == 0, out  # before: exit 1, "candidate gap -0.0005 < 0: ... not its own argmax"
+    p = _prompt(report)
+    fd = p["first_divergence"]
+    assert p["status"] == "near_tie" and fd["candidate_gap"] == pytest.approx(-0.0005)
+    for words in ("not its own argmax", "prefill/decode disagreement", "[0, band"):
+        assert words not in fd["reason"], fd["reason"]
+    assert "within the greedy tolerance 0.001" in fd["reason"]
+    assert "not its own argmax" not in (d / "report.md").read_text()
+
+
+def test_a_negative_decode_gap_beyond_the_greedy_tolerance_is_not_greedy(tmp_path, monkeypatch):
+    """The same lean with a greedy tolerance of 1e-4: the greedy check fails it, and says so."""
+    code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--lean", "2", greedy_tolerance=1e-4)
+    assert code == 1, out
+    assert _prompt(report)["status"] == "not_greedy"
 
 
 # ------------------------------------------------------------- property (library path)

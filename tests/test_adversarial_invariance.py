@@ -79,10 +79,35 @@ def test_tokens_that_move_with_the_prefill_chunk_fail_naming_the_variant(tmp_pat
 
 
 def test_a_near_tie_flip_passes_the_near_tie_policy_only(tmp_path):
-    gate = _gate(tmp_path, "in_flight", {"batch": [4], "policy": "near-tie"}, extra=("--gap", "0.1"))
+    """A 0.1-nat flip at position 2 under requests in flight, then the batch-1 model's argmax on
+    the variant's own prefix: the arm's engine, restarted to re-score, judges both later tokens."""
+    gate = _gate(tmp_path, "in_flight", {"batch": [4], "policy": "near-tie"}, extra=("--gap", "0.1", "--score"))
     p = _cli("invariance", str(gate))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert _variants(tmp_path)["batch-4"]["divergences"][0]["label"] == "batch-variant near-tie"
+    d = _variants(tmp_path)["batch-4"]["divergences"][0]
+    assert d["label"] == "batch-variant near-tie" and "1/1 later position(s) judged" in d["reason"]
+    assert list((tmp_path / "out").glob("*/invariance/candidate/rescore/engine.log"))  # the re-scoring engine's log
+
+
+def test_a_near_tie_flip_then_garbage_fails_the_near_tie_policy(tmp_path):
+    """The same flip, then a token the batch-1 model ranks nowhere: the first divergence alone
+    is a near-tie, what follows it is not, and the variant fails (exit 5)."""
+    gate = _gate(tmp_path, "in_flight", {"batch": [4], "policy": "near-tie"},
+                 extra=("--gap", "0.1", "--score", "--garbage"))
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 5, p.stdout + p.stderr  # before: exit 0, judged at its first divergence only
+    v = _variants(tmp_path)["batch-4"]
+    assert v["verdict"] == "fail"
+    assert v["divergences"][0]["reason"].startswith("divergent after a near-tie: later position 3")
+
+
+def test_a_near_tie_flip_an_engine_cannot_rescore_is_incomplete(tmp_path):
+    """Without a score op nothing judges the tokens after the flip: never a pass (exit 3)."""
+    gate = _gate(tmp_path, "in_flight", {"batch": [4], "policy": "near-tie"}, extra=("--gap", "0.1"))
+    p = _cli("invariance", str(gate))
+    assert p.returncode == 3, p.stdout + p.stderr  # before: exit 0
+    v = _variants(tmp_path)["batch-4"]
+    assert v["verdict"] == "incomplete" and any("position 3 after the flip not judged" in x for x in v["problems"])
 
 
 def test_tokens_that_move_on_a_prefix_cache_hit_fail(tmp_path):

@@ -176,3 +176,156 @@ def test_a_profile_with_a_field_this_version_does_not_know_is_refused(here):
     gate(here, band="measured")
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "malformed" in r.output and "trust_me" in r.output
+
+
+# ---- issue 36: a profile of another engine, or resealed to widen the band, names the field it breaks
+
+
+def _resealed(path, edit) -> None:
+    """The profile edited by a tool that knows the seal and keeps every figure adding up
+    (noise/profile.py's sealed(): the largest gaps recomputed from the flips)."""
+    import msgspec
+
+    from strict_gate.noise.profile import NoiseProfile, write_profile
+
+    raw = json.loads(path.read_text())
+    edit(raw)
+    for v in raw["variations"]:  # each variation's counts, from its (edited) flips
+        flips = [f for f in raw["self_flips"] if f["variation"] == v["name"]]
+        known = [f["gap"] for f in flips if f["gap"] is not None]
+        v["largest_gap"] = max(known) if known else None
+    write_profile(msgspec.convert(raw, NoiseProfile), path)
+
+
+def _band(here) -> float:
+    (d,) = (here / "gates" / "reports").iterdir()
+    return json.loads((d / "report.json").read_text())["band"]
+
+
+def test_a_profile_of_another_engine_is_refused(here):
+    """The same model, dtype and battery, measured by another engine kind (transformers' noise is
+    not vLLM's): refused, naming provenance.engine."""
+    path = _profiled(here)
+    _resealed(path, lambda raw: raw["provenance"].update(engine="hf"))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, the gate ran on it
+    assert "provenance.engine" in r.output and "'hf'" in r.output and "'vllm'" in r.output
+
+
+def test_a_profile_counting_a_second_build_as_its_own_noise_is_refused(here):
+    """A second build (bf16) marked same_build: its flips (gaps up to ~1 nat) would set the band."""
+    path = _profiled(here, f"baselines/{BF16}")
+    build = next(i for i, v in enumerate(json.loads(path.read_text())["variations"]) if v["kind"] == "second_build")
+    _resealed(path, lambda raw: raw["variations"][build].update(same_build=True))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, the bf16 build's flips in the band
+    assert f"variations[{build}].same_build" in r.output and "second_build" in r.output
+
+
+def test_a_profile_without_its_baselines_sha256_is_refused(here):
+    """baseline_sha256 set to null hides a re-captured baseline: a recorded reference's profile
+    must name the records it was measured on."""
+    path = _profiled(here)
+    _resealed(path, lambda raw: raw["provenance"].update(baseline_sha256=None))
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted
+    assert "provenance.baseline_sha256" in r.output
+
+
+def test_a_self_flip_whose_gap_its_logprobs_contradict_is_refused(here):
+    """A self-flip's gap widened (2 nats) without its logprobs: the two disagree."""
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+
+    def widen(raw):
+        f = raw["self_flips"][0]
+        f["gaps"], f["gap"] = [2.0, f["gaps"][1]], 2.0
+    _resealed(path, widen)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, band 2.0
+    assert "self_flips[0].gaps" in r.output and "logprobs" in r.output
+
+
+def test_a_k_run_flip_the_baseline_does_not_hold_is_refused(here):
+    """The K-run flips are the baseline's own samples, re-derived from its records: one widened
+    with its gap and logprobs in step is not what the baseline holds."""
+    plant_self_flip(here / "baselines" / FP32)
+    path = _profiled(here)
+
+    def widen(raw):
+        f = raw["self_flips"][0]
+        f["logprobs"] = [f["logprobs"][0], f["logprobs"][0] - 2.0]
+        f["gaps"], f["gap"] = [2.0, None], 2.0
+    _resealed(path, widen)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output  # before: accepted, band 2.0
+    assert "variations[0] (runs-5)" in r.output and "are not what the baseline's records hold" in r.output
+
+
+def test_a_profile_measured_over_more_tokens_than_the_gate_judges_is_refused(here):
+    """max_tokens 16 in the profile, 8 in the gate: its flips past position 8 would set the band."""
+    _profiled(here)
+    gate(here, band="measured", max_tokens=8)
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output
+    assert "provenance.max_tokens" in r.output
+
+
+def test_a_field_refused_is_named_for_model_dtype_and_battery(here):
+    """The refusals that were there name their field too."""
+    _profiled(here)
+    gate(here, reference=BF16, candidate=FP32, band="measured", noise={"profile": f"../baselines/{FP32}/noise.json"})
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "provenance.dtype" in r.output and "provenance.model_digest" not in r.output
+    lines = (here / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)
+    (here / "prompts" / "small.jsonl").write_text("".join(lines[:16]))
+    gate(here, band="measured", prompts="../prompts/small.jsonl")
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "provenance.battery.sha256" in r.output
+
+
+# ---- issue 36: `compare` takes the profile as a gate does, and refuses what a gate refuses
+
+
+def test_compare_judges_against_a_noise_profile_and_its_measured_band(here):
+    """Two stored runs and the reference's profile, relative paths from the user's directory:
+    band = "measured" is the profile's rule, and the report places each flip against it."""
+    plant_self_flip(here / "baselines" / FP32)
+    _profiled(here)
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--policy", "near-tie", "--band", "measured",
+            "--noise", f"baselines/{FP32}/noise.json", "--noise-floor", "0.05", "--out", "cmp")
+    assert r.exit_code in (1, 3), r.output  # before: exit 2, "No such option: --noise"
+    report = json.loads((here / "cmp" / "report.json").read_text())
+    rule = report["noise"]["band_rule"]
+    assert rule.startswith("band = max(floor 0.05 nats, largest self-flip gap") and report["band"] == pytest.approx(
+        max(0.05, report["noise"]["largest_self_flip_gap"] or 0.0))
+    assert "band = max(floor 0.05 nats" in (here / "cmp" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda raw: raw["provenance"].update(dtype="bfloat16"), "provenance.dtype"),
+    (lambda raw: raw["provenance"].update(engine="hf"), "provenance.engine"),
+])
+def test_compare_refuses_a_profile_that_does_not_fit_the_reference_run(here, edit, field):
+    path = _profiled(here)
+    _resealed(path, edit)
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured", "--noise", str(
+        path.relative_to(here)))
+    assert r.exit_code == 2 and field in r.output and "noise.json" in r.output, r.output
+
+
+def test_compare_refuses_a_measured_band_without_a_profile_and_an_edited_one(here):
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured")
+    assert r.exit_code == 2 and "give --noise PROFILE" in r.output, r.output
+    path = _profiled(here)
+    raw = json.loads(path.read_text())
+    raw["largest_self_flip_gap"] = 2.0
+    path.write_text(json.dumps(raw))
+    r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured", "--noise",
+            f"baselines/{FP32}/noise.json")
+    assert r.exit_code == 2 and "edited after it was measured" in r.output, r.output

@@ -139,3 +139,93 @@ def test_resolution_refuses_rather_than_falls_back(cache, tmp_path):
     with pytest.raises(ConfigError):
         resolve_model(NAME, tmp_path)
     assert find_tokenizer_json(NAME, tmp_path) is None
+
+
+# ---- issue 36: one GGUF converted by two transformers releases is one model
+
+
+def reconverted(cache: Path, release: str, *, weights: bytes = bytes(range(256)) * 64, template: bool = False) -> Path:
+    """The stand-in conversion again, as another transformers release writes it: its config.json
+    stamped with that release, a chat_template.jinja where the release writes one."""
+    root = cache / "models" / "smollm2-135m"
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "transformers_version": release}))
+    (root / "tokenizer.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(weights)
+    if template:
+        (root / "chat_template.jinja").write_text("{{ messages }}")
+    m = rm.CATALOGUE["smollm2-135m"]
+    manifest = rm.Manifest(schema=rm.MANIFEST_SCHEMA, name=NAME, dtype="float32",
+                           source=rm.Source(package=m.package, version=m.version, file=m.file, sha256=m.file_sha256),
+                           converter={"transformers": release}, files=rm.file_entries(root))
+    (root / rm.MANIFEST).write_bytes(msgspec.json.encode(manifest))
+    rm._check.cache_clear()
+    return root
+
+
+def test_a_conversion_by_another_transformers_release_is_the_same_model(cache):
+    """The same GGUF through transformers 5.19 and 5.17: the files around the weights differ
+    (config.json's transformers_version, a chat template), the weights do not. One digest, the
+    source file's sha256 recorded; other weights are another digest."""
+    from strict_gate.core.model_files import model_digest
+
+    a = model_digest(reconverted(cache, "5.19.0"))
+    b_root = reconverted(cache, "5.17.0", template=True)
+    assert model_digest(b_root) == a  # before: two sha256-files digests
+    assert a.startswith("sha256-weights:")
+    from strict_gate.core.model_files import model_source
+
+    assert model_source(b_root) == "sha256:" + rm.CATALOGUE["smollm2-135m"].file_sha256
+    assert model_digest(reconverted(cache, "5.17.0", weights=bytes(255 - i for i in range(256)) * 64)) != a
+
+
+def test_a_baseline_is_not_stale_for_a_reconversion_of_its_file(cache):
+    """A baseline captured on the 5.19 conversion, read where 5.17 converted the same file: not
+    stale; one captured from another source file, or on other weights, is."""
+    from strict_gate.core.model_files import model_digest
+    from strict_gate.judge.staleness import baseline_staleness
+    from strict_gate.runs.records import EngineInfo
+
+    root = reconverted(cache, "5.19.0")
+    captured = {"replayed_from": "baselines/b", "resolved_model": "/elsewhere/smollm2-135m",
+                "model_digest": model_digest(root), "model_source": "sha256:" + rm.CATALOGUE["smollm2-135m"].file_sha256}
+    reconverted(cache, "5.17.0", template=True)
+    assert baseline_staleness(EngineInfo("vllm", NAME, captured)) == ()  # before: "the model files ... differ"
+    other = captured | {"model_source": "sha256:" + "0" * 64}
+    (note,) = baseline_staleness(EngineInfo("vllm", NAME, other))
+    assert "converted from another file" in note
+    reconverted(cache, "5.17.0", weights=b"\x01" * 1024)
+    (note,) = baseline_staleness(EngineInfo("vllm", NAME, captured))
+    assert "differ from those it was captured from" in note
+
+
+def test_a_noise_profile_fits_a_reconversion_of_its_model(cache, tmp_path, monkeypatch):
+    """A profile measured with the reference's model on the 5.19 conversion is read by a gate
+    where 5.17 converted the same GGUF (band = "measured", relative paths): it fits, and another
+    conversion of other weights is refused naming provenance.model_digest."""
+    from noise_fixtures import FP32, cli, gate, layout
+
+    monkeypatch.chdir(layout(tmp_path))
+    reconverted(cache, "5.19.0")
+    manifest = tmp_path / "baselines" / FP32 / "manifest.json"  # the baseline captured on the registry model
+    m = json.loads(manifest.read_text())
+    m["engine"]["model"] = m["engine"]["options"]["model"] = NAME
+    manifest.write_text(json.dumps(m))
+
+    def on_registry_model(path: Path) -> Path:
+        path.write_text(path.read_text().replace('model = "bundled:tiny-llama"', f'model = "{NAME}"', 1))
+        return path
+
+    on_registry_model(gate(tmp_path, "cap.toml", candidate=None))
+    assert cli("noise", "gates/cap.toml").exit_code == 0
+    on_registry_model(gate(tmp_path, band="measured"))
+    reconverted(cache, "5.17.0", template=True)
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code != 2, r.output  # before: exit 2, "provenance.model_digest: it profiles model ..."
+    reconverted(cache, "5.17.0", weights=b"\x01" * 1024)
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2 and "provenance.model_digest" in r.output, r.output

@@ -67,14 +67,32 @@ def test_an_engine_that_never_declared_it_is_never_a_pass(tmp_path):
     assert "INVARIANCE INCOMPLETE" in p.stdout
 
 
-def test_claiming_it_and_ignoring_it_silently_leaves_acceptance_unknown(tmp_path):
-    """The tokens cannot tell (a non-speculating engine is lossless too): the report must not
-    claim any acceptance, and says the counts are unknown."""
+def test_claiming_it_and_ignoring_it_silently_is_not_a_pass(tmp_path):
+    """The tokens cannot tell (a non-speculating engine is lossless too), and no reply says it
+    drafted anything: the report claims no acceptance, and the variant, whose speculation was
+    never shown to run, is incomplete (exit 3), as one that says it drafted nothing is."""
     p = _cli("invariance", str(_gate(tmp_path, "silent")))
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 3, p.stdout + p.stderr  # before: exit 0, a pass with acceptance unknown
     v = _variant(tmp_path)
+    assert v["verdict"] == "incomplete" and "no reply carried acceptance counts" in v["problems"][0]
     assert v["acceptance"]["replies"] == 0 and v["acceptance"]["replies_without"] == 6
     assert "drafted unknown" in p.stdout
+
+
+@pytest.mark.parametrize("mode, label", [("lossy", "not its own argmax"), ("lossy-claimed", "flipped a near-tie")])
+@pytest.mark.parametrize("policy", ["strict", "near-tie"])
+def test_accepting_a_lossy_draft_fails(tmp_path, mode, label, policy):
+    """A draft the verifier ranks 0.3 nats below its argmax, accepted (a lossy rule) with honest
+    counts: with the verifier's logprobs the token is not its own argmax; claimed as the top-1 it
+    is another token than the plain run's, inside the band. Either fails (exit 5), a near-tie
+    policy too (already so before issue 36: the exact rule and the greedy check)."""
+    path = _gate(tmp_path, mode, policy)
+    path.write_text(path.read_text().replace(f'"--mode", "{mode}"', f'"--mode", "{mode}", "--gap", "0.3"'))
+    p = _cli("invariance", str(path))
+    assert p.returncode == 5, p.stdout + p.stderr
+    v = _variant(tmp_path)
+    assert v["verdict"] == "fail" and v["acceptance"]["accepted"] > 0
+    assert all(label in m["label"] for m in v["divergences"]), v["divergences"]
 
 
 def test_claiming_it_and_drafting_nothing_is_not_a_pass(tmp_path):

@@ -219,3 +219,52 @@ def test_all_equal_samples_are_not_certainty():
     assert "samples tie" in reason and "runs per arm would separate" not in reason
     i = ratio_interval([0.5] * 5, [0.5] * 5)
     assert i is not None and i.tied and not i.reached
+
+
+# ---------------------------------------------------------------------------- issue 36: a near-tie, then what?
+
+
+def test_timed_tokens_after_a_near_tie_flip_are_not_verified(tmp_path):
+    """Both arms see a 0.01-nat tie at position 1 of every timed reply; the candidate takes the
+    runner-up, then answers zeros to the end. The first divergence alone is a near-tie; the six
+    tokens after it nobody judged, so the rung is not verified and the speed not comparable."""
+    code, out, data = bench(tmp_path, arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"),
+                            arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
+    assert code == 4 and data["verdict"] == "not_comparable", out  # before: verified, a speed pass
+    check = data["rungs"][0]["token_check"]
+    assert check["verified"] is False
+    assert "near_tie at position 1" in data["speed_verdict"]["reasons"][0]
+    assert "positions 2-7 after the flip not judged" in data["speed_verdict"]["reasons"][0]
+
+
+def test_timed_tokens_with_a_tie_the_candidate_does_not_flip_verify(tmp_path):
+    """The control: the same tie on both arms, neither flips it: verified."""
+    code, out, data = bench(tmp_path, arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"),
+                            arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"), 'rungs = ["8/8"]')
+    assert data["rungs"][0]["token_check"]["verified"] is True, out
+
+
+@pytest.mark.parametrize("reference", ["honest", "eos-emitted"])
+def test_a_masked_eos_is_not_a_greedy_violation_when_eos_was_ignored(tmp_path, reference):
+    """The speed arm asks for ignore_eos; an engine that honours it as transformers does masks the
+    EOS and lists it above the token it emits (its logprobs are read before the mask). That EOS
+    was banned, so it is not the reply's top-1 to be greedy against; and where the other arm
+    emitted the EOS as an ordinary token (vLLM), the replies are compared before it (which an EOS
+    met on the way does is not compared). Both verify."""
+    ref = arm(HONEST, "--per-token", "0.01") if reference == "honest" else \
+        arm(HOSTILE, "--trick", "eos-emitted", "--per-token", "0.01")
+    code, out, data = bench(tmp_path, ref, arm(HOSTILE, "--trick", "eos-masked", "--per-token", "0.01"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
+    check = data["rungs"][0]["token_check"]
+    assert check["verified"] is True, (check, out)  # before: "not_greedy ... below its own top-1 2"
+    assert code == 0 and data["verdict"] == "pass", out
+
+
+def test_an_eos_the_reply_was_not_told_to_ignore_still_counts(tmp_path):
+    """A reply whose top-1 is an ordinary token it did not emit is not greedy, EOS ids dropped or
+    not: the check drops the banned EOS only."""
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"),
+                            arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
+    assert code == 4 and data["rungs"][0]["token_check"]["verified"] is False, out

@@ -158,3 +158,50 @@ def test_check_engine_checks_what_a_text_only_server_states(user_dir, fake_opena
     assert "speaks HTTP" in r.output and "the hello" not in r.output and "not declared" not in r.output, r.output
     if code == 0:
         assert "server-sent events" in r.output and "text deltas" in r.output
+
+
+# ---- issue 36: text that re-tokenises to other ids, usage that lies, the one-sided policy named
+
+
+@pytest.mark.parametrize("policy", ["strict", "auto"])
+def test_text_that_re_tokenises_to_other_ids_is_never_a_strict_pass(user_dir, fake_openai, policy):
+    """The honest server's text equals the reference's, but for some prompts it re-tokenises to
+    other ids: strict (and auto, strict without samples) judges token for token, so those fail,
+    named; the text-level match is no token-level one."""
+    srv = _server(fake_openai, tokenize=True)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, policy=policy))])
+    assert r.exit_code == 1, r.output  # before: exit 0, every prompt a text-level "exact match"
+    rep = _report(user_dir)
+    moved = [p for p in rep["prompts"] if p["matched_positions"] != p["reference_length"]
+             or p["reference_length"] != p["candidate_length"]]
+    assert moved and all(not p["passed"] for p in moved)
+    assert all(p["passed"] for p in rep["prompts"] if p not in moved)
+    assert "its text re-tokenises to other ids than the reference's" in moved[0]["reason"], moved[0]["reason"]
+
+
+def test_a_text_only_server_whose_usage_lies_is_never_a_strict_pass(user_dir, fake_openai):
+    """code-006 stops on EOS; the server's text is the reference's, its usage says 3 more tokens
+    than it generated: by its own count its ids are not the reference's, so strict fails it."""
+    srv = _server(fake_openai, usage_lie=3)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, policy="strict"))])
+    assert r.exit_code == 1, r.output
+    p = next(p for p in _report(user_dir)["prompts"] if p["id"] == "code-006")
+    assert p["detail"].startswith("text-level") and not p["passed"]  # before: passed, a text-level match
+    assert "usage.completion_tokens" in p["reason"] and "the reference generated" in p["reason"], p["reason"]
+
+
+def test_the_one_sided_policy_is_named_in_every_format_of_a_passing_gate(user_dir, fake_openai):
+    """A pass under near-tie-reference-only is the weaker, one-sided claim: md, html, junit, json
+    (its verdict line and notes), show and the console say so, not only when it fails."""
+    srv = _server(fake_openai, tokenize=True)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, policy="near-tie-reference-only"))],
+                      terminal_width=200)
+    assert r.exit_code == 0, r.output
+    out = next((user_dir / "reports").glob("text-only-*"))
+    said = "one-sided and weaker"
+    assert said in " ".join(r.output.split())
+    for name in ("report.md", "report.html", "junit.xml"):
+        assert said in (out / name).read_text(), name
+    rep = _report(user_dir)
+    assert rep["policy"] == "near-tie-reference-only" and any(said in n for n in rep["notes"])
+    assert said in " ".join(runner.invoke(app, ["show", str(out)], terminal_width=200).output.split())

@@ -147,7 +147,8 @@ def test_a_flip_is_classified_from_both_runs_margins(tmp_path):
     b, v = _runs(tmp_path, base_tie, flipped, "tie")
     strict = judge_variant("batch-8", "candidate", b, [v], policy=InvariancePolicy.STRICT, band=0.5)
     near = judge_variant("batch-8", "candidate", b, [v], policy=InvariancePolicy.NEAR_TIE, band=0.5)
-    assert strict.verdict == VariantVerdict.FAIL and near.verdict == VariantVerdict.PASS
+    assert strict.verdict == VariantVerdict.FAIL and near.verdict == VariantVerdict.INCOMPLETE  # position 3 unjudged
+    assert "p0: a near-tie at position 2; position 3 after the flip not judged" in near.problems[0]
     (m,) = strict.divergences
     assert (m.id, m.position, m.label, m.baseline_token, m.variant_token) == \
         ("p0", 2, "batch-variant near-tie", 3, 4)

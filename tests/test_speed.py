@@ -394,8 +394,12 @@ def test_timed_replies_verify_at_a_near_tie_and_not_past_one():
     tie = (confident(5), step((9, -0.69), (6, -0.70)), confident(9), confident(8))  # 6 and 9 0.01 nats apart
     near = rec("p", [5, 9, 9, 8], tops=tie)
     ref_tie = rec("p", [5, 6, 7, 8], tops=(confident(5), step((6, -0.69), (9, -0.70)), confident(7), confident(8)))
-    assert check_tokens(LADDER_RUNG, {"reference": timed(ref_tie), "candidate": timed(near)}, {}, RULES) \
+    # the tie flipped at its last token verifies; with tokens after it, those are not judged
+    assert check_tokens(LADDER_RUNG, {"reference": timed(rec("p", [5, 6], tops=ref_tie.top_logprobs[:2])),
+                                      "candidate": timed(rec("p", [5, 9], tops=tie[:2]))}, {}, RULES) \
         == TokenCheck(checked=1)
+    after = check_tokens(LADDER_RUNG, {"reference": timed(ref_tie), "candidate": timed(near)}, {}, RULES)
+    assert after.verified is False and "positions 2-3 after the flip not judged" in after.problems[0]
     check = check_tokens(LADDER_RUNG, {"reference": timed(ref), "candidate": timed(rec("p", [5, 0, 0, 0]))}, {}, RULES)
     assert check.verified is False and check.unverified == 1
     assert "the candidate's full reply to 'p' (repetition 0) against the reference's: divergent at position 1" \

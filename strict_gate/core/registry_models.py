@@ -118,6 +118,15 @@ def file_entries(root: Path) -> dict[str, FileEntry]:
     return {p.relative_to(root).as_posix(): FileEntry(p.stat().st_size, file_sha256(p)) for p in files}
 
 
+def conversion_source(root: Path) -> str | None:
+    """The sha256 of the file a conversion in `root` was made from, as its manifest records it;
+    None when `root` holds no (readable) conversion manifest."""
+    try:
+        return "sha256:" + msgspec.json.decode((root / MANIFEST).read_bytes(), type=Manifest).source.sha256
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 def resolve_registry_model(spec: str) -> str:
     """`pypi:NAME` -> its converted directory, checked against its manifest; refused (exit 2,
     naming the install command) when missing, changed or half-written."""

@@ -16,6 +16,7 @@ from strict_gate.core.model_files import (
     find_tokenizer_json,
     model_digest,
     model_max_context,
+    model_source,
     portable_model_ref,
     resolve_model,
 )
@@ -126,7 +127,8 @@ class HFEngine(Engine):
             kind=self.kind,
             model=self.options.model,
             options=asdict(self.options) | {"resolved_model": self.model_path, "model_digest": model_digest(self.model_path),
-                                            "device_info": device_facts(self.options.device)},
+                                            "device_info": device_facts(self.options.device),
+                                            "model_source": model_source(self.model_path)},
             env=self.env,
             versions=versions,
             tokenizer=portable_model_ref(self.options.model, self.model_path),

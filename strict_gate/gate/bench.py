@@ -17,12 +17,13 @@ import platform
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.core.redact import scrub_obj, scrub_tree
 from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.timed_tokens import GateRecords, check_tokens
@@ -67,7 +68,7 @@ class SpeedSession:
     def __init__(self, cfg: SpeedConfig, gate_max_tokens: int, gate_inputs: list[PromptInput],
                  engines: dict[str, Engine], rules: TokenRules, notes: tuple[str, ...] = ()):
         self.cfg = cfg
-        self.rules = rules
+        self.rules = replace(rules, eos_ids=ignored_eos(engines.values())) if not rules.eos_ids else rules
         self.ladder = build_ladder(cfg, gate_max_tokens, rules.top_logprobs, gate_inputs,
                                    [engines[r] for r in ROLES])
         self.arms: dict[str, ArmMeasurement] = {}
@@ -200,6 +201,20 @@ def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, ca
     speed_ref = reference if cfg.speed_reference is cfg.reference else build_rescorer()
     engines = {"reference": speed_ref, "candidate": candidate}
     return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg)), speed_ref
+
+
+def ignored_eos(engines) -> frozenset[int]:
+    """The EOS ids the timed requests tell the arms to go past: each arm's `eos_token_ids`, else
+    those of the model directory holding its tokenizer (engines/eos.py)."""
+    ids: set[int] = set()
+    for e in engines:
+        stated = getattr(e, "eos_token_ids", None)
+        tok = e.tokenizer_file() if not stated else None
+        try:
+            ids.update(stated or (eos_token_ids(tok) if tok is not None else None) or ())
+        except ConfigError:  # unreadable model files: no EOS dropped from this arm's check (stricter)
+            continue
+    return frozenset(ids)
 
 
 def token_rules(cfg: GateConfig) -> TokenRules:

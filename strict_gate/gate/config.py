@@ -195,7 +195,7 @@ def parse_gate_config(
                               lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
     invariance = _invariance(data["invariance"], arms, lines) if "invariance" in data else None
     noise = noise_setting(keys.band, keys.noise, arms["reference"], prompts if prompts.is_absolute() else base_dir / prompts,
-                          path=path, line_of=lambda k: lines.find(k, "noise") or lines.find(k))
+                          path=path, line_of=lambda k: lines.find(k, "noise") or lines.find(k), max_tokens=keys.max_tokens)
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,

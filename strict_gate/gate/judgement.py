@@ -11,11 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
+from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.engines.base import Engine
-from strict_gate.errors import InputError
+from strict_gate.engines.eos import eos_token_ids
+from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
-from strict_gate.judge.cascade import Cascade
+from strict_gate.judge.cascade import Cascade, stop_problem
 from strict_gate.judge.compare import Comparison
 from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate, stored_check
@@ -59,6 +61,38 @@ def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
 
 
 NOT_SCORED = "no candidate engine re-scored it"
+
+
+def stop_ids(ref: Run, cand: Run) -> frozenset[int] | None:
+    """The ids known to end a sequence: an arm's eos_token_ids option, else those of the model
+    directory holding its tokenizer (engines/eos.py), the reference's first; None when neither
+    arm names any (a stop after a flip is then unjudged)."""
+    for run in (ref, cand):
+        engine = run.manifest.engine
+        ids = engine.options.get("eos_token_ids")
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return frozenset(ids)
+        path = find_tokenizer_json(engine.tokenizer, Path(run.path)) if engine.tokenizer else None
+        try:
+            found = eos_token_ids(path) if path is not None else None
+        except ConfigError:
+            found = None
+        if found:
+            return frozenset(found)
+    return None
+
+
+def stops_of(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison) -> dict[str, str]:
+    """Why each diverged prompt's early stop is not judged (cascade.stop_problem), by prompt."""
+    eos = stop_ids(ref, cand)
+    out = {}
+    for pc in comparison.prompts:
+        rec = cand.records.get(pc.id) if pc.status in DIVERGED else None
+        why = None if rec is None or rec.error is not None else \
+            stop_problem(rec.token_ids, rec.finish_reason, spec.sampling.max_tokens, eos)
+        if why is not None:
+            out[pc.id] = why
+    return out
 
 
 def later_of(diagnoses: Mapping[str, Diagnosis]) -> dict[str, Cascade]:
@@ -108,7 +142,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     if spec.policy.one_sided:
         diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
-                           later=later_of(diagnoses), diagnoses=diagnoses)
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
@@ -155,7 +189,7 @@ def judge_stored(spec: GateSpec, ref: Run, cand: Run, diagnoses: Mapping[str, Di
         return result
     comparison = stored_check(result.comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
-                           later=later_of(diagnoses), diagnoses=diagnoses)
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=dict(diagnoses), verdict=verdict)
 
 
@@ -176,5 +210,5 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
     if spec.policy.one_sided:
         diagnoses = one_sided_diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
-                           later=later_of(diagnoses), diagnoses=diagnoses)
+                           later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

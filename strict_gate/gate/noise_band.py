@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from strict_gate.core.files import file_sha256
-from strict_gate.core.model_files import model_digest, resolve_model
+from strict_gate.core.model_files import model_digest, model_digests, resolve_model
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
+from strict_gate.noise.flips import sample_flip_problems
 from strict_gate.noise.profile import PROFILE_NAME, NoiseProfile, load_profile
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import load_prompts
-from strict_gate.runs.reader import read_manifest
+from strict_gate.runs.reader import load_run, read_manifest
 
 
 def shown(path: Path) -> str:
@@ -44,22 +45,43 @@ def baseline_dir(arm: Any) -> Path | None:
 def arm_facts(arm: Any) -> ArmFacts:
     """An ArmConfig's dtype, model and model digest; a recorded arm's from its baseline's manifest."""
     base = baseline_dir(arm)
-    model = getattr(arm.options, "model", None)
-    dtype = getattr(arm.options, "dtype", None)
-    sha = None
     if base is not None:
-        manifest = read_manifest(base)
-        dtype = manifest.engine.options.get("dtype")
-        model = model or manifest.engine.model
-        sha = file_sha256(RunDir(base).records)
-    digest = None
-    if isinstance(model, str):
-        try:
-            digest = model_digest(resolve_model(model, Path(arm.base_dir)))
-        except ConfigError:
-            digest = None
+        return baseline_facts(base, getattr(arm.options, "model", None), Path(arm.base_dir))
+    model, dtype = getattr(arm.options, "model", None), getattr(arm.options, "dtype", None)
     return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
-                    model_digest=digest, baseline=None if base is None else str(base), baseline_sha256=sha)
+                    model_digest=_digest(model, Path(arm.base_dir)), engine=arm.kind,
+                    model_digests=_digests(model, Path(arm.base_dir)))
+
+
+def baseline_facts(base: Path, model: str | None, base_dir: Path) -> ArmFacts:
+    """A stored run's dtype, engine and records' sha256 from its manifest; its model (`model`, else
+    the manifest's) digested where it resolves on this machine."""
+    manifest = read_manifest(base)
+    dtype = manifest.engine.options.get("dtype")
+    model = model or manifest.engine.model
+    return ArmFacts(dtype=dtype if isinstance(dtype, str) else None, model=model if isinstance(model, str) else None,
+                    model_digest=_digest(model, base_dir), baseline=str(base),
+                    baseline_sha256=file_sha256(RunDir(base).records), engine=manifest.engine.kind,
+                    model_digests=_digests(model, base_dir))
+
+
+def _digest(model: object, base_dir: Path) -> str | None:
+    if not isinstance(model, str):
+        return None
+    try:
+        return model_digest(resolve_model(model, base_dir))
+    except ConfigError:
+        return None
+
+
+def _digests(model: object, base_dir: Path) -> frozenset[str]:
+    """Every form a profile may have recorded the model's digest in (an older whole-files one)."""
+    if not isinstance(model, str):
+        return frozenset()
+    try:
+        return model_digests(resolve_model(model, base_dir))
+    except ConfigError:
+        return frozenset()
 
 
 @dataclass(frozen=True)
@@ -72,9 +94,11 @@ class NoiseSetting:
 
 
 def noise_setting(band: float | str, table: dict | None, reference: Any, prompts: Path, *, path: str,
-                  line_of) -> NoiseSetting | None:
+                  line_of, max_tokens: int | None = None) -> NoiseSetting | None:
     """None when the gate neither has [noise] nor asks for a measured band; else the profile,
-    checked to fit the reference and the battery (exit 2 naming the profile when it does not)."""
+    checked to fit the reference, the battery and the gate's max_tokens, and for a recorded
+    reference its K-run flips re-derived from the baseline (exit 2 naming the profile and the
+    field when it does not)."""
     if table is None and band != MEASURED:
         return None
     from strict_gate.core.options import parse_options
@@ -85,7 +109,10 @@ def noise_setting(band: float | str, table: dict | None, reference: Any, prompts
         profile = load_profile(profile_path)
     except InputError as e:
         raise ConfigError(f"[noise] {e}", path=path, line=line_of("profile") or line_of("band")) from None
-    problems = fit_problems(profile, arm_facts(reference), load_prompts(prompts).sha256)
+    problems = fit_problems(profile, arm_facts(reference), load_prompts(prompts).sha256, max_tokens)
+    base = baseline_dir(reference)
+    if not problems and base is not None:
+        problems = sample_flip_problems(profile, load_run(base).records)
     if problems:
         raise ConfigError(f"the noise profile {profile_path} does not fit this gate: {'; '.join(problems)}",
                           path=path, line=line_of("profile") or line_of("band"))
@@ -128,3 +155,27 @@ def with_noise(result, setting: NoiseSetting | None):
         note = replace(note, notes=(*note.notes, f"band = \"measured\" would be {m.value:.4g} ({m.rule}); the band "
                                     f"given on the command line, {result.verdict.band:g}, judged instead"))
     return replace(result, noise=note)
+
+
+def stored_noise(profile_path: Path, reference: Path, *, measured: bool, floor: float = 0.0,
+                 ulps: float = 0.0) -> NoiseSetting:
+    """`strict-gate compare --noise PROFILE`: the profile checked against the stored reference
+    run as a gate checks it against a recorded reference (its battery, model digest, dtype,
+    engine, records and max_tokens; its K-run flips re-derived from the run), then its measured
+    band when asked for. Bad input (exit 2) names the profile and the field."""
+    from strict_gate.core.options import parse_options
+
+    where = str(profile_path)
+    keys = parse_options(NoiseKeys, {"floor": floor, "ulps": ulps}, where="compare --noise-floor/--noise-ulps",
+                         line_of=lambda _k: None)
+    profile = load_profile(profile_path)
+    manifest = read_manifest(reference)
+    battery = manifest.prompt_set.get("sha256")
+    problems = fit_problems(profile, baseline_facts(reference, None, Path(".")), battery if isinstance(battery, str)
+                            else "", manifest.sampling.max_tokens)
+    if not problems:
+        problems = sample_flip_problems(profile, load_run(reference, allow_incomplete=True).records)
+    if problems:
+        raise InputError(f"the noise profile does not fit the reference run {reference}: {'; '.join(problems)}",
+                         path=where)
+    return NoiseSetting(shown(profile_path), profile, measured_band(profile, keys, where) if measured else None)

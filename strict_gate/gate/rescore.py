@@ -23,6 +23,7 @@ from strict_gate.gate.config import GateConfig, load_gate_config
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.outcome import GateOutcome
+from strict_gate.gate.rescorer_identity import refuse_self_rescorer
 from strict_gate.gate.run import build_rescorer
 from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
@@ -30,6 +31,7 @@ from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
 from strict_gate.report import write_reports
 from strict_gate.runs.reader import load_run
+from strict_gate.runs.records import EngineInfo
 
 
 def _old_report(report_dir: Path) -> StoredReport:
@@ -46,9 +48,10 @@ def _kept_drift(drift: StoredDrift, path: Path) -> DriftReport:
         raise InputError(f"the report's drift object is incomplete ({type(e).__name__}: {e})", path=str(path)) from None
 
 
-def _scorer(cfg: GateConfig, report_dir: Path) -> tuple[Engine, bool]:
-    """The reference engine when it can score, else the [rescorer] arm (built, not started);
-    and whether it is the [rescorer] arm."""
+def _scorer(cfg: GateConfig, report_dir: Path, candidate: EngineInfo, reference: EngineInfo) -> tuple[Engine, bool]:
+    """The reference engine when it can score, else the [rescorer] arm (built, not started;
+    refused when it is the `candidate` that made the run, gate/rescorer_identity.py); and
+    whether it is the [rescorer] arm."""
     engine = cfg.reference.build()
     if engine.can_score:
         return engine, False
@@ -59,7 +62,13 @@ def _scorer(cfg: GateConfig, report_dir: Path) -> tuple[Engine, bool]:
             "(hf, vllm, openai or command on the reference's model) to the gate config",
             path=cfg.path,
         )
-    return build_rescorer(cfg, report_dir), True
+    rescorer = build_rescorer(cfg, report_dir)
+    try:
+        refuse_self_rescorer(rescorer.info(), candidate, reference, cfg.path)
+    except ConfigError:
+        rescorer.close()
+        raise
+    return rescorer, True
 
 
 def rediagnose(report_dir: str | Path) -> GateOutcome:
@@ -79,7 +88,7 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     prompt_set = msgspec.to_builtins(old.prompt_set) if old.prompt_set is not None else dict(ref.manifest.prompt_set)
-    engine, rescorer_arm = _scorer(cfg, report_dir)
+    engine, rescorer_arm = _scorer(cfg, report_dir, cand.manifest.engine, ref.manifest.engine)
     try:
         spec = GateSpec(
             name=cfg.name,

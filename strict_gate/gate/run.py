@@ -25,6 +25,7 @@ from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook, new_report_dir
+from strict_gate.gate.rescorer_identity import check_rescorer
 from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import Comparison, Status
 from strict_gate.judge.devices import device_notes
@@ -73,6 +74,7 @@ def run_gate(
     if candidate is None:
         assert cfg.candidate is not None  # load_gate_config requires one for a gate
         candidate = cfg.candidate.build()
+    check_rescorer(cfg.rescorer, candidate, reference, cfg.path)
     for role, engine in (("reference", reference), ("candidate", candidate)):
         engine.check_prompt_set(ps, role)  # e.g. a text-only arm and a set of token ids
     reference.check_compatible(ps.sha256, spec.sampling)

@@ -11,9 +11,14 @@ greedy tolerance, so that no figure is the speed of tokens nobody verified:
   without gate records: `strict-gate bench`, a recorded reference's stand-in) against the
   other arm's reply to the very same request, over their common length.
 
-A reply verifies when it matches or first diverges at a near-tie; anything else (a choice
-that is not its own argmax, a divergence beyond a near-tie, other prompt ids) leaves the
-rung unverified, and the speed verdict not comparable (speed.verdict.judge_speed).
+Both are compared up to the first EOS either emitted, with the EOS ids the timed requests told
+the engines to ignore dropped from the top-k where they were not emitted (a masked EOS listed
+above the emitted token is no greedy violation). A reply verifies when it matches, or first
+diverges at a near-tie at its last compared token;
+a near-tie with tokens after it leaves those unjudged (the speed arm does not re-score, as the
+gate does), and so does anything else (a choice that is not its own argmax, a divergence beyond
+a near-tie, other prompt ids): the rung is unverified, and the speed verdict not comparable
+(speed.verdict.judge_speed).
 """
 
 from __future__ import annotations
@@ -41,16 +46,42 @@ def _head(rec: Record, n: int) -> Record:
     return replace(rec, token_ids=rec.token_ids[:n], top_logprobs=top, finish_reason="length")
 
 
+def _past_eos(rec: Record, eos: frozenset[int]) -> Record:
+    """The record with the EOS ids it was told to ignore dropped from each step's top-k (where it
+    did not emit one): an engine that masks the EOS (transformers' min_new_tokens) lists it
+    above the token it emitted, a banned choice that is no top-1 to be greedy against."""
+    if not eos or rec.top_logprobs is None:
+        return rec
+    steps = tuple(tuple(p for p in step if p[0] not in eos or p[0] == t) for t, step in
+                  zip(rec.token_ids, rec.top_logprobs))
+    return replace(rec, top_logprobs=steps)
+
+
+def _compared_length(first: Record, second: Record, eos: frozenset[int]) -> int:
+    """Their common length, up to the first EOS either emitted: whether an EOS met on the way is
+    emitted (vLLM) or masked (transformers) is not compared, and nothing after it is common."""
+    n = min(len(first.token_ids), len(second.token_ids))
+    return next((i for i in range(n) if first.token_ids[i] in eos or second.token_ids[i] in eos), n)
+
+
 def _disagreement(first: Record, second: Record, rules: TokenRules, decode: Decode | None = None) -> str | None:
-    """Why `second` does not verify against `first` (over their common length), or None. A
-    text-only reply (its ids a re-tokenization) verifies when its text is the other reply's."""
+    """Why `second` does not verify against `first` (over their common length before an EOS), or
+    None. A text-only reply (its ids a re-tokenization) verifies when its text is the other reply's."""
     if decode is not None and _same_text(first, second, decode):
         return None
-    n = min(len(first.token_ids), len(second.token_ids))
-    c = compare_prompt(first.id, _head(first, n), _head(second, n), rules.band, rules.greedy_tolerance)
+    n = _compared_length(first, second, rules.eos_ids)
+    if n == 0:
+        return None if first.token_ids[:1] == second.token_ids[:1] else \
+            "nothing to verify: one reply emitted an EOS at position 0 and the other went past it"
+    a, b = (_past_eos(_head(r, n), rules.eos_ids) for r in (first, second))
+    c = compare_prompt(first.id, a, b, rules.band, rules.greedy_tolerance)
+    d = c.first_divergence
+    if c.status == Status.NEAR_TIE and d is not None and d.position + 1 < n:
+        span = f"position {n - 1}" if d.position + 2 == n else f"positions {d.position + 1}-{n - 1}"
+        return (f"near_tie at position {d.position} ({d.reason}); {span} after the flip not judged: the speed arm "
+                "does not re-score, so the tokens it timed after a flip are unverified")
     if c.status in AGREE:
         return None
-    d = c.first_divergence
     return f"{c.status} at position {d.position} ({d.reason})" if d is not None else f"{c.status} ({c.detail})"
 
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import EngineError, IncompleteRunError
-from strict_gate.invariance.config import BASELINE, InvarianceConfig, Variant, VariantKind
+from strict_gate.invariance.config import BASELINE, InvarianceConfig, InvariancePolicy, Variant, VariantKind
+from strict_gate.invariance.continuation import judge_later_of
 from strict_gate.invariance.variants import VariantEngine, unexercised
 from strict_gate.invariance.verdict import CAUSES, InvarianceResult, VariantResult, judge_variant, not_run
 from strict_gate.runs.reader import load_run
@@ -45,6 +48,7 @@ class _Arm:
         self.baseline: Run | None = None
         self.baseline_s: float | None = None
         self.results: list[VariantResult] = []
+        self.pending: list[_Ran] = []
 
     def serve(self, engine: Engine, variants: Sequence[Variant]) -> None:
         """Start `engine`, run the variants on it, stop it; a start failure leaves them not run."""
@@ -93,11 +97,35 @@ class _Arm:
                 self.results += [not_run(x.name, self.arm, f"the batch-1 run failed: {problems[0]}")
                                  for x in self.inv.variants]
             return
-        assert self.baseline is not None  # checked on entry
-        self.results.append(judge_variant(v.name, self.arm, self.baseline, runs, policy=self.inv.policy,
-                                          band=self.band, problems=problems, seconds=seconds,
-                                          baseline_seconds=self.baseline_s, cause=CAUSES.get(v.kind, "batch"),
-                                          exact=v.exact, acceptance=accepted))
+        self.pending.append(_Ran(v, runs, problems, seconds, accepted))
+
+    def judge(self, build: Callable[[], Engine]) -> None:
+        """Every variant that ran, judged; under policy near-tie its near-ties' continuations are
+        re-scored first by a fresh engine of the arm (continuation.py), started only when needed."""
+        if self.baseline is None:
+            return
+        near = [i for i, r in enumerate(self.pending) if not r.variant.exact] \
+            if self.inv.policy == InvariancePolicy.NEAR_TIE else []
+        judged = dict(zip(near, judge_later_of(
+            [(self.baseline, self.pending[i].runs) for i in near], build, self.band,
+            self.baseline.manifest.sampling.top_logprobs, self.out / "rescore" / "engine.log"))) if near else {}
+        for i, r in enumerate(self.pending):
+            v = r.variant
+            self.results.append(judge_variant(v.name, self.arm, self.baseline, r.runs, policy=self.inv.policy,
+                                              band=self.band, problems=r.problems, seconds=r.seconds,
+                                              baseline_seconds=self.baseline_s, cause=CAUSES.get(v.kind, "batch"),
+                                              exact=v.exact, acceptance=r.acceptance, judged=judged.get(i)))
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """A variant's runs, waiting to be judged."""
+
+    variant: Variant
+    runs: list[Run]
+    problems: list[str]
+    seconds: float
+    acceptance: Acceptance | None
 
 
 def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, list[Variant]]]:
@@ -126,6 +154,7 @@ def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engin
             if a.baseline is None and BASELINE not in variants:
                 break  # the batch-1 run failed: every variant was marked not run
             a.serve(engine, variants)
+        a.judge(builders[arm])
         said = {r.name for r in a.results}
         results += a.results + [not_run(v.name, arm, why) for v, why in skipped.items() if v.name not in said]
         if a.baseline is not None:

@@ -10,24 +10,29 @@ repeats. A variant whose run failed, that could not exercise what it names on th
 pass. Under the informational policy (the default) the figures are reported and the exit code
 stays the token verdict's.
 
+Under policy near-tie a near-tie flip passes only with every later token judged on the
+variant's own prefix (continuation.py): a later divergence fails the variant, positions left
+unjudged make it incomplete.
+
 A speculative variant is exact: under a strict or near-tie policy any token it changes fails it,
 a flipped near-tie too (verification recomputes the very logits the plain run chose from; a
 near-tie that flips says its verify pass sums in another order, worth seeing). Its acceptance
-counts ride along; counts that say it drafted nothing make it incomplete (speculation was never
-exercised), counts that are absent leave acceptance unknown.
+counts ride along; counts that say it drafted nothing, or no counts at all, make it incomplete
+(speculation was never shown to run: a plain run is lossless too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import ExitCode
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
+from strict_gate.invariance.continuation import Judged, compared, needs_later
+from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status
-from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.runs.records import Run
 
 # how far a prompt moved: its worst status over a variant's repeats is the one reported
@@ -37,6 +42,7 @@ LABELS = {Status.NEAR_TIE: "{}-variant near-tie", Status.DIVERGENT: "{} dependen
 # what a variant varies, named in its labels ("batch" for the rest): a move under a prefill
 # chunk is no batch dependence
 CAUSES = {VariantKind.CHUNKED_PREFILL: "prefill-chunk", VariantKind.PREFIX_CACHE: "prefix-cache"}
+NAMED = 20  # unjudged near-ties named per variant
 EXACT_LABELS = {Status.NEAR_TIE: "speculation flipped a near-tie (a lossless speculator flips none)",
                 Status.DIVERGENT: "speculation changed a token",
                 Status.NOT_GREEDY: "speculation emitted a token that is not its own argmax"}
@@ -198,24 +204,58 @@ def _fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
 
 
 def _acceptance_problem(name: str, acc: Acceptance | None) -> str | None:
-    """Counts that say nothing was drafted: speculation was never exercised, nothing is proven."""
-    if acc is None or acc.drafted > 0 or (acc.replies == 0 and acc.drafts is None):
+    """Counts that say nothing was drafted, or no counts at all: speculation was never shown to
+    run, so nothing is proven about it."""
+    if acc is None or (acc.replies == 0 and acc.drafts is None):
+        return (f"{name}: no reply carried acceptance counts and the engine keeps none: whether it speculated at "
+                "all is unknown (a plain run is lossless too), so the run proves nothing about speculation")
+    if acc.drafted > 0:
         return None
     return (f"{name}: the engine drafted no token over the whole run (its counts say drafted 0): speculation "
             "was not exercised, so the run proves nothing about it")
 
 
+def _after_flip(p: PromptComparison, j: Judged, policy: InvariancePolicy, exact: bool,
+                where: str) -> tuple[PromptComparison, str | None]:
+    """A near-tie that the policy would pass, with what follows its flip: divergent when a later
+    position is (its reason says where), unverified (the second value: why) when not all were
+    judged, else the near-tie with its later positions counted in its reason."""
+    if policy != InvariancePolicy.NEAR_TIE or exact or not needs_later(p):
+        return p, None
+    d = p.first_divergence
+    assert d is not None  # needs_later
+    c = j.later.get(p.id)
+    if c is None:
+        span = f"position {d.position + 1}" if p.candidate_length == d.position + 2 \
+            else f"positions {d.position + 1}-{p.candidate_length - 1}"
+        return p, f"{where}: {p.id}: a near-tie at position {d.position}; {span} after the flip not judged: {j.unjudged}"
+    if c.outcome == Later.DIVERGENT:
+        x = c.divergent[0]
+        why = (f"divergent after a near-tie: later position {x.position}, token {x.token} vs the batch-1 argmax "
+               f"{x.reference_argmax}: {x.reason} (near-tie at position {d.position}; {c.counts()})")
+        return replace(p, status=Status.DIVERGENT, first_divergence=replace(d, reason=why)), None
+    if c.outcome == Later.UNVERIFIED:
+        return p, f"{where}: {p.id}: a near-tie at position {d.position}; {c.unverified}"
+    return replace(p, first_divergence=replace(d, reason=f"{d.reason}; {c.summary()}")), None
+
+
 def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, policy: InvariancePolicy,
                   band: float, problems: Sequence[str] = (), seconds: float | None = None,
                   baseline_seconds: float | None = None, cause: str = "batch", exact: bool = False,
-                  acceptance: Acceptance | None = None) -> VariantResult:
-    """Every run of the variant against the batch-1 run, prompt by prompt, its worst run reported."""
+                  acceptance: Acceptance | None = None, judged: Sequence[Judged] | None = None) -> VariantResult:
+    """Every run of the variant against the batch-1 run, prompt by prompt, its worst run reported.
+    `judged`: each run's comparison with its near-ties' later positions (continuation.py); without
+    it the runs are compared here, and a near-tie with tokens after it is unjudged."""
     ids = list(baseline.manifest.prompt_ids or baseline.records)
+    judged = judged if judged is not None else [compared(baseline, r, band) for r in runs]
     worst: dict[str, tuple[PromptComparison, int]] = {}
     matched: dict[str, int] = {}
     width: dict[str, int] = {}
-    for k, run in enumerate(runs, start=1):
-        for p in compare_runs(baseline.records, run.records, band=band, prompt_ids=ids).prompts:
+    unverified: list[str] = []
+    for k, j in enumerate(judged, start=1):
+        for p in j.comparison.prompts:
+            p, why = _after_flip(p, j, policy, exact, f"{name} run {k}")
+            unverified += [why] if why else []
             if p.id not in worst or _RANK[p.status] > _RANK[worst[p.id][0].status]:
                 worst[p.id] = (p, k)
             matched[p.id] = min(matched.get(p.id, p.matched_positions), p.matched_positions)
@@ -231,8 +271,10 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
     statuses = [p.status for p, _ in worst.values()]
     if problems or not runs or any(s in UNCOMPARED for s in statuses):
         verdict = VariantVerdict.INCOMPLETE
+    elif any(_fails(s, policy, exact) for s in statuses):
+        verdict = VariantVerdict.FAIL
     else:
-        verdict = VariantVerdict.FAIL if any(_fails(s, policy, exact) for s in statuses) else VariantVerdict.PASS
+        verdict = VariantVerdict.INCOMPLETE if unverified else VariantVerdict.PASS
     return VariantResult(
         name=name, arm=arm, runs=tuple(r.path for r in runs), prompts_total=len(ids),
         prompts_exact=sum(1 for s in statuses if s == Status.MATCH) if runs else 0,
@@ -241,8 +283,8 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
         prompts_distinct=sum(1 for n in distinct.values() if n > 1),
         divergences=tuple(_moved(p, k, baseline, runs, cause, exact) for p, k in worst.values()
                           if p.status != Status.MATCH),
-        verdict=verdict, problems=tuple(problems), seconds=seconds, baseline_seconds=baseline_seconds,
-        exact=exact, acceptance=acceptance,
+        verdict=verdict, problems=(*problems, *unverified[:NAMED]), seconds=seconds,
+        baseline_seconds=baseline_seconds, exact=exact, acceptance=acceptance,
     )
 
 

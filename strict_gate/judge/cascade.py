@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from strict_gate.judge.compare import Divergence, PromptComparison, Rescored, Status, classify, side_problem
+from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.records import ScoredStep, TopK
 
 NAMED_POSITIONS = 20  # later near-ties and divergences kept per prompt (the counts are whole)
@@ -167,6 +168,20 @@ class Cascade:
                    prefill_decode=tuple(d.get("prefill_decode") or ()))
 
 
+def stop_problem(tokens: Sequence[int], finish: str | None, max_tokens: int, eos: frozenset[int] | None) -> str | None:
+    """Why a candidate's stop after a flip is not judged, or None: it ran to max_tokens, or it
+    ended on an id known to end a sequence (that token's own judgement is the stop's). Any other
+    early stop leaves unjudged the positions the reference may have gone on to."""
+    n = len(tokens)
+    if finish != "stop" or not tokens or n >= max_tokens or (eos is not None and tokens[-1] in eos):
+        return None
+    span = f"position {n}" if n == max_tokens - 1 else f"positions {n}-{max_tokens - 1}"
+    what = (f"which is not an end-of-sequence id {sorted(eos)}" if eos is not None else
+            "and the gate knows no end-of-sequence id (no eos_token_ids, no tokenizer) to tell that it is one")
+    return (f'the candidate stopped after {n} of {max_tokens} tokens (finish "stop") on token {tokens[-1]}, {what}: '
+            f"{span}, where the reference may have gone on, not judged")
+
+
 def unjudged(first: int, end: int, why: str) -> Cascade:
     """A cascade none of whose later positions could be judged (no re-scoring, a failed one)."""
     return Cascade(first=first, end=end, unverified_from=first + 1 if end > first + 1 else None, why=why)
@@ -194,7 +209,7 @@ def _candidate_side(j: int, token: int, argmax: int, cand: CandidateView) -> tup
     return decode, top, Rescored(st - sa)
 
 
-def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> LaterPosition:
+def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None, tolerance: float) -> LaterPosition:
     """One later position that is not the reference's argmax: a near-tie or divergent, by classify."""
     ref = (Rescored(sp.gap) if sp.gap is not None
            else Rescored(None, "the candidate's token is outside the reference's top-k on re-scoring", refutes=True))
@@ -206,7 +221,8 @@ def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> Later
     decode, top, rescored = _candidate_side(sp.position, sp.token, sp.reference_argmax, cand)
     d = Divergence(position=sp.position, reference_token=sp.reference_argmax, candidate_token=sp.token,
                    reference_gap=None, candidate_gap=decode, reference_margin=None, reason="",
-                   reference_top=None, candidate_top=top, reference_rescored=ref, candidate_rescored=rescored)
+                   reference_top=None, candidate_top=top, reference_rescored=ref, candidate_rescored=rescored,
+                   greedy_tolerance=tolerance)
     status, reason = classify(d, band)
     kind = Later.NEAR_TIE if status == Status.NEAR_TIE else Later.DIVERGENT
     return LaterPosition(sp.position, sp.token, sp.reference_argmax, sp.gap, decode, rescored.gap, kind, reason)
@@ -214,10 +230,11 @@ def _judge(sp: ScoredPosition, band: float, cand: CandidateView | None) -> Later
 
 def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band: float, *,
                 candidate: CandidateView | None, why_short: str = "the reference scored no further",
-                one_sided: bool = False) -> Cascade:
+                one_sided: bool = False, greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> Cascade:
     """Judge candidate positions first+1 .. end-1 from the reference's re-scored positions
     (`reference`, any order; positions it lacks are unverified because of `why_short`) and the
-    candidate's view of its own prefix (ignored when one_sided)."""
+    candidate's view of its own prefix (ignored when one_sided; a decode gap down to
+    -greedy_tolerance is a greedy choice, a tie by its size)."""
     by_pos = {sp.position: sp for sp in reference}
     flips: list[LaterPosition] = []
     divergent: list[LaterPosition] = []
@@ -234,7 +251,7 @@ def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band:
             worst = sp.gap if worst is None else max(worst, sp.gap)
         if sp.token == sp.reference_argmax:
             continue
-        lp = _judge(sp, band, cand)
+        lp = _judge(sp, band, cand, greedy_tolerance)
         (flips if lp.kind == Later.NEAR_TIE else divergent).append(lp)
     pd = tuple(p.position for p in (*flips, *divergent) if p.candidate_rescored is not None and p.candidate_rescored < 0)
     note = None

@@ -76,6 +76,7 @@ class Divergence:
     candidate_top: TopK | None = None
     reference_rescored: Rescored | None = None  # the teacher-forced gap, when the divergence was re-scored
     candidate_rescored: Rescored | None = None
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # a decode gap down to -this is a greedy choice
 
 
 @dataclass(frozen=True)
@@ -153,34 +154,40 @@ def _unknown(label: str, gap: float | None, top: TopK | None, other: str) -> str
     return None
 
 
-def _value_problem(label: str, gap: float, band: float) -> str | None:
+def _value_problem(label: str, gap: float, band: float, tolerance: float) -> str | None:
     """Why a known gap does not make a near-tie, or None when 0 <= gap <= band."""
     if not math.isfinite(gap):
         return f"{label} {gap} is not a finite number"
     if gap < 0:
         side = label.split()[0]
-        return (f"{label} {gap:.6g} < 0: the {side}'s own logprobs rank the other token higher, "
-                "so its choice was not its own argmax")
+        return (f"{label} {gap:.6g} < 0, beyond the greedy tolerance {tolerance:g}: the {side}'s own logprobs rank "
+                "the other token higher, so its choice was not its own argmax")
     if gap > band + BAND_EPS:
         g, b = fmt_vs(gap, band)
         return f"{label} {g} > band {b}"
     return None
 
 
+def _leans(gap: float | None, tolerance: float) -> bool:
+    """A decode gap below 0 within the greedy tolerance: the side chose a token a hair below its
+    own top-1, which the greedy check accepts; a tie by its size."""
+    return gap is not None and math.isfinite(gap) and -tolerance - BAND_EPS <= gap < 0
+
+
 def side_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float,
-                 rescored: Rescored | None = None) -> str | None:
+                 rescored: Rescored | None = None, tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> str | None:
     """Why one side does not make a near-tie, or None when it does: every known measure of its
-    gap lies in [0, band] (decode-time, from its top-k; teacher-forced, re-scored, by its size:
-    a side's prefill may rank a tie the other way round than its decode did, a rounding, not a
-    greedy violation), at least one is known, and re-scoring did not put the other token
-    outside its top-k."""
+    gap lies in [0, band] (decode-time, from its top-k, by its size where it is negative within
+    the greedy tolerance; teacher-forced, re-scored, by its size: a side's prefill may rank a tie
+    the other way round than its decode did, a rounding, not a greedy violation), at least one is
+    known, and re-scoring did not put the other token outside its top-k."""
     unknown = _unknown(label, gap, top, other)
-    known = [] if gap is None or unknown is not None else [(f"{label} gap", gap)]
+    known = [] if gap is None or unknown is not None else [(f"{label} gap", abs(gap) if _leans(gap, tolerance) else gap)]
     if rescored is not None and rescored.gap is not None:  # its size: prefill may order a tie either way
         known.append((f"{label} re-scored |gap|", abs(rescored.gap)))
     if not known and rescored is not None and rescored.why == TEXT_ONLY:
         return f"{label} gap unknown: {TEXT_ONLY}"
-    problems = [p for lab, g in known if (p := _value_problem(lab, g, band)) is not None]
+    problems = [p for lab, g in known if (p := _value_problem(lab, g, band, tolerance)) is not None]
     if rescored is not None and rescored.refutes:
         problems.append(str(rescored.why))
     if problems:
@@ -194,11 +201,12 @@ def side_problem(label: str, gap: float | None, top: TopK | None, other: str, ba
 def classify(d: Divergence, band: float) -> tuple[Status, str]:
     """The one classification of a divergence, from both sides and every gap known of each:
     near_tie iff neither side has a problem; otherwise divergent, with every reason."""
+    tol = d.greedy_tolerance
     reasons = [
         p
         for p in (
-            side_problem("reference", d.reference_gap, d.reference_top, "candidate's", band, d.reference_rescored),
-            side_problem("candidate", d.candidate_gap, d.candidate_top, "reference's", band, d.candidate_rescored),
+            side_problem("reference", d.reference_gap, d.reference_top, "candidate's", band, d.reference_rescored, tol),
+            side_problem("candidate", d.candidate_gap, d.candidate_top, "reference's", band, d.candidate_rescored, tol),
         )
         if p is not None
     ]
@@ -208,18 +216,25 @@ def classify(d: Divergence, band: float) -> tuple[Status, str]:
 
 
 def tie_reason(d: Divergence, band: float) -> str:
-    """A near-tie's reason. A negative re-scored gap is within the band by its size only, and is
-    named for what it is: that side's prefill ranks the tie the other way round than its decode
-    did. The words never say "[0, band]" of a number outside it."""
-    sides = (("reference", d.reference_rescored), ("candidate", d.candidate_rescored))
-    rescored = [f"{side} {r.gap:.4g}" for side, r in sides if r is not None and r.gap is not None]
-    flipped = [side for side, r in sides if r is not None and r.gap is not None and r.gap < 0]
-    if not flipped:
+    """A near-tie's reason. A negative gap is within the band by its size only, and is named for
+    what it is: a decode gap within the greedy tolerance (the side chose a token a hair below
+    its own top-1), or a re-scored one where the decode chose its own (that side's prefill ranks
+    the tie the other way round). The words never say "[0, band]" of a number outside it."""
+    sides = (("reference", d.reference_gap, d.reference_rescored), ("candidate", d.candidate_gap, d.candidate_rescored))
+    rescored = [f"{side} {r.gap:.4g}" for side, _, r in sides if r is not None and r.gap is not None]
+    leaned = [(side, g) for side, g, _ in sides if g is not None and _leans(g, d.greedy_tolerance)]
+    flipped = [side for side, g, r in sides if r is not None and r.gap is not None and r.gap < 0
+               and side not in dict(leaned)]
+    if not flipped and not leaned:
         return f"both gaps within [0, band {band:g}]" + (f" (re-scored: {', '.join(rescored)})" if rescored else "")
-    who = " and ".join(f"the {side}'s" for side in flipped)
-    return (f"both gaps within the band {band:g} by size (re-scored: {', '.join(rescored)}; negative: "
-            f"{who} prefill prefers the other token where its decode chose its own, a prefill/decode "
-            "disagreement at a tie)")
+    parts = [f"re-scored: {', '.join(rescored)}"] if rescored else []
+    parts += [f"the {side}'s decode chose a token {abs(g):.4g} nats below its own top-1, within the greedy tolerance "
+              f"{d.greedy_tolerance:g}" for side, g in leaned]
+    if flipped:
+        who = " and ".join(f"the {side}'s" for side in flipped)
+        parts.append(f"negative: {who} prefill prefers the other token where its decode chose its own, a "
+                     "prefill/decode disagreement at a tie")
+    return f"both gaps within the band {band:g} by size ({'; '.join(parts)})"
 
 
 def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
@@ -232,7 +247,8 @@ def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
     return replace(pc, status=status, first_divergence=replace(d, reason=reason))
 
 
-def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple[Status, Divergence]:
+def classify_divergence(ref: Record, cand: Record, d: int, band: float,
+                        tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> tuple[Status, Divergence]:
     """near_tie iff both decode-time gaps exist, are finite and lie in [0, band]; otherwise
     divergent, with the reason (re-scoring may add the gaps that are missing: reclassify)."""
     r, c = ref.token_ids[d], cand.token_ids[d]
@@ -250,6 +266,7 @@ def classify_divergence(ref: Record, cand: Record, d: int, band: float) -> tuple
         reference_top=rtop,
         candidate_top=ctop,
         candidate_rescored=Rescored(None, TEXT_ONLY) if cand.text_only is not None else None,
+        greedy_tolerance=tolerance,
     )
     status, reason = classify(div, band)
     return status, replace(div, reason=reason)
@@ -342,7 +359,7 @@ def compare_prompt(
         )
         return PromptComparison(pid, Status.LENGTH_MISMATCH, div, matched, common, rlen, clen,
                                 prefix_drift=prefix_drift(ref, cand, common))
-    status, div = classify_divergence(ref, cand, d, band)
+    status, div = classify_divergence(ref, cand, d, band, greedy_tolerance)
     return PromptComparison(pid, status, div, matched, d, rlen, clen, prefix_drift=prefix_drift(ref, cand, d))
 
 

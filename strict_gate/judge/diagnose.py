@@ -34,6 +34,7 @@ from strict_gate.judge.compare import (
     reclassify,
     with_prompts,
 )
+from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.records import Record, ScoredStep
 
 DIAGNOSED = (Status.DIVERGENT, Status.NEAR_TIE)
@@ -204,7 +205,8 @@ class CandidateScore:
     why: str | None = None  # why `own` is None
 
 
-def _later(dg: Diagnosis, cand: Record | None, side: CandidateScore | None, band: float, not_scored: str) -> Cascade:
+def _later(dg: Diagnosis, cand: Record | None, side: CandidateScore | None, band: float, not_scored: str,
+           tolerance: float) -> Cascade:
     """Every candidate position after the divergence judged from the reference's re-scoring
     (dg.steps) and the candidate's own view (its decode top-k, its own scoring)."""
     end = len(cand.token_ids) if cand is not None else dg.position + 1
@@ -214,7 +216,8 @@ def _later(dg: Diagnosis, cand: Record | None, side: CandidateScore | None, band
                          scored=None if side is None else side.own,
                          why=not_scored if side is None else side.why)
     short = f"the reference re-scored {dg.position + len(dg.steps)} of {end} positions"
-    return judge_later(dg.position, end, dg.steps[1:], band, candidate=view, why_short=short)
+    return judge_later(dg.position, end, dg.steps[1:], band, candidate=view, why_short=short,
+                       greedy_tolerance=tolerance)
 
 
 def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis], candidate: Mapping[str, CandidateScore],
@@ -234,7 +237,8 @@ def cross_check(comparison: Comparison, diagnoses: Mapping[str, Diagnosis], cand
         dg = diagnoses.get(pc.id)
         if dg is None:
             continue
-        later = _later(dg, records.get(pc.id), side, comparison.band, not_scored)
+        tolerance = pc.first_divergence.greedy_tolerance if pc.first_divergence else DEFAULT_GREEDY_TOLERANCE
+        later = _later(dg, records.get(pc.id), side, comparison.band, not_scored, tolerance)
         if dg.error is None and dg.steps:
             out[pc.id] = replace(dg, near_tie=new.status == Status.NEAR_TIE, candidate=cand, later=later,
                                  verdict=_head(new) + _tail(dg.later_errors, later))

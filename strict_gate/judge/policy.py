@@ -1,6 +1,7 @@
 """Pass/fail policies. The policy is explicit in every report and cannot pass vacuously.
 
-strict          every prompt matches token for token
+strict          every prompt matches token for token (a text-only server's equal text is not
+                enough where it re-tokenises to other ids or its usage counts others)
 near-tie        every prompt matches, or diverges at a near-tie (both gaps within the band)
                 after which EVERY later candidate token, judged on the candidate's own prefix
                 (judge/cascade.py), is the reference's argmax there or a further near-tie
@@ -19,13 +20,15 @@ Only near-tie accepts a near-tie; auto and distributional accept a divergence on
 exact copy of a reference sample, so no rule passes a token after a flip unjudged. A near-tie
 prompt whose later positions could not all be judged (no re-scoring: diagnose = false, a stored
 reference without [rescorer], a failed rescorer, fewer steps scored) is unverified: never a
-pass, counted with the incomplete verdicts (exit 3) unless another prompt fails.
+pass, counted with the incomplete verdicts (exit 3) unless another prompt fails. So is one whose
+candidate stopped early (finish "stop", fewer than max_tokens tokens) on an id not known to end a
+sequence (cascade.stop_problem): the positions it never generated are not judged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from strict_gate.errors import ConfigError, ExitCode
@@ -33,6 +36,7 @@ from strict_gate.judge.cascade import Cascade, Later
 from strict_gate.judge.compare import UNCOMPARED, Comparison, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.one_sided import reference_only
+from strict_gate.judge.text_only import strict_problem
 from strict_gate.runs.records import Record
 
 
@@ -120,19 +124,21 @@ def apply_policy(
     run_problems: tuple[str, ...] = (),
     later: Mapping[str, Cascade] | None = None,
     diagnoses: Mapping[str, Diagnosis] | None = None,
+    stops: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Judge a comparison. run_problems (an arm that failed or stopped early) force incomplete:
     a gate whose engine died is an engine failure (exit 3) even where the prompts done diverge.
     `later`: each diverged prompt's later positions judged (cross_check); a near-tie without
     one, with positions after its flip, is unverified. `diagnoses` (the reference's re-scoring)
-    is what policy near-tie-reference-only judges by."""
+    is what policy near-tie-reference-only judges by. `stops`: why a prompt's early stop is not
+    judged (cascade.stop_problem); a near-tie with one is unverified."""
     policy = check_policy(policy)
     if policy == Policy.DISTRIBUTIONAL:
         _require_samples(comparison, reference)
-    later = later or {}
+    later, stops = later or {}, stops or {}
     verdicts = tuple(
-        _prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, later.get(pc.id),
-                        (diagnoses or {}).get(pc.id), comparison.band)
+        _stopped(_prompt_verdict(pc, _rule(policy, reference.get(pc.id)), reference, candidate, later.get(pc.id),
+                                 (diagnoses or {}).get(pc.id), comparison.band), pc, stops.get(pc.id))
         for pc in comparison.prompts
     )
     notes = _auto_notes(comparison, verdicts, reference) if policy == Policy.AUTO else ()
@@ -140,6 +146,15 @@ def apply_policy(
         notes = (f"policy {policy}: {ONE_SIDED}",)
     verdict, reasons = _outcome(comparison, verdicts, policy, run_problems)
     return Verdict(verdict, policy, comparison.band, verdicts, reasons, notes)
+
+
+def _stopped(v: PromptVerdict, pc: PromptComparison, stop: str | None) -> PromptVerdict:
+    """A diverged prompt that passed, whose candidate then stopped early on an id not known to
+    end a sequence: what it did not generate is unjudged, so it is unverified, never a pass."""
+    if not v.passed or stop is None or v.rule not in (Policy.NEAR_TIE, Policy.NEAR_TIE_REFERENCE_ONLY) \
+            or pc.status not in (Status.NEAR_TIE, Status.DIVERGENT):
+        return v
+    return replace(v, passed=False, unverified=True, reason=f"unverified: {v.reason}; {stop}")
 
 
 def _require_samples(comparison: Comparison, reference: Mapping[str, Record]) -> None:
@@ -173,6 +188,9 @@ def _prompt_verdict(pc: PromptComparison, rule: Policy, reference: Mapping[str, 
     if rule == Policy.DISTRIBUTIONAL:
         return _distributional(pc, rule, reference[pc.id], candidate[pc.id])
     if pc.status == Status.MATCH:
+        loose = strict_problem(reference[pc.id], candidate[pc.id]) if rule == Policy.STRICT else None
+        if loose is not None:
+            return PromptVerdict(pc.id, False, rule, loose)
         return PromptVerdict(pc.id, True, rule, f"exact match ({pc.detail})" if pc.detail else "exact match")
     if rule == Policy.NEAR_TIE_REFERENCE_ONLY and pc.status in (Status.DIVERGENT, Status.NEAR_TIE):
         passed, why = reference_only(pc, dg, band)

@@ -158,8 +158,9 @@ def status_label(r: GateResult, p: PromptComparison) -> str:
 
 def _prompt_json(p, v, r: GateResult) -> dict:
     """Full detail for a prompt a reviewer must look at; a matching one in a few fields, so a
-    10,000-prompt report stays small (there is no divergence to show)."""
-    if p.status == Status.MATCH and v is not None and p.id not in r.diagnoses:
+    10,000-prompt report stays small (there is no divergence to show); one that failed (a
+    text-level match under strict) keeps its reason."""
+    if p.status == Status.MATCH and v is not None and v.passed and p.id not in r.diagnoses:
         return {
             "id": p.id,
             "status": p.status,

@@ -38,16 +38,7 @@ def baseline_staleness(reference: EngineInfo) -> tuple[str, ...]:
     recorded = reference.options.get("model_digest")
     model_dir = reference.options.get("resolved_model")
     if recorded and model_dir:
-        from strict_gate.core.model_files import NAMED_PREFIXES, model_digest, resolve_model
-
-        if reference.model and reference.model.startswith(NAMED_PREFIXES):  # the path recorded is another checkout's
-            try:
-                model_dir = resolve_model(reference.model, Path.cwd())
-            except ConfigError:
-                model_dir = None
-        current = None if model_dir is None else model_digest(model_dir)
-        if current is not None and current != recorded:
-            stale.append(f"the model files at {model_dir} differ from those it was captured from")
+        stale += _model_changed(reference, recorded, model_dir)
     if not stale:
         return ()
     return (
@@ -55,3 +46,26 @@ def baseline_staleness(reference: EngineInfo) -> tuple[str, ...]:
         f"gives here now; re-capture it with the capture config that made it (`strict-gate capture gates/capture-....toml --out {baseline} "
         "--force`) and commit the new baseline",
     )
+
+
+def _model_changed(reference: EngineInfo, recorded: str, model_dir: str) -> list[str]:
+    """Why the model here is not the one the baseline was captured from: another source file (a
+    registry model's GGUF), or other weights; a conversion by another transformers release of
+    the same file, whose config and template files differ, is the same model."""
+    from strict_gate.core.model_files import NAMED_PREFIXES, model_digests, model_source, resolve_model
+
+    here: str | None = model_dir
+    if reference.model and reference.model.startswith(NAMED_PREFIXES):  # the path recorded is another checkout's
+        try:
+            here = resolve_model(reference.model, Path.cwd())
+        except ConfigError:
+            here = None
+    if here is None:
+        return []
+    source, now = reference.options.get("model_source"), model_source(here)
+    if source and now and source != now:
+        return [f"the model at {here} was converted from another file ({now}) than it was captured from ({source})"]
+    current = model_digests(here)
+    if current and recorded not in current:
+        return [f"the model files at {here} differ from those it was captured from"]
+    return []

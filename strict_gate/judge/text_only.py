@@ -39,6 +39,27 @@ def text_level(ref: Record, cand: Record, decode: Decode | None) -> bool:
     return decode(ref.prompt_token_ids, ref.token_ids) == cand.text_only.text
 
 
+def strict_problem(ref: Record, cand: Record) -> str | None:
+    """Why a text-level match is no token-for-token one (what strict judges), or None: the
+    server's own count of generated tokens is not the reference's, or its text re-tokenises to
+    other ids. Equal text is then all that is shown, and the ids the server never returned are
+    not shown equal."""
+    if cand.text_only is None:
+        return None
+    n, want = cand.text_only.usage_completion_tokens, len(ref.token_ids)
+    if n is not None and n != want:
+        return (f"text-level match only: the server's usage.completion_tokens says it generated {n} tokens and the "
+                f"reference generated {want}: by its own count its ids are not the reference's, and strict judges "
+                "token for token")
+    if tuple(cand.token_ids) != tuple(ref.token_ids):
+        k = next((i for i, (a, b) in enumerate(zip(ref.token_ids, cand.token_ids)) if a != b),
+                 min(len(ref.token_ids), len(cand.token_ids)))
+        return (f"text-level match only: its text re-tokenises to other ids than the reference's (from position {k}: "
+                f"{len(cand.token_ids)} ids against {want}), and strict judges token for token (policy near-tie "
+                "accepts equal text)")
+    return None
+
+
 def is_text_only(run: Run) -> bool:
     """A run made by a text-only arm (its engine options say so)."""
     return bool(run.manifest.engine.options.get("text_only"))

@@ -11,8 +11,10 @@ ulps = 2                   # optional: nor below 2 spacings of the dtype at the 
 
 The rule, stated in every report that uses it:
   band = max(floor, largest same-build self-flip gap, ulps x spacing(dtype, largest magnitude)).
-A profile whose battery, model digest or dtype differs from the gate's is refused (exit 2), and
-so is a measured band over self-flips whose gap no side knows: no number can be measured then.
+A profile whose battery, model digest, dtype or engine differs from the gate's, that was
+measured over more tokens than the gate judges, or that names no records for a recorded
+reference, is refused (exit 2, naming the field), and so is a measured band over self-flips
+whose gap no side knows: no number can be measured then.
 """
 
 from __future__ import annotations
@@ -59,25 +61,39 @@ class ArmFacts:
     model_digest: str | None
     baseline: str | None = None
     baseline_sha256: str | None = None
+    engine: str | None = None  # the engine kind (a recorded reference's: its baseline's)
+    model_digests: frozenset[str] = frozenset()  # every form of its digest (core/model_files.model_digests)
 
 
-def fit_problems(profile: NoiseProfile, facts: ArmFacts, battery_sha256: str) -> list[str]:
-    """Why this profile does not describe this gate's reference on this battery; [] when it does."""
+def fit_problems(profile: NoiseProfile, facts: ArmFacts, battery_sha256: str, max_tokens: int | None = None) -> list[str]:
+    """Why this profile does not describe this gate's reference on this battery, each naming the
+    profile's field; [] when it does."""
     p = profile.provenance
     out = []
     if p.battery.sha256 != battery_sha256:
-        out.append(f"it was measured on battery {p.battery.name!r} (sha256 {p.battery.sha256[:12]}...), and the "
-                   f"gate's prompt set is sha256 {battery_sha256[:12]}...")
+        out.append(f"provenance.battery.sha256: it was measured on battery {p.battery.name!r} (sha256 "
+                   f"{p.battery.sha256[:12]}...), and the gate's prompt set is sha256 {battery_sha256[:12]}...")
     if facts.model_digest is None or p.model_digest is None:
-        out.append("the model digest of the profile or of the gate's reference is unknown, so it cannot be "
-                   "checked to be the same model")
-    elif p.model_digest != facts.model_digest:
-        out.append(f"it profiles model {p.model!r} ({p.model_digest[:24]}...), and the gate's reference is "
-                   f"{facts.model!r} ({facts.model_digest[:24]}...)")
+        out.append("provenance.model_digest: the model digest of the profile or of the gate's reference is unknown, "
+                   "so it cannot be checked to be the same model")
+    elif p.model_digest not in (facts.model_digests or {facts.model_digest}):
+        out.append(f"provenance.model_digest: it profiles model {p.model!r} ({p.model_digest[:24]}...), and the gate's "
+                   f"reference is {facts.model!r} ({facts.model_digest[:24]}...)")
     if facts.dtype is None or p.dtype != facts.dtype:
-        out.append(f"it was measured in dtype {p.dtype}, and the gate's reference runs in {facts.dtype or 'an unstated dtype'}")
-    if facts.baseline_sha256 is not None and p.baseline_sha256 is not None and p.baseline_sha256 != facts.baseline_sha256:
-        out.append("the gate's baseline was re-captured after the profile was measured (its records differ)")
+        out.append(f"provenance.dtype: it was measured in dtype {p.dtype}, and the gate's reference runs in "
+                   f"{facts.dtype or 'an unstated dtype'}")
+    if facts.engine is not None and p.engine != facts.engine:
+        out.append(f"provenance.engine: it was measured on engine {p.engine!r}, and the gate's reference is "
+                   f"{facts.engine!r} (another engine's noise is not this one's)")
+    if facts.baseline_sha256 is not None and p.baseline_sha256 is None:
+        out.append("provenance.baseline_sha256: the gate's reference is a stored baseline and the profile names no "
+                   "records it was measured on, so a re-captured baseline could not be told")
+    elif facts.baseline_sha256 is not None and p.baseline_sha256 != facts.baseline_sha256:
+        out.append("provenance.baseline_sha256: the gate's baseline was re-captured after the profile was measured "
+                   "(its records differ)")
+    if max_tokens is not None and p.max_tokens > max_tokens:
+        out.append(f"provenance.max_tokens: it was measured over {p.max_tokens} tokens, and the gate judges "
+                   f"{max_tokens}: its flips past position {max_tokens - 1} would set the band")
     return out
 
 

@@ -7,10 +7,13 @@ tokens is compared at every step (each step has the decode's own prefix).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from strict_gate.noise.profile import ExactTie, SelfFlip, Variation, largest
+import msgspec
+
+from strict_gate.noise.profile import K_RUNS, ExactTie, NoiseProfile, SelfFlip, Variation, largest
 from strict_gate.noise.ulp import gap_ulps
 from strict_gate.runs.records import Record, ScoredStep, TopK
 
@@ -111,6 +114,28 @@ def sample_sites(base: Mapping[str, Record]) -> tuple[list[FlipSite], Tally]:
                 seen.add((i, s[i]))
                 sites.append(FlipSite(pid, i, samples[0][i], s[i], _step(rec, i), None))
     return sites, Tally(prompts, positions, lengths)
+
+
+def _keys(flips: Iterable[SelfFlip]) -> list[str]:
+    return sorted(json.dumps(msgspec.to_builtins(f), sort_keys=True) for f in flips)
+
+
+def sample_flip_problems(profile: NoiseProfile, records: Mapping[str, Record]) -> list[str]:
+    """The K-run variations' flips and counts re-derived from the baseline's own records (the
+    samples against the golden, sample_sites): a profile must hold exactly those, or it is not
+    the profile of this baseline (a flip widened by hand, resealed, included)."""
+    out = []
+    for i, v in enumerate(profile.variations):
+        if v.kind != K_RUNS:
+            continue
+        sites, tally = sample_sites(records)
+        want = [self_flip(s, v.name, profile.provenance.dtype) for s in sites]
+        have = profile.flips_of(v.name)
+        if _keys(want) != _keys(have) or (v.prompts, v.positions) != (tally.prompts, tally.positions):
+            out.append(f"variations[{i}] ({v.name}): its {len(have)} self-flip(s) over {v.prompts} prompt(s) are not "
+                       f"what the baseline's records hold ({len(want)} over {tally.prompts}, re-derived from its "
+                       "samples)")
+    return out
 
 
 def scored_sites(base: Mapping[str, Record], scored: Mapping[str, Sequence[ScoredStep]]) -> tuple[list[FlipSite], Tally]:

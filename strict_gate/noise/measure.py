@@ -31,7 +31,7 @@ from strict_gate.noise.flips import (
     self_flip,
     variation,
 )
-from strict_gate.noise.profile import SelfFlip, Variation
+from strict_gate.noise.profile import K_RUNS, SelfFlip, Variation
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run, ScoredStep
 
@@ -67,7 +67,7 @@ class Measured:
 
 def k_runs(m: Measured, base: Run, k: int, source: str) -> None:
     if k >= 2:
-        m.add(f"runs-{k}", "runs", f"{k} runs of each prompt, one prompt per call ({source}), each against the "
+        m.add(f"runs-{k}", K_RUNS, f"{k} runs of each prompt, one prompt per call ({source}), each against the "
               "first", sample_sites(base.records))
 
 

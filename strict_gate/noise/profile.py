@@ -169,11 +169,34 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a profile may hold")
 
 
+SECOND_BUILD = "second_build"  # the one kind of variation that is another oracle, not the reference's own noise
+K_RUNS = "runs"  # the variation read from a baseline's K captured runs
+GAP_EPS = 1e-9
+
+
+def _side_a_gap(f: SelfFlip) -> float | None:
+    """Side a's gap as its logprobs of the two tokens give it (noise/flips.py's rule)."""
+    a, b = f.logprobs
+    return None if a is None or b is None else max(0.0, a - b)
+
+
+def _check_kinds(p: NoiseProfile, where: str) -> None:
+    """A second build is never the reference's own noise, and nothing else is a second build:
+    a resealed `same_build` would fold another oracle's flips into the band."""
+    for i, v in enumerate(p.variations):
+        other = v.kind == SECOND_BUILD
+        if v.same_build == other or v.name.startswith("build:") != other:
+            raise InputError(f"variations[{i}].same_build: variation {v.name!r} of kind {v.kind!r} says same_build = "
+                             f"{str(v.same_build).lower()}; a {SECOND_BUILD} (named build:...) is another build, "
+                             "every other kind the reference itself", path=where)
+
+
 def _check_figures(p: NoiseProfile, where: str) -> None:
     """Every stated figure agrees with the flips it summarises."""
     names = [v.name for v in p.variations]
     if len(set(names)) != len(names):
         raise InputError("the noise profile names a variation twice", path=where)
+    _check_kinds(p, where)
     for f in p.self_flips:
         if f.variation not in names:
             raise InputError(f"self-flip {f.id}@{f.position} belongs to no variation ({f.variation!r})", path=where)
@@ -195,3 +218,8 @@ def _check_figures(p: NoiseProfile, where: str) -> None:
     want = sealed(msgspec.structs.replace(p, seal=""))
     if (want.largest_self_flip_gap, want.largest_magnitude) != (p.largest_self_flip_gap, p.largest_magnitude):
         raise InputError("the noise profile's largest self-flip gap or magnitude disagrees with its flips", path=where)
+    for i, f in enumerate(p.self_flips):
+        side_a = _side_a_gap(f)
+        if (side_a is None) != (f.gaps[0] is None) or (side_a is not None and abs(side_a - (f.gaps[0] or 0.0)) > GAP_EPS):
+            raise InputError(f"self_flips[{i}].gaps: self-flip {f.id}@{f.position} states side a's gap {f.gaps[0]} and "
+                             f"its logprobs {list(f.logprobs)} give {side_a}", path=where)

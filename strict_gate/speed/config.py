@@ -55,6 +55,7 @@ class TokenRules:
     top_logprobs: int
     band: float
     greedy_tolerance: float
+    eos_ids: frozenset[int] = frozenset()  # what the timed requests (ignore_eos) told the engines to go past
 
 
 @dataclass(frozen=True)

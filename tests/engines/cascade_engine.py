@@ -14,6 +14,12 @@ ROLE `reference` decodes the model greedily. ROLE `candidate` decodes it too, ex
   --score-refuses  it declares `score` and answers every score request with an error
   --prefill-disagrees  its score op (prefill) ranks the reference's argmax 0.03 nats above its
                    own token at each flip, where its decode chose its own: a negative re-scored gap
+  --lean J         at its flip J its decode lists the reference's argmax 0.0005 nats above its own
+                   token (a greedy choice within the gate's 1e-3 tolerance), and so does its score op
+  --stop J         it stops after position J (finish "stop") on the model's argmax there, an
+                   ordinary token, not an end-of-sequence id: an early stop nothing judged
+Both roles take --eos-at J: the model's argmax at generated position J is the end-of-sequence
+id EOS (2), where the role stops (finish "stop", the EOS included), as a real model ends.
 Every token the candidate picks is its own top-1 in what it reports, so the run audit passes;
 its score op answers from the same claims (the candidate's own view of its prefix).
 """
@@ -26,6 +32,8 @@ import sys
 
 TIE = 0.05
 TIES = (2, 5)  # generated positions where the model's top-2 are 0.05 nats apart
+EOS = 2
+EOS_AT: set[int] = set()  # generated positions where the model's argmax is EOS (--eos-at)
 
 
 def model(prefix: list[int], j: int) -> list[tuple[int, float]]:
@@ -33,6 +41,8 @@ def model(prefix: list[int], j: int) -> list[tuple[int, float]]:
     a token 2 nats off, one 4.9 nats off, a filler."""
     a = (sum(prefix) * 31 + len(prefix) * 7) % 40 + 10
     margin = TIE if j in TIES else 3.0
+    if j in EOS_AT:
+        return [(EOS, -0.1), (a, -3.1), (a + 200, -4.1), (a + 300, -5.0), (a + 400, -7.0)]
     return [(a, -0.1), (a + 50, -0.1 - margin), (a + 200, -2.1), (a + 300, -5.0), (a + 400, -7.0)]
 
 
@@ -48,6 +58,8 @@ def candidate_top(prefix: list[int], j: int, a: argparse.Namespace, flipped: boo
         chosen = top[2][0]
     else:
         return top
+    if j in a.lean:
+        return [(argmax, -0.0995), (chosen, -0.1)] + [(t + 1000, -8.0 - i) for i, (t, _) in enumerate(top[:3])]
     claimed = [(chosen, -0.1)] + ([] if j == a.hide_argmax else [(argmax, -0.1 - TIE)])
     return claimed + [(t + 1000, -8.0 - i) for i, (t, _) in enumerate(top[:5 - len(claimed)])]
 
@@ -68,9 +80,12 @@ def generate(req: dict, a: argparse.Namespace) -> dict:
     prompt, tokens, tops = list(req["prompt_token_ids"]), [], []
     for j in range(req["max_tokens"]):
         top = view(prompt, tokens, j, a)[: max(1, req.get("top_logprobs", 5))]
-        tokens.append(top[0][0])
+        tokens.append(top[1][0] if a.role == "candidate" and j in a.lean else top[0][0])
         tops.append([list(p) for p in top])
-    return {"id": req["id"], "prompt_token_ids": prompt, "token_ids": tokens, "finish_reason": "length",
+        if tokens[-1] == EOS or j == a.stop:
+            break
+    finish = "stop" if len(tokens) < req["max_tokens"] or tokens[-1] == EOS else "length"
+    return {"id": req["id"], "prompt_token_ids": prompt, "token_ids": tokens, "finish_reason": finish,
             "top_logprobs": tops}
 
 
@@ -94,7 +109,11 @@ def main() -> None:
     ap.add_argument("--hide-argmax", type=int, default=None)
     ap.add_argument("--score-refuses", action="store_true")
     ap.add_argument("--prefill-disagrees", action="store_true")
+    ap.add_argument("--stop", type=int, default=None)
+    ap.add_argument("--lean", type=int, action="append", default=[])
+    ap.add_argument("--eos-at", type=int, action="append", default=[])
     a = ap.parse_args()
+    EOS_AT.update(a.eos_at)
     send({"hello": "strict-gate/engine@1", "name": f"cascade-{a.role}", "version": "1", "model": "toy",
           "capabilities": ["generate", "score"], "versions": {}})
     for line in sys.stdin:

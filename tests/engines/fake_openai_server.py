@@ -73,6 +73,7 @@ class Behaviour:
     flaky: bool = False  # TEXT_ONLY: every second request's tokens come in reverse order
     usage: bool = True  # TEXT_ONLY: the answer states usage
     overrun: int = 0  # TEXT_ONLY: generates max_tokens + overrun tokens
+    usage_lie: int = 0  # TEXT_ONLY: a reply that stopped (EOS) states this many more completion tokens
 
 
 def fake_token(prompt, i: int) -> int:
@@ -197,7 +198,8 @@ def _text_completion(model: _TextModel, body: dict[str, Any], n_request: int) ->
     finish = "stop" if gen and gen[-1] == eos else "length"
     text = model.text(prompt, gen)
     deltas = [model.text(prompt, gen[: i + 1])[len(model.text(prompt, gen[:i])):] for i in range(len(gen))]
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
+    told = len(gen) + (model.b.usage_lie if finish == "stop" else 0)
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": told, "total_tokens": len(prompt) + told}
     return {"index": 0, "text": text, "finish_reason": finish, "usage": usage if model.b.usage else None}, deltas
 
 

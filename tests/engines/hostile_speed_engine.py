@@ -16,6 +16,15 @@ each later one), except where its trick says otherwise:
               seconds before its first token, then --per-token each (almost as slow)
   cache       a prompt equal to the previous request's skips its prefill (--ttft): a
               one-entry prefix cache
+  tie         a timed request (with "ignore_eos") answers honestly and reports its token at
+              position 1 0.01 nats above a runner-up (token + 500): a near-tie
+  tie-garbage the same tie, flipped: position 1 is the runner-up, then zeros to the end, each
+              claimed as its own top-1
+  eos-masked  honours ignore_eos as transformers does (min_new_tokens): at position 1 the model's
+              argmax is the EOS (2), masked, so it emits its runner-up (the honest token) and lists
+              the EOS above it (its logprobs are read before the mask)
+  eos-emitted honours ignore_eos as vLLM does: at position 1 it emits the EOS as an ordinary token
+              and goes on
 """
 
 from __future__ import annotations
@@ -36,14 +45,13 @@ def tokens_for(req: dict) -> list[int]:
     return [(base + i + 1) % 1000 for i in range(req["max_tokens"])]
 
 
-def reply(req: dict, toks: list[int]) -> dict:
+def reply(req: dict, toks: list[int], tie: int | None = None) -> dict:
+    """`tie`: the other token of a 0.01-nat tie at position 1 (listed second there)."""
     k = max(1, req.get("top_logprobs", 1))
-    return {
-        "id": req["id"],
-        "token_ids": toks,
-        "finish_reason": "length",
-        "top_logprobs": [[[t, -0.1]] + [[(t + 1 + j) % 1000, -5.0 - j] for j in range(k - 1)] for t in toks],
-    }
+    tops = [[[t, -0.1]] + [[(t + 1 + j) % 1000, -5.0 - j] for j in range(k - 1)] for t in toks]
+    if tie is not None and len(toks) > 1:
+        tops[1] = [[toks[1], -0.1], [tie, -0.11]] + tops[1][1:k - 1]
+    return {"id": req["id"], "token_ids": toks, "finish_reason": "length", "top_logprobs": tops}
 
 
 def event(req: dict, t: int) -> None:
@@ -58,6 +66,28 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
         for t in toks if streaming else ():
             event(req, t)
         send(reply(req, toks))
+        return
+    if args.trick in ("tie", "tie-garbage") and req.get("ignore_eos") and len(toks) > 1:
+        honest, alt = toks[1], (toks[1] + 500) % 1000
+        if args.trick == "tie-garbage":
+            toks = [toks[0], alt] + [0] * (len(toks) - 2)
+        for t in toks if streaming else ():
+            event(req, t)
+        send(reply(req, toks, tie=alt if args.trick == "tie" else honest))
+        return
+    if args.trick in ("eos-masked", "eos-emitted") and req.get("ignore_eos") and len(toks) > 1:
+        out = reply(req, toks)
+        k = len(out["top_logprobs"][1])
+        if args.trick == "eos-emitted":
+            toks[1] = 2
+            out = reply(req, toks)
+            out["top_logprobs"][1] = [[2, -0.05]] + [[(toks[2] if len(toks) > 2 else 7) + j, -3.0 - j]
+                                                     for j in range(k - 1)]
+        else:
+            out["top_logprobs"][1] = [[2, -0.05], [toks[1], -0.1]] + out["top_logprobs"][1][1:k - 1]
+        for t in toks if streaming else ():
+            event(req, t)
+        send(out)
         return
     if args.trick == "burst" and streaming:
         for t in toks:
@@ -79,7 +109,8 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trick", required=True, choices=["burst", "event-ids", "zeros", "slow-first", "cache"])
+    ap.add_argument("--trick", required=True, choices=["burst", "event-ids", "zeros", "slow-first", "cache", "tie", "tie-garbage",
+                                                      "eos-masked", "eos-emitted"])
     ap.add_argument("--ttft", type=float, default=0.2)
     ap.add_argument("--per-token", type=float, default=0.05)
     ap.add_argument("--slow", type=float, default=1.5)

@@ -2,7 +2,7 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
-                             [--delay S]
+                             [--score] [--garbage] [--delay S]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -10,6 +10,10 @@ match replies by id). Token i of a prompt is a function of the prompt alone:
 (sum(ids) * 31 + 7 * i) % 1000 + 1 + S, its logprob -0.1, the runner-up (token + 1) G nats below
 (S: --shift, 0 by default; another S is another engine at batch 1 already). --delay S: each group
 is answered S seconds after it is read (a test signals the gate meanwhile).
+
+--score declares the score op: teacher-forced, position i's top-2 are the batch-1 token and its
+runner-up G nats below, whatever the prefix (the model above). --garbage: where token 2 moved,
+every later token is one that model ranks nowhere (token + 500), claimed as the engine's own top-1.
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
@@ -38,12 +42,27 @@ def send(obj) -> None:
     sys.stdout.flush()
 
 
-def tokens(req: dict, moved: bool, gap: float, shift: int = 0) -> dict:
+def _best(ids, i: int, shift: int) -> int:
+    return (sum(ids) * 31 + 7 * i) % VOCAB + 1 + shift
+
+
+def score(req: dict, gap: float, shift: int) -> dict:
+    """Teacher forcing: each continuation token's logprob and the top-k of the batch-1 model."""
+    ids, k = req["prompt_token_ids"], max(2, req.get("top_logprobs", 2))
+    steps = []
+    for i, t in enumerate(req["continuation_ids"]):
+        best = _best(ids, i, shift)
+        top = [[best, -0.1], [best + 1, -0.1 - gap]] + [[VOCAB + 10 + j, -9.0 - j] for j in range(k - 2)]
+        steps.append({"token_id": t, "logprob": next((v for x, v in top if x == t), -20.0), "top": top})
+    return {"id": req["id"], "steps": steps}
+
+
+def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False) -> dict:
     ids = req["prompt_token_ids"]
     k = max(1, req.get("top_logprobs", 1))
     toks, tops = [], []
     for i in range(req["max_tokens"]):
-        best = (sum(ids) * 31 + 7 * i) % VOCAB + 1 + shift
+        best = _best(ids, i, shift) + (500 if garbage and moved and i > 2 else 0)
         runner = best + 1
         chosen = runner if moved and i == 2 else best
         other = best if chosen == runner else runner
@@ -94,8 +113,10 @@ def main() -> int:
     ap.add_argument("--no-chunk", action="store_true")
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--delay", type=float, default=0.0)
+    ap.add_argument("--score", action="store_true")
+    ap.add_argument("--garbage", action="store_true")
     args = ap.parse_args()
-    caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"])
+    caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
           "max_in_flight": args.max_in_flight, "prefix_cache": not args.no_cache, "pid": os.getpid()})
     seen: set[tuple[int, ...]] = set()
@@ -107,6 +128,10 @@ def main() -> int:
         if any(r.get("op") == "shutdown" for r in group):
             return 0
         time.sleep(args.delay)
+        if group[0].get("op") == "score":
+            for req in group:
+                send(score(req, args.gap, args.shift))
+            continue
         if args.mode == "refuse" and len(group) > 1:
             stdin.drain()
             return 0
@@ -118,7 +143,7 @@ def main() -> int:
                      "chunk": bool(chunk) and chunk < len(ids),
                      "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
             seen.add(ids)
-            reply = tokens(req, moved, args.gap, args.shift)
+            reply = tokens(req, moved, args.gap, args.shift, args.garbage)
             if args.mode == "stray_id" and n == 1:
                 reply["id"] = "never-sent"
             replies.append(reply)

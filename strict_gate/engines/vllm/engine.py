@@ -26,7 +26,13 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strict_gate.core.model_files import find_tokenizer_json, model_digest, portable_model_ref, resolve_model
+from strict_gate.core.model_files import (
+    find_tokenizer_json,
+    model_digest,
+    model_source,
+    portable_model_ref,
+    resolve_model,
+)
 from strict_gate.engines.base import DumpReply, DumpRequest, Engine, PromptInput, Serving
 from strict_gate.engines.device import device_facts
 from strict_gate.engines.process import signals_deferred
@@ -258,6 +264,7 @@ class VLLMEngine(Engine):
                 versions[name] = d[1]
         options = asdict(self.options) | {
             "resolved_model": self.model_path, "llm_kwargs": self.llm_kwargs(), "model_digest": model_digest(self.model_path),
+            "model_source": model_source(self.model_path),
         }
         if self._effective:
             options["effective"] = dict(self._effective)
