@@ -290,20 +290,20 @@ def test_diagnose_refuses_a_rescorer_that_is_the_candidate(tmp_path, monkeypatch
     assert json.loads((d / "report.json").read_text())["verdict"] == before["verdict"] == "incomplete"
 
 
-def test_a_negative_decode_gap_within_the_greedy_tolerance_is_a_tie_said_as_one(tmp_path, monkeypatch):
+def test_a_negative_decode_gap_within_the_greedy_tolerance_is_said_as_one(tmp_path, monkeypatch):
     """At its flip the candidate's decode ranks the reference's token 0.0005 nats above its own
     choice, within the greedy tolerance (1e-3) the gate accepted it as greedy by; its prefill
-    says the same. Its words must not call the choice "not its own argmax" (the greedy check
-    says it is), nor a prefill/decode disagreement (both paths agree): a near-tie by size, with
-    the tolerance named."""
+    says the same. Its own logits did not flip, so it is no near-tie (divergent, as before); but
+    the words must not say its choice was "not its own argmax" (the greedy check passed it), nor
+    call it a prefill/decode disagreement (both paths agree): they name the tolerance."""
     code, out, d, report = _gate(tmp_path, monkeypatch, "--flip", "2", "--lean", "2")
-    assert code == 0, out  # before: exit 1, "candidate gap -0.0005 < 0: ... not its own argmax"
+    assert code == 1, out
     p = _prompt(report)
     fd = p["first_divergence"]
-    assert p["status"] == "near_tie" and fd["candidate_gap"] == pytest.approx(-0.0005)
+    assert p["status"] == "divergent" and fd["candidate_gap"] == pytest.approx(-0.0005)
     for words in ("not its own argmax", "prefill/decode disagreement", "[0, band"):
-        assert words not in fd["reason"], fd["reason"]
-    assert "within the greedy tolerance 0.001" in fd["reason"]
+        assert words not in fd["reason"], fd["reason"]  # before: "... so its choice was not its own argmax"
+    assert "within the greedy tolerance 0.001 (its choice passes as greedy), so its logits did not flip" in fd["reason"]
     assert "not its own argmax" not in (d / "report.md").read_text()
 
 

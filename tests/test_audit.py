@@ -58,9 +58,11 @@ def test_sampler_bug_8_nats_below_own_argmax_is_not_greedy_under_every_policy(tm
 
 def test_exact_tie_at_the_argmax_is_greedy(tmp_path):
     # Either token of an exact tie is a greedy choice; the two arms' different picks are a near-tie.
-    ref = [rec("p", [11, 12], tops=[confident(11), step((12, -0.7), (40, -0.7))])]
-    cand = [rec("p", [11, 40], tops=[confident(11), step((12, -0.7), (40, -0.7))])]
-    result, out = compare(tmp_path, ref, cand, "--policy", "near-tie")
+    # (max_tokens 2, "length": a "stop" on 40 would be a stop the gate cannot judge, issue 36)
+    ref = [rec("p", [11, 12], tops=[confident(11), step((12, -0.7), (40, -0.7))], finish="length")]
+    cand = [rec("p", [11, 40], tops=[confident(11), step((12, -0.7), (40, -0.7))], finish="length")]
+    result, out = compare(tmp_path, ref, cand, "--policy", "near-tie", ref_kw={"max_tokens": 2},
+                          cand_kw={"max_tokens": 2})
     assert result.exit_code == 0, result.output
     assert json.loads((out / "report.json").read_text())["prompts"][0]["status"] == "near_tie"
 

@@ -233,8 +233,8 @@ def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band:
                 one_sided: bool = False, greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> Cascade:
     """Judge candidate positions first+1 .. end-1 from the reference's re-scored positions
     (`reference`, any order; positions it lacks are unverified because of `why_short`) and the
-    candidate's view of its own prefix (ignored when one_sided; a decode gap down to
-    -greedy_tolerance is a greedy choice, a tie by its size)."""
+    candidate's view of its own prefix (ignored when one_sided; the greedy tolerance words a
+    negative decode gap)."""
     by_pos = {sp.position: sp for sp in reference}
     flips: list[LaterPosition] = []
     divergent: list[LaterPosition] = []

@@ -76,7 +76,7 @@ class Divergence:
     candidate_top: TopK | None = None
     reference_rescored: Rescored | None = None  # the teacher-forced gap, when the divergence was re-scored
     candidate_rescored: Rescored | None = None
-    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # a decode gap down to -this is a greedy choice
+    greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # the arm's greedy check: how a negative gap is worded
 
 
 @dataclass(frozen=True)
@@ -155,11 +155,17 @@ def _unknown(label: str, gap: float | None, top: TopK | None, other: str) -> str
 
 
 def _value_problem(label: str, gap: float, band: float, tolerance: float) -> str | None:
-    """Why a known gap does not make a near-tie, or None when 0 <= gap <= band."""
+    """Why a known gap does not make a near-tie, or None when 0 <= gap <= band. A negative one
+    means the side's own logits rank the other token first: they did not flip, so it is no
+    near-tie; within the greedy tolerance its decode was still greedy, and the words say so."""
     if not math.isfinite(gap):
         return f"{label} {gap} is not a finite number"
     if gap < 0:
         side = label.split()[0]
+        if gap >= -tolerance - BAND_EPS:
+            return (f"{label} {gap:.6g} < 0: the {side}'s own logprobs rank the other token {-gap:.4g} nats higher, "
+                    f"within the greedy tolerance {tolerance:g} (its choice passes as greedy), so its logits did not "
+                    "flip: no near-tie")
         return (f"{label} {gap:.6g} < 0, beyond the greedy tolerance {tolerance:g}: the {side}'s own logprobs rank "
                 "the other token higher, so its choice was not its own argmax")
     if gap > band + BAND_EPS:
@@ -168,21 +174,15 @@ def _value_problem(label: str, gap: float, band: float, tolerance: float) -> str
     return None
 
 
-def _leans(gap: float | None, tolerance: float) -> bool:
-    """A decode gap below 0 within the greedy tolerance: the side chose a token a hair below its
-    own top-1, which the greedy check accepts; a tie by its size."""
-    return gap is not None and math.isfinite(gap) and -tolerance - BAND_EPS <= gap < 0
-
-
 def side_problem(label: str, gap: float | None, top: TopK | None, other: str, band: float,
                  rescored: Rescored | None = None, tolerance: float = DEFAULT_GREEDY_TOLERANCE) -> str | None:
     """Why one side does not make a near-tie, or None when it does: every known measure of its
-    gap lies in [0, band] (decode-time, from its top-k, by its size where it is negative within
-    the greedy tolerance; teacher-forced, re-scored, by its size: a side's prefill may rank a tie
-    the other way round than its decode did, a rounding, not a greedy violation), at least one is
-    known, and re-scoring did not put the other token outside its top-k."""
+    gap lies in [0, band] (decode-time, from its top-k; teacher-forced, re-scored, by its size:
+    a side's prefill may rank a tie the other way round than its decode did, a rounding, not a
+    greedy violation), at least one is known, and re-scoring did not put the other token
+    outside its top-k. `tolerance` (the greedy tolerance) only words a negative decode gap."""
     unknown = _unknown(label, gap, top, other)
-    known = [] if gap is None or unknown is not None else [(f"{label} gap", abs(gap) if _leans(gap, tolerance) else gap)]
+    known = [] if gap is None or unknown is not None else [(f"{label} gap", gap)]
     if rescored is not None and rescored.gap is not None:  # its size: prefill may order a tie either way
         known.append((f"{label} re-scored |gap|", abs(rescored.gap)))
     if not known and rescored is not None and rescored.why == TEXT_ONLY:
@@ -216,25 +216,18 @@ def classify(d: Divergence, band: float) -> tuple[Status, str]:
 
 
 def tie_reason(d: Divergence, band: float) -> str:
-    """A near-tie's reason. A negative gap is within the band by its size only, and is named for
-    what it is: a decode gap within the greedy tolerance (the side chose a token a hair below
-    its own top-1), or a re-scored one where the decode chose its own (that side's prefill ranks
-    the tie the other way round). The words never say "[0, band]" of a number outside it."""
-    sides = (("reference", d.reference_gap, d.reference_rescored), ("candidate", d.candidate_gap, d.candidate_rescored))
-    rescored = [f"{side} {r.gap:.4g}" for side, _, r in sides if r is not None and r.gap is not None]
-    leaned = [(side, g) for side, g, _ in sides if g is not None and _leans(g, d.greedy_tolerance)]
-    flipped = [side for side, g, r in sides if r is not None and r.gap is not None and r.gap < 0
-               and side not in dict(leaned)]
-    if not flipped and not leaned:
+    """A near-tie's reason. A negative re-scored gap is within the band by its size only, and is
+    named for what it is: that side's prefill ranks the tie the other way round than its decode
+    did. The words never say "[0, band]" of a number outside it."""
+    sides = (("reference", d.reference_rescored), ("candidate", d.candidate_rescored))
+    rescored = [f"{side} {r.gap:.4g}" for side, r in sides if r is not None and r.gap is not None]
+    flipped = [side for side, r in sides if r is not None and r.gap is not None and r.gap < 0]
+    if not flipped:
         return f"both gaps within [0, band {band:g}]" + (f" (re-scored: {', '.join(rescored)})" if rescored else "")
-    parts = [f"re-scored: {', '.join(rescored)}"] if rescored else []
-    parts += [f"the {side}'s decode chose a token {abs(g):.4g} nats below its own top-1, within the greedy tolerance "
-              f"{d.greedy_tolerance:g}" for side, g in leaned]
-    if flipped:
-        who = " and ".join(f"the {side}'s" for side in flipped)
-        parts.append(f"negative: {who} prefill prefers the other token where its decode chose its own, a "
-                     "prefill/decode disagreement at a tie")
-    return f"both gaps within the band {band:g} by size ({'; '.join(parts)})"
+    who = " and ".join(f"the {side}'s" for side in flipped)
+    return (f"both gaps within the band {band:g} by size (re-scored: {', '.join(rescored)}; negative: "
+            f"{who} prefill prefers the other token where its decode chose its own, a prefill/decode "
+            "disagreement at a tie)")
 
 
 def reclassify(pc: PromptComparison, band: float, reference: Rescored | None,
