@@ -3,8 +3,8 @@
 # ./.venvs/llamacpp, a venv of its own: the adapter runs under that interpreter, so
 # llama.cpp's numpy/gguf pins never touch strict-gate's .venv. Idempotent.
 #
-# llama-cpp-python builds llama.cpp from source (7.5 min on 2 quiet cores, 36 min on busy ones, on the 2-core development
-# machine, once), so the built wheel is cached under $STRICT_GATE_CACHE/wheels (default ~/.cache/strict-gate) and
+# llama-cpp-python builds llama.cpp from source once (only the two libraries the binding loads: this whole script took
+# 5.5 min from a fresh clone on the 2-core development machine, 19.5 min with llama.cpp's common library), so the built wheel is cached under $STRICT_GATE_CACHE/wheels (default ~/.cache/strict-gate) and
 # reused. The build uses -march=native (llama.cpp's default), so the cache key includes a
 # hash of the CPU's flags: another CPU rebuilds instead of dying of SIGILL.
 # The sdist is kept in the cache too: its vendor/llama.cpp holds convert_hf_to_gguf.py and
@@ -37,7 +37,7 @@ sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE BOOL "Build llama.cpp common library" 
   "$SDIST_DIR/CMakeLists.txt"
 
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMACPP_VERSION from source (7.5 min on 2 quiet cores, 36 min on busy ones; a one-time cost)..." >&2
+  echo "building llama-cpp-python $LLAMACPP_VERSION from source (libllama and libggml: a few minutes on 2 cores; a one-time cost)..." >&2
   # LLAVA_BUILD=OFF: the multimodal library is not needed and is a third of the build.
   CMAKE_ARGS="-DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps \
