@@ -45,7 +45,7 @@ def stated_device(info: EngineInfo) -> Device:
     said = {
         "device_info": _text(facts.get("type")) if isinstance(facts, dict) else None,
         "effective.device_type": _text(effective.get("device_type")) if isinstance(effective, dict) else None,
-        "device": _text(opts.get("device")) if info.kind == "hf" else None,
+        "device": _text(opts.get("device")),  # an arm's own `device` option (hf's), where it has one
     }
     found = {k: v for k, v in said.items() if v}
     if len(set(found.values())) > 1:
