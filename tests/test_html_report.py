@@ -220,7 +220,8 @@ def test_speed_section_renders_in_a_real_browser(report, tmp_path):
     assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line] == []
     dom = proc.stdout
     section = dom[dom.index('<h2 id="speed">Speed</h2>'):dom.index("<h2>Engines</h2>")]
-    assert '<p class="speedv fail">speed: fail (min_speed_ratio decode 0.95x)</p>' in section
+    # the verdict line names the config the arms differ in (the fixture's arms differ in dtype)
+    assert '<p class="speedv fail">speed: fail (min_speed_ratio decode 0.95x); config differs: dtype</p>' in section
     assert re.findall(r"<tr><td>([^<]*)</td>", section) == ["128/128", "1024/128@4"]
     assert "decode 0.81x vLLM [0.80, 0.82]" in section and "<tr class=\"kinds\"><th>engine</th><th>vLLM</th>" in section and '<li class="flat">dtype:' in section
     assert 'href="#speed">speed: fail' in dom and "FAIL: reference-vs-candidate" in dom  # the token verdict stays its own
