@@ -115,10 +115,15 @@ def test_a_profile_of_another_dtype_is_refused(here):
     assert r.exit_code == 2 and "measured in dtype float32" in r.output and "bfloat16" in r.output
 
 
-def test_a_profile_of_another_battery_is_refused(here):
-    _profiled(here)
+def _small_battery(here) -> None:
+    """prompts/small.jsonl: battery-128's first 16 prompts, another battery than the profile's."""
     lines = (here / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)
     (here / "prompts" / "small.jsonl").write_text("".join(lines[:16]))
+
+
+def test_a_profile_of_another_battery_is_refused(here):
+    _profiled(here)
+    _small_battery(here)
     gate(here, band="measured", prompts="../prompts/small.jsonl")
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "measured on battery 'battery-128'" in r.output
@@ -282,8 +287,7 @@ def test_a_field_refused_is_named_for_model_dtype_and_battery(here):
     gate(here, reference=BF16, candidate=FP32, band="measured", noise={"profile": f"../baselines/{FP32}/noise.json"})
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "provenance.dtype" in r.output and "provenance.model_digest" not in r.output
-    lines = (here / "prompts" / "battery-128.jsonl").read_text().splitlines(keepends=True)
-    (here / "prompts" / "small.jsonl").write_text("".join(lines[:16]))
+    _small_battery(here)
     gate(here, band="measured", prompts="../prompts/small.jsonl")
     r = cli("gate", "gates/gate.toml")
     assert r.exit_code == 2 and "provenance.battery.sha256" in r.output
