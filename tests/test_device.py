@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from strict_gate.engines import device
 from strict_gate.engines.device import device_facts, device_type
-from strict_gate.engines.vllm.engine import _attention_backend
+from strict_gate.engines.vllm.engine import _attention_backend, _layer_backends, _read_backends
 
 
 def test_device_type_and_facts_never_fail(monkeypatch):
@@ -35,6 +35,30 @@ def test_the_attention_backend_is_read_back_else_the_variable_else_auto(monkeypa
     assert _attention_backend(SimpleNamespace(), {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}) == \
         "TRITON_ATTN (from VLLM_ATTENTION_BACKEND)"
     assert _attention_backend(SimpleNamespace(attention_config=SimpleNamespace(backend=None)), {}) == "auto"
+    assert _attention_backend(chosen, {}, ["FLASH_ATTN", "TRITON_ATTN"]) == "FLASH_ATTN+TRITON_ATTN"
+
+
+def test_the_workers_backends_are_read_only_where_apply_model_may_pickle(monkeypatch):
+    """A stand-in for vLLM's LLM (its apply_model runs the function on each worker's model): the
+    layers' backends are read back with VLLM_ALLOW_INSECURE_SERIALIZATION=1 and not asked for without it."""
+    class Backend:
+        def __init__(self, name):
+            self.name = name
+
+        def get_name(self):
+            return self.name
+
+    layers = [SimpleNamespace(attn_backend=Backend("FLASH_ATTN")), SimpleNamespace(attn_backend=Backend("FLASH_ATTN")),
+              SimpleNamespace(attn_backend=None), SimpleNamespace()]
+    model = SimpleNamespace(modules=lambda: iter(layers))
+    asked = []
+    llm = SimpleNamespace(apply_model=lambda fn: asked.append(fn) or [fn(model)])
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    assert _read_backends(llm) is None and asked == []
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    assert _read_backends(llm) == ["FLASH_ATTN"] and _layer_backends(model) == ["FLASH_ATTN"]
+    broken = SimpleNamespace(apply_model=lambda fn: (_ for _ in ()).throw(RuntimeError("worker gone")))
+    assert _read_backends(broken) is None
 
 
 def test_the_hf_manifest_states_its_device():

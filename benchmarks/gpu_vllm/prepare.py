@@ -51,6 +51,33 @@ def cut_prompts(source: Path, n: int, out: Path) -> Path:
     return path
 
 
+KIMI = "examples/models/tiny-kimi-linear"
+
+
+def kimi_nope(root: Path, out: Path) -> Path:
+    """A copy of the tiny Kimi-Linear whose config.json states `"mla_use_nope": true`: vLLM 0.26's
+    KimiMLAAttention asserts it (its KimiLinearConfig defaults it to False; transformers' attention is
+    NoPE without the key), so vLLM's arm loads this copy; the weights and tokenizer are the same files."""
+    import json
+    import shutil
+
+    dst = out / "tiny-kimi-linear-nope"
+    shutil.copytree(root / KIMI, dst, dirs_exist_ok=True)
+    cfg = json.loads((dst / "config.json").read_text(encoding="utf-8"))
+    cfg["mla_use_nope"] = True
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return dst
+
+
+def vllm_kimi(text: str, nope: Path) -> str:
+    """The [reference] vllm arm of a Kimi gate pointed at the nope copy (the other arms keep the model)."""
+    head, sep, rest = text.partition("[reference]")
+    body, sep2, tail = rest.partition("\n[")
+    if 'kind = "vllm"' in body and KIMI in body:
+        body = body.replace(f'model = "../../{KIMI}"', f'model = "{nope}"')
+    return head + sep + body + sep2 + tail
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
@@ -67,6 +94,8 @@ def main() -> None:
         if a.prompts and 'kind = "recorded"' not in text:  # a baseline holds the whole set: never cut its gate
             m = re.search(r'^prompts = "([^"]+)"', text, re.M)
             prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
+        if KIMI in text:
+            text = vllm_kimi(text, kimi_nope(here.parent.parent, a.out))
         (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
                                             python=a.python),
                                     encoding="utf-8")

