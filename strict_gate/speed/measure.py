@@ -172,14 +172,6 @@ class _RungTimer:
         return self.out
 
 
-def measure_rung(engine: Engine, ladder: Ladder, rung: Rung, runs: int, warmup: int,
-                 vocab: int | None = None) -> ArmRung:
-    timer = _RungTimer(engine, ladder, rung, warmup, vocab)
-    for rep in range(warmup + runs):
-        timer.repetition(rep)
-    return timer.result()
-
-
 class _Arm:
     """One started engine over the ladder: what it stated, and the rung it failed on."""
 
