@@ -71,6 +71,36 @@ def kimi_mla(root: Path, out: Path, python: str) -> Path:
     return dst
 
 
+def kimi_vllm(mla: Path) -> Path:
+    """The same weights as vLLM 0.26's Kimi-Linear loader names them: transformers keeps the dense
+    layers' MLP under `block_sparse_moe` and says which layers are dense in `mlp_layer_types`, vLLM reads
+    `first_k_dense_replace` (default 0: every layer MoE) and loads a dense MLP from `mlp`. Only the
+    names and those two config keys differ; the reference arm of a Kimi gate runs this copy."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst = mla.parent / f"{mla.name}-vllm"
+    if (dst / "config.json").exists():
+        return dst
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(mla, tmp, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    cfg = json.loads((mla / "config.json").read_text(encoding="utf-8"))
+    dense = [i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "dense"]
+    if dense != list(range(len(dense))):
+        raise SystemExit(f"vLLM's first_k_dense_replace cannot say dense layers {dense}")
+    cfg.update(first_k_dense_replace=len(dense), moe_layer_freq=1)
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    weights = load_file(mla / "model.safetensors")
+    pre = tuple(f"model.layers.{i}.block_sparse_moe." for i in dense)
+    renamed = {(k.replace(".block_sparse_moe.", ".mlp.", 1) if k.startswith(pre) else k): v for k, v in weights.items()}
+    save_file(renamed, tmp / "model.safetensors", metadata={"format": "pt"})
+    tmp.rename(dst)
+    return dst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
@@ -88,7 +118,11 @@ def main() -> None:
             m = re.search(r'^prompts = "([^"]+)"', text, re.M)
             prompts = cut_prompts((here / m.group(1)).resolve(), a.prompts, a.out) if m else None
         if KIMI in text:
-            text = text.replace(f"../../{KIMI}", str(kimi_mla(here.parent.parent, a.out, a.python or sys.executable)))
+            mla = kimi_mla(here.parent.parent, a.out, a.python or sys.executable)
+            head, sep, rest = text.partition("[candidate]")
+            if re.search(r'^\[reference\]\nkind = "vllm"', head, re.M):  # vLLM's loader names the weights its way
+                head = head.replace(f"../../{KIMI}", str(kimi_vllm(mla)))
+            text = (head + sep + rest).replace(f"../../{KIMI}", str(mla))
         (a.out / f.name).write_text(rewrite(text, here, cpu=a.cpu, prompts=prompts, runs=a.runs or None,
                                             python=a.python),
                                     encoding="utf-8")
