@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from strict_gate.judge.compare import Status
-from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
@@ -76,14 +75,15 @@ def render(r: GateResult) -> str:
 def _head(r: GateResult, dec: Decoder) -> list[str]:
     s = r.comparison.summary
     v = r.verdict
+    caveat = v.rule.caveat
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
-        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if Policy(v.policy).one_sided else "")
+        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if v.rule.one_sided else "")
     )
     out.append("")
     out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats)"
-               + (f": {ONE_SIDED}." if Policy(v.policy).one_sided else "."))
+               + (f": {caveat}." if caveat else "."))
     out.append("")
     view = speed_view.of(r)
     if view is not None:  # its own line: the speed verdict never changes the token verdict above
