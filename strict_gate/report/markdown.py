@@ -10,7 +10,7 @@ from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.text import Decoder, around, md, show_token
+from strict_gate.report.text import Decoder, around, gate_decoder, md, show_token
 from strict_gate.runs.records import TopK
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -61,13 +61,14 @@ def trend(history) -> list[str]:
     return out
 
 
-def summary(r: GateResult) -> str:
+def summary(r: GateResult, dec: Decoder | None = None) -> str:
     """The head of report.md (verdict, figures, why, trend): what a CI job summary shows."""
-    return "\n".join(_head(r, Decoder(r.reference.tokenizer, r.candidate.tokenizer)))
+    return "\n".join(_head(r, gate_decoder(r) if dec is None else dec))
 
 
-def render(r: GateResult) -> str:
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+def render(r: GateResult, dec: Decoder | None = None) -> str:
+    """report.md; `dec` is the gate's one decoder when the caller already has it (write_reports)."""
+    dec = gate_decoder(r) if dec is None else dec
     out = _head(r, dec)
     out += _rest(r, dec)
     return "\n".join(out)
