@@ -135,7 +135,7 @@ def finish(result, report_dir: Path | None, exit_code: int | None = None, next_s
 def summarise(result, summary: Path | None) -> None:
     """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
     if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
-        from strict_gate.nightly.loop import summary_markdown, write_summary
+        from strict_gate.report.job_summary import summary_markdown, write_summary
 
         write_summary(summary_markdown(result), summary)
 
