@@ -201,3 +201,31 @@ def test_auto_without_samples_says_so():
 def test_unknown_policy():
     with pytest.raises(ConfigError, match="unknown policy"):
         verdict([rec("a", [1])], [rec("a", [1])], "lenient")
+
+
+def test_a_rule_entered_in_the_mapping_is_a_policy(monkeypatch):
+    """A new policy is its file and its entry in RULES: the Policy names, the check and the
+    verdict take it from there (judge/policy.py built afresh, as the next import would)."""
+    import importlib.util
+    import sys
+    from dataclasses import dataclass
+
+    from strict_gate.judge import policy
+    from strict_gate.judge.policies import RULES
+    from strict_gate.judge.policies.rule import Rule, Ruling
+
+    @dataclass(frozen=True)
+    class Lenient(Rule):
+        def judge(self, case):
+            return Ruling(True, f"lenient about {case.prompt.status}")
+
+    monkeypatch.setitem(RULES, "lenient", Lenient("lenient", "every compared prompt passes", caveat="says nothing"))
+    spec = importlib.util.spec_from_file_location("fresh_policy", policy.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fresh_policy", fresh)
+    spec.loader.exec_module(fresh)
+    assert fresh.check_policy("lenient") is fresh.Policy.LENIENT
+    c, R, C = cmp([rec("a", [1])], [rec("a", [2])])
+    v = fresh.apply_policy(c, "lenient", R, C)
+    assert v.verdict == "pass" and v.prompts[0].reason == "lenient about divergent"
+    assert v.policy_words == "lenient (says nothing)" and v.notes == ("policy lenient: says nothing",)

@@ -230,7 +230,7 @@ def test_the_fast_path_is_taken_for_large_files(tmp_path, monkeypatch):
 @pytest.mark.parametrize("status", list(Status))
 def test_every_status_but_match_and_near_tie_fails_every_policy(status):
     from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, summarize
-    from strict_gate.judge.policy import POLICIES
+    from strict_gate.judge.policies import POLICIES
 
     div = Divergence(0, 3, 4, 0.1, 0.1, 0.1, "why")
     pc = PromptComparison("p", status, None if status == Status.MATCH else div, 0, 0, 1, 1, "detail")

@@ -19,8 +19,8 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import Status, compare_prompt
 from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, ScoredPosition
-from strict_gate.judge.one_sided import reference_only
-from strict_gate.judge.policy import ONE_SIDED, Policy, apply_policy
+from strict_gate.judge.policies.near_tie_reference_only import ONE_SIDED, reference_only
+from strict_gate.judge.policy import Policy, apply_policy
 from strict_gate.runs.reader import _fast, load_run
 from strict_gate.runs.records import Record, Sampling, TextReply
 

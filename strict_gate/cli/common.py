@@ -16,15 +16,15 @@ from rich.markup import escape
 
 from strict_gate.core.shipped import ROOT
 from strict_gate.errors import ExitCode, StrictGateError
+from strict_gate.judge.policies import RULES
 
 console = Console(markup=False, highlight=False)
 err = Console(stderr=True, markup=False, highlight=False)
 
 DEMO_CONFIG = ROOT / "gates" / "demo.toml"
 
-PolicyOpt = Annotated[
-    str | None, typer.Option("--policy", help="strict | near-tie | distributional | auto | near-tie-reference-only (one-sided; default: the config's)")
-]
+POLICY_HELP = "; ".join(f"{n}: {r.doc}" for n, r in RULES.items()) + " (default: the config's)"
+PolicyOpt = Annotated[str | None, typer.Option("--policy", help=POLICY_HELP)]
 BandOpt = Annotated[float | None, typer.Option("--band", help="near-tie band in nats (default 0.5)")]
 # A gate's band is its config's (gate/config.py: the `band` key, DEFAULT_BAND where the config sets
 # none, or "measured" from its noise profile); tests/test_newcomer.py holds the 0.5 to DEFAULT_BAND.
@@ -135,7 +135,7 @@ def finish(result, report_dir: Path | None, exit_code: int | None = None, next_s
 def summarise(result, summary: Path | None) -> None:
     """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
     if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
-        from strict_gate.nightly.loop import summary_markdown, write_summary
+        from strict_gate.report.job_summary import summary_markdown, write_summary
 
         write_summary(summary_markdown(result), summary)
 

@@ -53,8 +53,9 @@ def nightly(
     verdict or a regression, 3 on an incomplete gate."""
     from strict_gate.gate.config import load_gate_config
     from strict_gate.nightly.diff_markdown import render_markdown
-    from strict_gate.nightly.loop import NO_PREVIOUS, run_nightly, write_summary
+    from strict_gate.nightly.loop import NO_PREVIOUS, run_nightly
     from strict_gate.report.console import print_result
+    from strict_gate.report.job_summary import write_summary
 
     cfg = load_gate_config(config)
     progress, hook = progress_bars()

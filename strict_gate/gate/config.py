@@ -23,7 +23,7 @@ from strict_gate.gate.localize_config import LocalizeConfig, parse_localize
 from strict_gate.gate.noise_band import NoiseSetting, noise_setting
 from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND
-from strict_gate.judge.policy import Policy, check_policy
+from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.noise.band import check_gate_band
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
@@ -42,7 +42,7 @@ class GateKeys(Checked):
     name: str | None = None  # None: the config file's stem
     max_tokens: PositiveInt = 16
     top_logprobs: TopLogprobs = 5
-    policy: Annotated[Policy, Parse(check_policy, takes=str)] = Policy.AUTO
+    policy: Annotated[Policy, Parse(check_policy, takes=str)] = DEFAULT_POLICY
     band: Annotated[float | str, Parse(check_gate_band)] = DEFAULT_BAND  # or "measured" (docs/noise.md)
     greedy_tolerance: Annotated[float, Bound(ge=0, unit="nats"), Parse(float)] = DEFAULT_GREEDY_TOLERANCE
     output_dir: str = "reports"

@@ -21,7 +21,6 @@ from strict_gate.judge.cascade import Cascade, stop_problem
 from strict_gate.judge.compare import Comparison
 from strict_gate.judge.compare_runs import compare_runs
 from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate, stored_check
-from strict_gate.judge.one_sided import one_sided_diagnoses
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
@@ -35,12 +34,14 @@ from strict_gate.runs.records import Record, Run, Sampling, now_iso
 def gate_spec(cfg: GateConfig, ps: PromptSet, *, policy: Policy | str | None = None, band: float | None = None,
               config: ConfigRef | None = None) -> GateSpec:
     """A gate's spec: the config's settings, with the command line's policy and band over them.
-    `config` is where the config came from (a resumed gate's, from its state); by default cfg's file."""
+    `config` is where the config came from (a resumed gate's, from its state); by default cfg's file.
+    The command line's policy name is checked here, once (the config's was when it was read); the
+    spec passes the Policy on, and the judgement its rule."""
     return GateSpec(
         name=cfg.name,
         prompt_set=PromptSetRef.of(ps, str(cfg.prompts)),
         sampling=Sampling(cfg.max_tokens, cfg.top_logprobs),
-        policy=check_policy(policy or cfg.policy),
+        policy=check_policy(policy) if policy else cfg.policy,
         band=cfg.band if band is None else band,
         greedy_tolerance=cfg.greedy_tolerance,
         config=config or ConfigRef(str(Path(cfg.path).resolve()), str(cfg.reference.base_dir)),
@@ -139,9 +140,8 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
             diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
     comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
                                         not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
-    if spec.policy.one_sided:
-        diagnoses = one_sided_diagnoses(comparison, diagnoses)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=tuple(problems),
+    diagnoses = spec.rule.diagnoses(comparison, diagnoses)
+    verdict = apply_policy(comparison, spec.rule, ref.records, cand.records, run_problems=tuple(problems),
                            later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     sampled = [r for r in ref.records.values() if r.samples]
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
@@ -188,7 +188,7 @@ def judge_stored(spec: GateSpec, ref: Run, cand: Run, diagnoses: Mapping[str, Di
     if not diagnoses:
         return result
     comparison = stored_check(result.comparison, diagnoses)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
+    verdict = apply_policy(comparison, spec.rule, ref.records, cand.records, run_problems=result.problems,
                            later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=dict(diagnoses), verdict=verdict)
 
@@ -207,8 +207,7 @@ def cross_judge(spec: GateSpec, ref: Run, cand: Run, result: GateResult, candida
         scores, why = {}, TEXT_ONLY if is_text_only(cand) else f"the candidate engine ({candidate.kind}) cannot score"
     comparison, diagnoses = cross_check(result.comparison, result.diagnoses, scores, result.candidate_records,
                                         not_scored=why)
-    if spec.policy.one_sided:
-        diagnoses = one_sided_diagnoses(comparison, diagnoses)
-    verdict = apply_policy(comparison, spec.policy, ref.records, cand.records, run_problems=result.problems,
+    diagnoses = spec.rule.diagnoses(comparison, diagnoses)
+    verdict = apply_policy(comparison, spec.rule, ref.records, cand.records, run_problems=result.problems,
                            later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
     return replace(result, comparison=comparison, diagnoses=diagnoses, verdict=verdict)

@@ -17,7 +17,7 @@ from strict_gate.gate.outcome import ProgressHook
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.compare_runs import compare_on_disk
 from strict_gate.judge.devices import device_notes
-from strict_gate.judge.policy import Policy, check_policy
+from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.text_only import run_decoder
 from strict_gate.noise.band import MEASURED
@@ -34,7 +34,7 @@ def compare_run_dirs(
     reference: str | Path,
     candidate: str | Path,
     *,
-    policy: Policy | str = Policy.AUTO,
+    policy: Policy | str = DEFAULT_POLICY,
     band: float | str = DEFAULT_BAND,
     prompts: str | Path | None = None,
     out: str | Path | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import check_band
+from strict_gate.judge.policies import RULES, Rule
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import PromptSet
@@ -74,7 +75,8 @@ class PromptSetRef:
 @dataclass(frozen=True)
 class GateSpec:
     """Everything the judgement depends on besides the two runs. Checked when built: an
-    unknown policy or a band that is not a finite number >= 0 is bad input (exit 2)."""
+    unknown policy or a band that is not a finite number >= 0 is bad input (exit 2). A Policy
+    was checked where its name was read (gate_spec, a config, a state file); a name is checked here."""
 
     name: str
     prompt_set: PromptSetRef
@@ -85,5 +87,11 @@ class GateSpec:
     config: ConfigRef | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "policy", check_policy(self.policy))
+        if not isinstance(self.policy, Policy):
+            object.__setattr__(self, "policy", check_policy(self.policy))
         object.__setattr__(self, "band", valid_band(self.band))
+
+    @property
+    def rule(self) -> Rule:
+        """The policy's rule: what the judgement applies."""
+        return RULES[self.policy]

@@ -12,7 +12,7 @@ and it carries no logprobs. What the judge can still say:
 - at a difference, where the first differing token is: the comparator's divergence, which the
   reference re-scores on the candidate's prefix. The candidate's own gap stays unknown
   (TEXT_ONLY), so a two-sided policy keeps it divergent; policy near-tie-reference-only
-  judges it from the reference's side alone (judge/policy.py).
+  judges it from the reference's side alone (judge/policies/near_tie_reference_only.py).
 """
 
 from __future__ import annotations

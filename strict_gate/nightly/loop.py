@@ -7,13 +7,12 @@ night is found through the output directory's history.jsonl, or named with `prev
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.errors import ConfigError, ExitCode, InputError
+from strict_gate.errors import ConfigError, ExitCode
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.outcome import GateOutcome, ProgressHook
 from strict_gate.gate.run import run_gate
@@ -27,11 +26,10 @@ from strict_gate.nightly.diff import (
     write_diff_json,
 )
 from strict_gate.nightly.diff_markdown import render_markdown
-from strict_gate.report import GateResult
+from strict_gate.report.job_summary import capped, summary_markdown
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
-SUMMARY_MAX_BYTES = 512 << 10  # GitHub drops a step summary over 1 MiB, and with it the verdict
 NO_PREVIOUS = (
     "## Night to night: no previous night\n\nNo earlier report of this gate was found (the first night, "
     "or the previous night's output directory was not restored), so there is nothing to diff against.\n"
@@ -52,27 +50,6 @@ class NightlyOutcome:
         if code != ExitCode.PASS:
             return code
         return self.diff.exit_code if self.diff else ExitCode.PASS
-
-
-def capped(text: str, limit: int = SUMMARY_MAX_BYTES) -> str:
-    """`text` cut at a line before `limit` UTF-8 bytes, saying so: the head (the verdict) stays."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    note = (f"\n… summary cut at {limit >> 10} KiB (of {len(data) >> 10} KiB): report.md and diff.json in the "
-            "report directory hold everything.\n")
-    keep = data[: limit - len(note.encode("utf-8"))]
-    keep = keep[: keep.rfind(b"\n") + 1] if b"\n" in keep else keep
-    return keep.decode("utf-8", "ignore") + note
-
-
-def summary_markdown(result: GateResult) -> str:
-    """report.md's head (verdict, figures, why, trend), scrubbed like every report."""
-    from strict_gate.core.redact import scrub_obj
-    from strict_gate.report import markdown
-    from strict_gate.report.text import visible
-
-    return visible(markdown.summary(scrub_obj(result)), keep_newlines=True)
 
 
 def bisect_hint(cfg: GateConfig, output_dir: Path, report_dir: Path, failed: bool) -> str:
@@ -98,23 +75,6 @@ def bisect_hint(cfg: GateConfig, output_dir: Path, report_dir: Path, failed: boo
     command = bisect_command(Path(cfg.path).resolve(), repo, good, tonight, report_dir.resolve())
     return (head + f"Tonight fails and {good[:12]} passed: the first failing commit between them, re-running "
             "only tonight's failing prompts against the stored reference:\n\n```\n" + command + "\n```\n")
-
-
-def write_summary(text: str, path: str | Path | None = None) -> None:
-    """Write the summary to `path` and append it to $GITHUB_STEP_SUMMARY when that is set."""
-    step = os.environ.get("GITHUB_STEP_SUMMARY")
-    target = path
-    text = capped(text)
-    try:
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(Path(path), text)
-        if step:
-            target = step
-            with open(step, "a", encoding="utf-8") as f:
-                f.write(text if text.endswith("\n") else text + "\n")
-    except OSError as e:
-        raise InputError(f"cannot write the summary: {e.strerror or e}", path=str(target)) from None
 
 
 def previous_report(output_dir: Path, gate: str) -> Path | None:

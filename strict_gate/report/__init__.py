@@ -13,7 +13,7 @@ from pathlib import Path
 from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report import html, junit, markdown
-from strict_gate.report.text import strict_json, visible
+from strict_gate.report.text import gate_decoder, strict_json, visible
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
@@ -25,9 +25,11 @@ def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> d
     out = ReportDir(Path(out_dir))
     result = scrub_obj(result)
     written = {}
+    # One decoder for the formats that decode tokens: the tokenizer is loaded once, not per format.
+    dec = gate_decoder(result) if {"md", "html"} & set(formats) else None
     renderers = {
-        "md": lambda: markdown.render(result),
-        "html": lambda: html.render(result),
+        "md": lambda: markdown.render(result, dec),
+        "html": lambda: html.render(result, dec),
         "junit": lambda: junit.render(result),
     }
     for fmt in formats:

@@ -20,7 +20,7 @@ from strict_gate.report import invariance_view, noise_view, speed_view
 from strict_gate.report.drift_view import console_line
 from strict_gate.report.gaps import ARROW, gap_cells
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.text import Decoder, visible
+from strict_gate.report.text import Decoder, gate_decoder, visible
 from strict_gate.runs.layout import ReportFile
 
 _STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
@@ -186,7 +186,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     r = scrub_obj(r)
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+    dec = gate_decoder(r)
     bad = listed(r.comparison.prompts)
     if bad:
         rows = table(r, bad, dec, console.width)

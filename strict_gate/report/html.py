@@ -20,7 +20,7 @@ from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_d
 from strict_gate.report.localization import html_section
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.style import CSS
-from strict_gate.report.text import Decoder
+from strict_gate.report.text import Decoder, gate_decoder
 
 DETAIL_CAP = 500  # prompts drawn in full detail; the rest are in report.json
 MATCH_IDS_CAP = 2000  # matching ids listed in the collapsed list
@@ -139,10 +139,11 @@ def _speed(view: speed_view.SpeedView | None) -> str:
             + (f"<ul>{notes}</ul>" if notes else ""))
 
 
-def render(r: GateResult) -> str:
+def render(r: GateResult, dec: Decoder | None = None) -> str:
+    """report.html; `dec` is the gate's one decoder when the caller already has it (write_reports)."""
     s = r.comparison.summary
     v = r.verdict
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+    dec = gate_decoder(r) if dec is None else dec
     reasons = {pv.id: pv.reason for pv in v.prompts}
     bad = listed(r.comparison.prompts)
     gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
-from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult
 from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import junit_properties
@@ -28,12 +27,13 @@ def render(r: GateResult) -> str:
     nz = noise_view.of(r)
     placed = {f.id: f for f in nz.flips} if nz is not None else {}
     cls = visible(f"strict-gate.{r.name}")
+    caveat = r.verdict.rule.caveat
     suite = ET.Element("testsuite", name=cls, tests="0", failures="0", errors="0", skipped="0")  # counted last
     props = ET.SubElement(suite, "properties")
     for k, val in (
         ("verdict", r.verdict.verdict),
         ("policy", r.verdict.policy),
-        *((("policy_note", ONE_SIDED),) if Policy(r.verdict.policy).one_sided else ()),
+        *((("policy_note", caveat),) if caveat else ()),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
         *junit_properties(r.drift),

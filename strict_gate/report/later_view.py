@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from strict_gate.judge.cascade import Cascade, LaterPosition, later_totals, unjudged
 from strict_gate.judge.compare import PromptComparison, Status
-from strict_gate.judge.policy import UNJUDGED
+from strict_gate.judge.policies.near_tie import UNJUDGED
 from strict_gate.judge.result import GateResult
 from strict_gate.report.html_prompt import escape
 from strict_gate.report.text import Decoder, around, md, show_token

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from strict_gate.judge.compare import Status
-from strict_gate.judge.policy import ONE_SIDED, Policy
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
 from strict_gate.report import invariance_view, later_view, noise_view, speed_view
 from strict_gate.report.drift_view import markdown_section, near_tie_scales
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
-from strict_gate.report.text import Decoder, around, md, show_token
+from strict_gate.report.text import Decoder, around, gate_decoder, md, show_token
 from strict_gate.runs.records import TopK
 
 _ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
@@ -61,13 +60,14 @@ def trend(history) -> list[str]:
     return out
 
 
-def summary(r: GateResult) -> str:
+def summary(r: GateResult, dec: Decoder | None = None) -> str:
     """The head of report.md (verdict, figures, why, trend): what a CI job summary shows."""
-    return "\n".join(_head(r, Decoder(r.reference.tokenizer, r.candidate.tokenizer)))
+    return "\n".join(_head(r, gate_decoder(r) if dec is None else dec))
 
 
-def render(r: GateResult) -> str:
-    dec = Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+def render(r: GateResult, dec: Decoder | None = None) -> str:
+    """report.md; `dec` is the gate's one decoder when the caller already has it (write_reports)."""
+    dec = gate_decoder(r) if dec is None else dec
     out = _head(r, dec)
     out += _rest(r, dec)
     return "\n".join(out)
@@ -76,14 +76,15 @@ def render(r: GateResult) -> str:
 def _head(r: GateResult, dec: Decoder) -> list[str]:
     s = r.comparison.summary
     v = r.verdict
+    caveat = v.rule.caveat
     out: list[str] = []
     out.append(
         f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
-        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if Policy(v.policy).one_sided else "")
+        f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if v.rule.one_sided else "")
     )
     out.append("")
     out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats)"
-               + (f": {ONE_SIDED}." if Policy(v.policy).one_sided else "."))
+               + (f": {caveat}." if caveat else "."))
     out.append("")
     view = speed_view.of(r)
     if view is not None:  # its own line: the speed verdict never changes the token verdict above

@@ -20,7 +20,7 @@ from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import without_later
 from strict_gate.judge.localization import Localization
-from strict_gate.judge.policy import ONE_SIDED, POLICIES, Policy
+from strict_gate.judge.policy import policy_words
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
 from strict_gate.report import speed_view
 from strict_gate.report.console import print_speed
@@ -156,8 +156,7 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     gate = load_gate(report_dir)
     r = gate.report
     prompts = r.prompts
-    shown = f"{r.policy} ({ONE_SIDED})" if r.policy in POLICIES and Policy(r.policy).one_sided else r.policy
-    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {shown})"), style="bold"))
+    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {policy_words(r.policy)})"), style="bold"))
     if prompt is not None:
         entry = next((p for p in prompts if p.id == prompt), None)
         if entry is None:

@@ -9,10 +9,13 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strict_gate.report.pieces import byte_level_bytes, continues, fallback_byte, readable, split_characters
 from strict_gate.runs.records import Record
+
+if TYPE_CHECKING:
+    from strict_gate.judge.result import GateResult
 
 
 def _tokenizer_file(tokenizer: str | None) -> Path | None:
@@ -124,6 +127,12 @@ class Decoder:
         if not text:
             text = self._tok.id_to_token(token_id) or f"<{token_id}>"
         return _cell(text)
+
+
+def gate_decoder(r: GateResult) -> Decoder:
+    """The decoder of one gate: the reference's tokenizer, else the candidate's. Built once and
+    handed to every format that decodes, so a gate loads its tokenizer once, not once a format."""
+    return Decoder(r.reference.tokenizer, r.candidate.tokenizer)
 
 
 def _cell(text: str) -> str:
