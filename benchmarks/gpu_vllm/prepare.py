@@ -72,10 +72,11 @@ def kimi_mla(root: Path, out: Path, python: str) -> Path:
 
 
 def kimi_vllm(mla: Path) -> Path:
-    """The same weights as vLLM 0.26's Kimi-Linear loader names them: transformers keeps the dense
-    layers' MLP under `block_sparse_moe` and says which layers are dense in `mlp_layer_types`, vLLM reads
-    `first_k_dense_replace` (default 0: every layer MoE) and loads a dense MLP from `mlp`. Only the
-    names and those two config keys differ; the reference arm of a Kimi gate runs this copy."""
+    """The same weights as vLLM 0.26's Kimi-Linear reads them (vllm/transformers_utils/configs/kimi_linear.py,
+    Moonshot's own config): transformers keeps the dense layers' MLP under `block_sparse_moe` and says
+    which layers are dense in `mlp_layer_types` and which are KDA in `layer_types`; vLLM loads a dense MLP
+    from `mlp`, reads `first_k_dense_replace` (default 0: every layer MoE) and `linear_attn_config` (absent:
+    every layer MLA). Only the names and those config keys differ; a Kimi gate's vLLM reference runs this copy."""
     import json
     import shutil
 
@@ -91,7 +92,12 @@ def kimi_vllm(mla: Path) -> Path:
     dense = [i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "dense"]
     if dense != list(range(len(dense))):
         raise SystemExit(f"vLLM's first_k_dense_replace cannot say dense layers {dense}")
-    cfg.update(first_k_dense_replace=len(dense), moe_layer_freq=1)
+    kinds = cfg["layer_types"]
+    cfg.update(first_k_dense_replace=len(dense), moe_layer_freq=1, linear_attn_config={
+        "kda_layers": [i + 1 for i, t in enumerate(kinds) if t == "linear_attention"],  # 1-based, as vLLM counts
+        "full_attn_layers": [i + 1 for i, t in enumerate(kinds) if t == "full_attention"],
+        "head_dim": cfg["linear_head_dim"], "num_heads": cfg["linear_num_heads"],
+        "short_conv_kernel_size": cfg["linear_conv_kernel_dim"]})
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     weights = load_file(mla / "model.safetensors")
     pre = tuple(f"model.layers.{i}.block_sparse_moe." for i in dense)
