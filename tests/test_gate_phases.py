@@ -148,3 +148,16 @@ def test_the_report_directory_holds_the_files_report_dir_names(tmp_path):
     assert state["config"] == written["config"]  # the config reaches both files in one shape
     assert (state["policy"], state["band"]) == (written["policy"], written["band"])
     assert state["prompt_set"]["sha256"] == written["prompt_set"]["sha256"]
+
+
+def test_every_registered_feature_imports_and_names_a_gate_config_field():
+    """FEATURES is read as "module:Class" strings: a typo or a moved module fails here, not in a gate."""
+    from dataclasses import fields
+
+    from strict_gate.gate.config import GateConfig
+    from strict_gate.gate.feature import Feature, feature_classes
+
+    names = [cls.name for cls in feature_classes()]
+    assert names == ["speed", "drift", "localize", "invariance", "noise"]  # the order their hooks run
+    assert all(issubclass(cls, Feature) for cls in feature_classes())
+    assert set(names) <= {f.name for f in fields(GateConfig)}

@@ -1,0 +1,142 @@
+"""The feature interface: what a gate does beyond its two arms' verdict, one class per feature.
+
+A feature (speed, drift, localisation, invariance, noise) reads its own part of the parsed
+config (`settings`), and joins the gate at its named points, pytest-style: each hook defaults
+to doing nothing, and the gate (`gate/run.py`) calls the enabled features at each point in
+`FEATURES` order. A hook is named after what is loaded when it runs, because one engine is
+loaded at a time and a feature reuses what is loaded instead of loading it again. Speculative
+decoding is no feature of its own: it is an [invariance] variant (`invariance/variants.py`,
+the settings in `engines/speculative.py`). Rendering stays in `report/`, per format.
+
+The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
+engine kinds), so this module and `run.py` import none of their phases.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.gate.arm import finished_run
+from strict_gate.gate.config import GateConfig
+from strict_gate.gate.lifetimes import Lifetimes
+from strict_gate.gate.outcome import ProgressHook
+from strict_gate.gate.state import GateState
+from strict_gate.judge.result import GateResult
+from strict_gate.judge.spec import GateSpec
+from strict_gate.runs.layout import ReportDir
+from strict_gate.runs.prompts import PromptSet
+from strict_gate.runs.records import Run
+
+# in the order their hooks run at each point (the order the phases ran before they were features)
+FEATURES: tuple[str, ...] = (
+    "strict_gate.gate.features.speed:Speed",
+    "strict_gate.gate.features.drift:Drift",
+    "strict_gate.gate.features.localize:Localize",
+    "strict_gate.gate.features.invariance:Invariance",
+    "strict_gate.gate.features.noise:Noise",
+)
+
+
+def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
+    """The [rescorer] arm (not started); a process it runs logs to <report dir>/rescorer.log,
+    which the report names (engines.rescorer), not to a temp file nobody finds."""
+    if cfg.rescorer is None:
+        raise TypeError("the gate config has no [rescorer] arm")
+    engine = cfg.rescorer.build()
+    engine.set_log_path(ReportDir(report_dir).rescorer_log)
+    return engine
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What every phase of one gate reads: its settings, prompts, engines and report directory."""
+
+    cfg: GateConfig
+    spec: GateSpec
+    ps: PromptSet
+    inputs: list[PromptInput]
+    report: ReportDir
+    state: GateState  # its seal key; the verdicts are added to it when the gate finishes
+    progress: ProgressHook | None
+    prior: Mapping[str, Run]  # the runs an interrupted gate left, by role
+    reference: Engine
+    candidate: Engine
+    owned: frozenset[str]  # the roles whose engines the gate closes (not handed in by a caller)
+    built: dict[str, Engine] = field(default_factory=dict)  # the [rescorer], once built
+
+    def engine(self, role: str) -> Engine:
+        return self.reference if role == "reference" else self.candidate
+
+    def done(self, role: str) -> Run | None:
+        """The run an interrupted gate had finished for this arm (its engine is not started); one
+        with an error reply, or a prompt missing, is continued: those prompts are generated again."""
+        run = self.prior.get(role)
+        return run if run is not None and finished_run(run, self.ps.ids) else None
+
+    def rescorer(self) -> Engine:
+        """The [rescorer] arm, built once per gate: diagnosis and the speed arm's stand-in for a
+        stored reference share one load."""
+        if "rescorer" not in self.built:
+            self.built["rescorer"] = build_rescorer(self.cfg, self.report.path)
+        return self.built["rescorer"]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature of one gate. `name` is its key in the gate config (GateConfig's field)."""
+
+    name: ClassVar[str]
+    gate: Gate
+
+    @classmethod
+    def settings(cls, cfg: GateConfig) -> object | None:
+        """Its parsed settings, None when the config leaves it off."""
+        return getattr(cfg, cls.name)
+
+    @classmethod
+    def for_gate(cls, g: Gate) -> Feature | None:
+        """This feature's part in gate `g`, None when it is off."""
+        return cls(g) if cls.settings(g.cfg) is not None else None
+
+    def after_candidate(self, engines: Lifetimes, run: Run) -> None:
+        """The candidate's run is done and its engine still loaded; it is stopped after."""
+
+    def after_verdict(self, ref_run: Run, result: GateResult) -> GateResult:
+        """The verdict is made, divergences re-scored; the reference (or the [rescorer]) is loaded."""
+        return result
+
+    def after_cross(self, engines: Lifetimes, ref_run: Run, result: GateResult) -> GateResult:
+        """The candidate's side of the divergences is scored: the candidate may still be loaded
+        (the reference then stopped); it is stopped after."""
+        return result
+
+    def after_diagnosis(self, result: GateResult) -> GateResult:
+        """The candidate is stopped, the reference may still be loaded: a feature starts what it needs."""
+        return result
+
+    def last(self, result: GateResult) -> GateResult:
+        """Every engine of the gate is stopped."""
+        return result
+
+    def before_write(self, result: GateResult) -> GateResult:
+        """Before the reports are written."""
+        return result
+
+
+def feature_classes() -> tuple[type[Feature], ...]:
+    """The built-in features, imported here, in FEATURES order."""
+    out = []
+    for spec in FEATURES:
+        module, _, name = spec.partition(":")
+        out.append(getattr(importlib.import_module(module), name))
+    return tuple(out)
+
+
+def enabled(g: Gate) -> tuple[Feature, ...]:
+    """The features gate `g`'s config turns on, each ready for the gate's hooks."""
+    return tuple(f for cls in feature_classes() if (f := cls.for_gate(g)) is not None)

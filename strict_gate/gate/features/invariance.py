@@ -1,0 +1,25 @@
+"""[invariance] in a gate: each named arm's batch-1 run and its variants, last, when every
+engine of the gate is stopped (gate/invariance.py over invariance/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from strict_gate.core.redact import scrub_tree
+from strict_gate.gate.feature import Feature
+from strict_gate.judge.result import GateResult
+
+
+@dataclass(frozen=True)
+class Invariance(Feature):
+    name = "invariance"
+
+    def last(self, result: GateResult) -> GateResult:
+        """Their engine logs are scrubbed like the arms'."""
+        from strict_gate.gate.invariance import invariance_phase
+
+        g = self.gate
+        try:
+            return replace(result, invariance=invariance_phase(g.cfg, g.ps, g.inputs, g.report.path, g.progress))
+        finally:
+            scrub_tree(g.report.path)

@@ -1,0 +1,18 @@
+"""The reference's noise in a gate ([noise], band = "measured"): each candidate flip placed
+against the profile, before the reports are written (gate/noise_band.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strict_gate.gate.feature import Feature
+from strict_gate.gate.noise_band import with_noise
+from strict_gate.judge.result import GateResult
+
+
+@dataclass(frozen=True)
+class Noise(Feature):
+    name = "noise"
+
+    def before_write(self, result: GateResult) -> GateResult:
+        return with_noise(result, self.gate.cfg.noise)
