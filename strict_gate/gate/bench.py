@@ -5,7 +5,7 @@ then the reference. A gate cannot do otherwise (it stops the candidate before th
 starts, so that a GPU holds one engine); `strict-gate bench --interleave` starts both and
 lets their repetitions take turns (measure.measure_arms), for machines that hold both. A
 recorded reference is stood in for by the gate's [rescorer] (a live engine of the same
-model; config.py refuses [speed] otherwise). Every timed reply's tokens are checked
+model; speed/config.py refuses [speed] otherwise). Every timed reply's tokens are checked
 (timed_tokens.py) before a ratio can pass. The speed verdict never changes the token verdict.
 """
 

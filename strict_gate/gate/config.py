@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -142,6 +141,15 @@ class _Lines:
                 return i
         return None
 
+    def table(self, table: str):
+        """line_of for a feature's table: a key's line, else the table's header, else `table = ...`."""
+
+        def line_of(key: str) -> int | None:
+            return self.find(key, table) or self.header(table) or self.find(table)
+
+        line_of.path = self.path  # type: ignore[attr-defined]
+        return line_of
+
     def finder(self, table: str | None):
         def line_of(key: str) -> int | None:
             return self.find(key, table)
@@ -190,10 +198,11 @@ def parse_gate_config(
     prompts = Path(keys.prompts)
     arms: dict[str, ArmConfig] = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
-    speed = _speed(data["speed"], arms, lines) if "speed" in data else None
+    speed = parse_speed(data["speed"], lines.table("speed"), arms) if "speed" in data else None
     localize = parse_localize(data["localize"], lines.finder("localize"),
                               lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
-    invariance = _invariance(data["invariance"], arms, lines) if "invariance" in data else None
+    builders = {role: arm.build for role, arm in arms.items() if role in ("reference", "candidate")}
+    invariance = parse_invariance(data["invariance"], builders, lines.table("invariance")) if "invariance" in data else None
     noise = noise_setting(keys.band, keys.noise, arms["reference"], prompts if prompts.is_absolute() else base_dir / prompts,
                           path=path, line_of=lambda k: lines.find(k, "noise") or lines.find(k), max_tokens=keys.max_tokens)
     return GateConfig(
@@ -216,43 +225,6 @@ def parse_gate_config(
         invariance=invariance,
         noise=noise,
     )
-
-
-def _invariance(table: Any, arms: Mapping[Any, ArmConfig], lines: _Lines) -> InvarianceConfig:
-    def line_of(key: str) -> int | None:
-        return lines.find(key, "invariance") or lines.header("invariance") or lines.find("invariance")
-
-    line_of.path = lines.path  # type: ignore[attr-defined]
-    return parse_invariance(table, {role: arm.build for role, arm in arms.items() if role in ROLES}, line_of)
-
-
-ROLES = ("reference", "candidate")
-
-
-def _speed(table: Any, arms: dict[str, ArmConfig], lines: _Lines) -> SpeedConfig:
-    """[speed], and the rule that it times live engines: a recorded candidate is refused; a
-    recorded reference is stood in for by the [rescorer] only when that serves the same model."""
-
-    def line_of(key: str) -> int | None:
-        return lines.find(key, "speed") or lines.header("speed") or lines.find("speed")
-
-    line_of.path = lines.path  # type: ignore[attr-defined]
-    speed = parse_speed(table, line_of)
-    line = line_of("speed")
-    cand = arms.get("candidate")
-    if cand is not None and not cand.engine_type.measurable:
-        raise ConfigError("[speed] times live engines, and the [candidate] is a stored run (kind = \"recorded\"): "
-                          "point [candidate] at a live engine, or drop [speed]", path=lines.path, line=line)
-    ref, rescorer = arms["reference"], arms.get("rescorer")
-    if not ref.engine_type.measurable:
-        model = getattr(ref.options, "model", None)
-        if rescorer is None or not rescorer.engine_type.measurable or model is None \
-                or getattr(rescorer.options, "model", None) != model:
-            raise ConfigError(
-                "[speed] times live engines, and the [reference] is a stored baseline (kind = \"recorded\"): "
-                "point [reference] at a live engine, or give the gate a live [rescorer] with the same "
-                "`model` as the recorded reference's `model` (it then stands in as the speed reference)", path=lines.path, line=line)
-    return speed
 
 
 def load_gate_config(

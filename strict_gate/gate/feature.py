@@ -3,8 +3,8 @@
 A feature (speed, drift, localisation, invariance, noise) reads its own part of the parsed
 config (`settings`), and joins the gate at its named points, pytest-style: each hook defaults
 to doing nothing, and the gate (`gate/run.py`) calls the enabled features at each point in
-`FEATURES` order. A hook is named after what is loaded when it runs, because one engine is
-loaded at a time and a feature reuses what is loaded instead of loading it again. Speculative
+`FEATURES` order. Each hook says what is loaded when it runs: one engine is loaded at a
+time, and a feature reuses what is loaded instead of loading it again. Speculative
 decoding is no feature of its own: it is an [invariance] variant (`invariance/variants.py`,
 the settings in `engines/speculative.py`). Rendering stays in `report/`, per format.
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError
@@ -109,8 +111,9 @@ def _int(table: dict, key: str, default: int, low: int, line_of) -> int:
     return v
 
 
-def parse_speed(table: object, line_of) -> SpeedConfig:
-    """Parse `[speed]`; line_of(key) gives a key's line and line_of.path the file."""
+def parse_speed(table: object, line_of, arms: Mapping[str, Any]) -> SpeedConfig:
+    """Parse `[speed]`; line_of(key) gives a key's line and line_of.path the file. `arms` are the
+    gate's parsed arms by role (gate/config.py's ArmConfig), checked by `_check_live`."""
     if not isinstance(table, dict):
         raise ConfigError("[speed] must be a table", path=line_of.path, line=line_of("speed"))
     for key in table:
@@ -137,7 +140,7 @@ def parse_speed(table: object, line_of) -> SpeedConfig:
         bar = parse_bar(table["min_speed_ratio"]) if "min_speed_ratio" in table else {}
     except ValueError as e:
         raise ConfigError(f"[speed] {e}", path=line_of.path, line=line_of("min_speed_ratio")) from None
-    return SpeedConfig(
+    speed = SpeedConfig(
         warmup=_int(table, "warmup", 1, 0, line_of),
         runs=_int(table, "runs", 5, 1, line_of),
         rungs=rungs,
@@ -145,3 +148,25 @@ def parse_speed(table: object, line_of) -> SpeedConfig:
         min_speed_ratio=bar,
         seed=_int(table, "seed", 0, 0, line_of),
     )
+    _check_live(arms, line_of)
+    return speed
+
+
+def _check_live(arms: Mapping[str, Any], line_of) -> None:
+    """[speed] times live engines: a recorded candidate is refused; a recorded reference is stood
+    in for by the [rescorer] only when that serves the same model."""
+    line = line_of("speed")
+    cand = arms.get("candidate")
+    if cand is not None and not cand.engine_type.measurable:
+        raise ConfigError("[speed] times live engines, and the [candidate] is a stored run (kind = \"recorded\"): "
+                          "point [candidate] at a live engine, or drop [speed]", path=line_of.path, line=line)
+    ref, rescorer = arms["reference"], arms.get("rescorer")
+    if not ref.engine_type.measurable:
+        model = getattr(ref.options, "model", None)
+        if rescorer is None or not rescorer.engine_type.measurable or model is None \
+                or getattr(rescorer.options, "model", None) != model:
+            raise ConfigError(
+                "[speed] times live engines, and the [reference] is a stored baseline (kind = \"recorded\"): "
+                "point [reference] at a live engine, or give the gate a live [rescorer] with the same "
+                "`model` as the recorded reference's `model` (it then stands in as the speed reference)",
+                path=line_of.path, line=line)
