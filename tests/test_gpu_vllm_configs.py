@@ -40,3 +40,32 @@ def test_the_cpu_dry_run_mapping_loads(tmp_path):
         assert "\"cuda\"" not in text and "gpu_memory_utilization" not in text and "# gpu-only" not in text, path.name
         cfg = load_gate_config(path, require_candidate=not path.stem.startswith("capture-"))
         assert cfg.reference is not None
+
+
+def test_the_vllm_copy_of_kimi_renames_only_what_vllms_loader_reads(tmp_path):
+    """prepare.kimi_vllm on the shipped tiny Kimi-Linear: the dense layers' MLP moves from
+    block_sparse_moe. to mlp., the config says which layers are dense and which are KDA the way vLLM
+    0.26's KimiLinearConfig reads it, and every tensor is the same."""
+    import importlib.util
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    spec = importlib.util.spec_from_file_location("gpu_prepare", HERE / "prepare.py")
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    src = tmp_path / "tiny-kimi-linear"
+    shutil.copytree(ROOT / prepare.KIMI, src)
+    dst = prepare.kimi_vllm(src)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["first_k_dense_replace"] == 1 and cfg["moe_layer_freq"] == 1
+    assert cfg["linear_attn_config"] == {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "head_dim": 64,
+                                         "num_heads": 2, "short_conv_kernel_size": 4}
+    before, after = load_file(src / "model.safetensors"), load_file(dst / "model.safetensors")
+    moved = {k: k.replace(".block_sparse_moe.", ".mlp.") for k in before if k.startswith("model.layers.0.block_sparse_moe.")}
+    assert sorted(moved) == [f"model.layers.0.block_sparse_moe.{p}_proj.weight" for p in ("down", "gate", "up")]
+    assert set(after) == {moved.get(k, k) for k in before}
+    assert all((after[moved.get(k, k)] == v).all() for k, v in before.items())
+    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert not dst.with_name(dst.name + ".partial").exists()
