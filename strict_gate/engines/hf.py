@@ -104,6 +104,9 @@ class HFEngine(Engine):
         if self.options.attn_implementation:
             kwargs["attn_implementation"] = self.options.attn_implementation
         try:
+            config = _transformers_config(self.model_path, self.options.trust_remote_code)
+            if config is not None:
+                kwargs["config"] = config
             model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
         except OSError as e:
             raise ConfigError(f"hf: cannot load model {self.model_path!r}: {e}") from None
@@ -300,3 +303,22 @@ class HFEngine(Engine):
             raise
         except Exception as e:
             raise EngineError(f"hf: dump failed: {type(e).__name__}: {e}") from None
+
+
+def _transformers_config(path: str, trust_remote_code: bool):
+    """The checkpoint's config read by transformers' own class for its model_type, or None (remote
+    code, or a type transformers does not know: AutoModel decides as ever). vLLM, once it has run in
+    this process, registers its own config classes under the same names (AutoConfig.register: its
+    KimiLinearConfig for kimi_linear, say), and transformers' modelling code cannot read those: a gate's
+    hf arm restarted after an in-process vLLM reference failed with "'KimiLinearConfig' object has no
+    attribute 'num_local_experts'"."""
+    if trust_remote_code:
+        return None
+    import transformers
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    values, _ = PretrainedConfig.get_config_dict(path)
+    name = CONFIG_MAPPING_NAMES.get(str(values.get("model_type")))
+    cls = getattr(transformers, name, None) if name else None
+    return cls.from_pretrained(path) if cls is not None else None
