@@ -181,12 +181,14 @@ def _lines(text: str) -> str:
     return visible(text, keep_newlines=True).replace("\n", "\n    ")
 
 
-def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
+def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None,
+                 dec: Decoder | None = None) -> None:
+    """The console table and verdict; `dec` is the gate's decoder when it has one (GateOutcome.decoder)."""
     console = console or Console()
     r = scrub_obj(r)
     s = r.comparison.summary
     v = r.verdict
-    dec = gate_decoder(r)
+    dec = gate_decoder(r) if dec is None else dec
     bad = listed(r.comparison.prompts)
     if bad:
         rows = table(r, bad, dec, console.width)
