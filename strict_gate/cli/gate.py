@@ -96,7 +96,7 @@ def bench(
     from strict_gate.core.engine_log import terminal_stderr
     from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.report.console import print_speed
+    from strict_gate.report.speed_render import print_speed
     from strict_gate.report.speed_view import build
     from strict_gate.report.text import visible
 
