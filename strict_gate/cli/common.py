@@ -121,23 +121,25 @@ def progress_bars():
     return progress, hook
 
 
-def finish(result, report_dir: Path | None, exit_code: int | None = None, next_step: str | None = None) -> None:
-    """The console summary, then `next_step` (the command to type next), then the exit code."""
+def finish(result, report_dir: Path | None, exit_code: int | None = None, next_step: str | None = None,
+           dec=None) -> None:
+    """The console summary, then `next_step` (the command to type next), then the exit code;
+    `dec` is the gate's decoder (GateOutcome.decoder), so the console does not load it again."""
     from strict_gate.report.console import print_result
     from strict_gate.report.text import visible
 
-    print_result(result, console, report_dir=str(report_dir) if report_dir else None)
+    print_result(result, console, report_dir=str(report_dir) if report_dir else None, dec=dec)
     if next_step:
         console.print(f"  {visible(next_step)}", soft_wrap=True)  # one line: it is copied into a shell
     raise typer.Exit(result.exit_code if exit_code is None else exit_code)
 
 
-def summarise(result, summary: Path | None) -> None:
+def summarise(result, summary: Path | None, dec=None) -> None:
     """A gate's markdown summary to --summary FILE and to $GITHUB_STEP_SUMMARY when set."""
     if summary is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
         from strict_gate.report.job_summary import summary_markdown, write_summary
 
-        write_summary(summary_markdown(result), summary)
+        write_summary(summary_markdown(result, dec), summary)
 
 
 def fail_on_rules(text: str | None):

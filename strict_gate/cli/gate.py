@@ -61,8 +61,8 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         with progress:
             resumed = resume_gate(resume, progress=hook)
         err.print(resumed.describe())
-        summarise(resumed.outcome.result, summary)
-        return finish(resumed.outcome.result, resumed.outcome.report_dir, resumed.exit_code)
+        summarise(resumed.outcome.result, summary, resumed.outcome.decoder)
+        return finish(resumed.outcome.result, resumed.outcome.report_dir, resumed.exit_code, dec=resumed.outcome.decoder)
     from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.next_step import next_step
     from strict_gate.gate.run import run_gate
@@ -76,8 +76,9 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
     progress, hook = progress_bars()
     with progress:
         outcome = run_gate(cfg, policy=policy, band=band, output_dir=output_dir, progress=hook)
-    summarise(outcome.result, summary)
-    finish(outcome.result, outcome.report_dir, next_step=next_step(cfg, outcome.result, outcome.report_dir))
+    summarise(outcome.result, summary, outcome.decoder)
+    finish(outcome.result, outcome.report_dir, next_step=next_step(cfg, outcome.result, outcome.report_dir),
+           dec=outcome.decoder)
 
 
 @fail_cleanly
@@ -95,7 +96,7 @@ def bench(
     from strict_gate.core.engine_log import terminal_stderr
     from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.report.console import print_speed
+    from strict_gate.report.speed_render import print_speed
     from strict_gate.report.speed_view import build
     from strict_gate.report.text import visible
 
@@ -172,7 +173,7 @@ def diagnose(
     from strict_gate.gate.rescore import rediagnose
 
     outcome = rediagnose(report_dir)
-    finish(outcome.result, outcome.report_dir)
+    finish(outcome.result, outcome.report_dir, dec=outcome.decoder)
 
 
 @fail_cleanly

@@ -62,7 +62,7 @@ def nightly(
     with progress:
         night = run_nightly(cfg, previous=previous, output_dir=output_dir, fail_on=fail_on_rules(fail_on), keep=keep,
                             progress=hook)
-    print_result(night.gate.result, console, report_dir=str(night.gate.report_dir))
+    print_result(night.gate.result, console, report_dir=str(night.gate.report_dir), dec=night.gate.decoder)
     console.print(render_markdown(night.diff) if night.diff else NO_PREVIOUS)
     write_summary(night.summary, summary)
     raise typer.Exit(night.exit_code)

@@ -124,6 +124,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
     from strict_gate.judge.stored import load_report
     from strict_gate.report import write_reports
+    from strict_gate.report.text import gate_decoder
     from strict_gate.runs.reader import load_run
 
     report_dir = Path(report_dir)
@@ -176,11 +177,12 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
                              scope=scope, settings=settings, only=prompt)
     scrub_tree(report_dir)  # what the engines logged and dumped, before the reports say the set is whole
-    write_reports(result, report_dir)
+    dec = gate_decoder(result)
+    write_reports(result, report_dir, dec=dec)
     done = {p for p in result.localization if prompt is None or p == prompt}  # this run's, not old errors
     if errors := [f"{pid}: {e}" for pid, loc in result.localization.items() if pid in done for e in failures(loc)]:
         raise EngineError("; ".join(errors))
-    return GateOutcome(result, report_dir)
+    return GateOutcome(result, report_dir, dec)
 
 
 def _can_dump_or_exit_2(candidate: Engine, config: Path, mode: DumpMode) -> None:

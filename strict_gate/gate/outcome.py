@@ -8,10 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from strict_gate.gate.arm import OnRecord
 from strict_gate.judge.result import GateResult
 from strict_gate.runs.output import inside, safe_name
+
+if TYPE_CHECKING:
+    from strict_gate.report.text import Decoder
 
 ProgressHook = Callable[[str, int], OnRecord]  # (arm label, prompt count) -> per-record callback
 ROLES = ("candidate", "reference")  # in the order they run: one engine loaded at a time
@@ -21,6 +25,9 @@ ROLES = ("candidate", "reference")  # in the order they run: one engine loaded a
 class GateOutcome:
     result: GateResult
     report_dir: Path
+    # The decoder the reports were written with, for the job summary and console table to reuse:
+    # one tokenizer load per gate.
+    decoder: Decoder
 
 
 def new_report_dir(output_dir: Path, name: str) -> Path:

@@ -30,6 +30,7 @@ from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
 from strict_gate.report import write_reports
+from strict_gate.report.text import gate_decoder
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo
 
@@ -111,5 +112,6 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
         candidate.close()
     result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
     scrub_tree(report_dir)  # rescorer.log too, before the reports say the set is whole
-    write_reports(with_noise(result, cfg.noise), report_dir)
-    return GateOutcome(result, report_dir)
+    dec = gate_decoder(result)
+    write_reports(with_noise(result, cfg.noise), report_dir, dec=dec)
+    return GateOutcome(result, report_dir, dec)

@@ -24,6 +24,7 @@ from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook
 from strict_gate.gate.run import play_gate
 from strict_gate.gate.state import GateState, check_config_file, check_unchanged, read_gate_state, report_lock, verdicts
+from strict_gate.report.text import gate_decoder
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
@@ -132,7 +133,8 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
             raise InputError(f"the stored runs judge {verdicts(result)['tokens']}, the gate recorded "
                              f"{state.verdicts.get('tokens')}; start a new gate", path=str(report.state))
         kept = {role: len(prior[role].records) for role in ROLES}
-        return ResumeOutcome(GateOutcome(result, report.path), kept, dict.fromkeys(ROLES, 0), True, state)
+        outcome = GateOutcome(result, report.path, gate_decoder(result))  # for its summary and console table
+        return ResumeOutcome(outcome, kept, dict.fromkeys(ROLES, 0), True, state)
     reference = cfg.reference.build()
     assert cfg.candidate is not None  # load_gate_config requires one
     candidate = cfg.candidate.build()
@@ -140,8 +142,9 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
         reference.check_compatible(ps.sha256, spec.sampling)
     with engine_log(report.arm("reference").engine_log, reference.log_libraries):  # every prompt, arms done or not:
         inputs = prompt_inputs(ps, reference)  # the speed and invariance phases after them run on the whole set
-    result = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
-                       owned=set(ROLES), progress=progress, prior=prior)
+    outcome = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
+                        owned=set(ROLES), progress=progress, prior=prior)
+    result = outcome.result
     records = {"candidate": result.candidate_records, "reference": result.reference_records}
     kept = {}
     for role in ROLES:
@@ -152,4 +155,4 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
         else:
             kept[role] = 0
     generated = {role: len(records[role]) - kept[role] for role in ROLES}
-    return ResumeOutcome(GateOutcome(result, report.path), kept, generated, False)
+    return ResumeOutcome(outcome, kept, generated, False)

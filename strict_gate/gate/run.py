@@ -76,9 +76,8 @@ def run_gate(
             raise
         write_text_atomic(report.gate_toml, redact_toml(Path(cfg.path).read_text(encoding="utf-8")))
         state = write_gate_state(report, cfg, ps, spec)  # what `gate --resume` needs
-        result = play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
-                           owned=set(ROLES) - set(given), progress=progress)
-    return GateOutcome(result, report.path)
+        return play_gate(cfg, spec, ps, inputs, report, state, reference=reference, candidate=candidate,
+                         owned=set(ROLES) - set(given), progress=progress)
 
 
 def play_gate(
@@ -94,7 +93,7 @@ def play_gate(
     owned: set[str],
     progress: ProgressHook | None,
     prior: Mapping[str, Run] | None = None,
-) -> GateResult:
+) -> GateOutcome:
     """Run both arms into the report directory (candidate first), judge, diagnose and write the reports.
 
     `prior` holds the runs an interrupted gate left: a complete one is kept as it is (its
@@ -210,11 +209,13 @@ def _cross_phase(g: Gate, engines: Lifetimes, ref_run: Run, cand_run: Run, resul
     return cross_judge(g.spec, ref_run, cand_run, result, g.candidate)
 
 
-def _write_phase(result: GateResult, g: Gate, features: tuple[Feature, ...]) -> GateResult:
+def _write_phase(result: GateResult, g: Gate, features: tuple[Feature, ...]) -> GateOutcome:
     """The baseline's staleness and the trend join the result; the verdicts are sealed into the
     gate state, the reports are written (report.json last), and tonight is appended to the
-    output directory's history."""
+    output directory's history. The reports' decoder goes out with the result, for the summary
+    and console table to reuse."""
     from strict_gate.report import write_reports
+    from strict_gate.report.text import gate_decoder
 
     report = g.report
     for f in features:
@@ -223,6 +224,7 @@ def _write_phase(result: GateResult, g: Gate, features: tuple[Feature, ...]) -> 
     result, night = with_history(replace(result, notes=result.notes + baseline_staleness(result.reference) + devices),
                                  report.path)
     record_verdicts(report, g.state, verdicts(result), result.exit_code)
-    write_reports(result, report.path)
+    dec = gate_decoder(result)
+    write_reports(result, report.path, dec=dec)
     append_history(report.path.parent, night)
-    return result
+    return GateOutcome(result, report.path, dec)

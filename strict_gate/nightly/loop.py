@@ -129,7 +129,7 @@ def run_nightly(
         new_path = ReportDir(outcome.report_dir).report_json
         diff = diff_reports(old, load_report(new_path), fail_on=fail_on, old_path=str(prev), new_path=str(new_path))
         write_diff_json(diff, ReportDir(outcome.report_dir).diff)
-    summary = summary_markdown(outcome.result) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS)
+    summary = summary_markdown(outcome.result, outcome.decoder) + "\n" + (render_markdown(diff) if diff else NO_PREVIOUS)
     hint = bisect_hint(cfg, out, outcome.report_dir, outcome.result.exit_code == ExitCode.FAIL)
     summary = capped(summary + (("\n" + hint) if hint else ""))
     write_text_atomic(ReportDir(outcome.report_dir).summary, summary)

@@ -13,20 +13,23 @@ from pathlib import Path
 from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
 from strict_gate.report import html, junit, markdown
-from strict_gate.report.text import gate_decoder, strict_json, visible
+from strict_gate.report.text import Decoder, gate_decoder, strict_json, visible
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import write_text_atomic
 
 FORMATS = ("json", "md", "html", "junit")
 
 
-def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS) -> dict[str, Path]:
-    """Write the chosen formats; report.json goes last, so its presence means the set is whole."""
+def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS, dec: Decoder | None = None) -> dict[str, Path]:
+    """Write the chosen formats; report.json goes last, so its presence means the set is whole.
+    `dec` is the gate's decoder when the caller built it (gate_decoder) to hand on to its summary
+    and console table too."""
     out = ReportDir(Path(out_dir))
     result = scrub_obj(result)
     written = {}
     # One decoder for the formats that decode tokens: the tokenizer is loaded once, not per format.
-    dec = gate_decoder(result) if {"md", "html"} & set(formats) else None
+    if dec is None and {"md", "html"} & set(formats):
+        dec = gate_decoder(result)
     renderers = {
         "md": lambda: markdown.render(result, dec),
         "html": lambda: html.render(result, dec),

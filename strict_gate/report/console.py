@@ -12,20 +12,16 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.core.redact import scrub_obj
-from strict_gate.judge.cascade import Later, later_totals
+from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
 from strict_gate.judge.devices import device_notes
 from strict_gate.judge.result import GateResult, matched_drift
-from strict_gate.report import invariance_view, noise_view, speed_view
-from strict_gate.report.drift_view import console_line
 from strict_gate.report.gaps import ARROW, gap_cells
 from strict_gate.report.missing import listed, missing_lines
+from strict_gate.report.sections import in_order
+from strict_gate.report.style import CONSOLE_STYLE
 from strict_gate.report.text import Decoder, gate_decoder, visible
 from strict_gate.runs.layout import ReportFile
-
-_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
-          "not_comparable": "bold red"}
-
 
 _SHORT_STATUS = {Status.NEAR_TIE: "near-tie", Status.LENGTH_MISMATCH: "length",
                  Status.TOKENIZATION_MISMATCH: "tokenizer", Status.NOT_GREEDY: "not greedy"}
@@ -124,40 +120,6 @@ def _cells(r: GateResult, p, dec: Decoder) -> tuple[str, ...]:
     ))
 
 
-def speed_table(view: speed_view.SpeedView) -> Table:
-    """Three lines per rung, one per figure: both arms' medians (ref, cand: the roles, their kinds
-    beneath) and the ratio with its interval (the reports have the arms' spreads too); it fits 80
-    columns where a row per rung cannot."""
-    t = Table(title=Text("speed", no_wrap=True), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
-              collapse_padding=True)
-    t.add_column("rung", no_wrap=True, overflow="ellipsis", max_width=12)
-    t.add_column("figure", no_wrap=True)
-    for role, kind in (("ref", view.reference), ("cand", view.candidate)):  # the role, its kind beneath
-        t.add_column(Text(f"{role}\n{visible(kind)}", overflow="ellipsis"), no_wrap=True, justify="right",
-                     max_width=8)
-    t.add_column(Text("cand/ref", overflow="ellipsis"), no_wrap=True, max_width=20)
-    t.add_column("", no_wrap=True)
-    for row in view.rows:
-        for i, f in enumerate(row.figures):
-            cells = (row.name if i == 0 else "", f"{f.label} {f.unit}", f.reference.median, f.candidate.median,
-                     str(f.ratio), "" if not f.measured or f.separable else "not separable")
-            t.add_row(*(Text(visible(c)) for c in cells))
-    return t
-
-
-def print_speed(view: speed_view.SpeedView, console: Console) -> None:
-    """The speed table, then the speed verdict on its own line with its reasons, setup and match check."""
-    console.print(speed_table(view))
-    console.print(Text(visible(view.verdict_line), style=_STYLE.get(view.verdict, "bold")))
-    errors = [f"rung {row.name}: not measured: {row.error}" for row in view.rows
-              if row.error and not any(row.error in x for x in view.reasons)]  # a reason says it already
-    own = [f"self-reported, never used: {x}" for x in view.self_reported]
-    for line in (*errors, *view.reasons[:6], view.setup, view.matched, *(m for m, _ in view.mismatches),
-                 view.tokens, *own,
-                 *(f"note: {x}" for x in view.notes)):
-        console.print(Text(f"  {visible(line)}"))
-
-
 def _full(report_dir: str | None) -> str:
     """Where the text the console shortened is whole."""
     return f"{report_dir}/{ReportFile.MARKDOWN}" if report_dir else "the report (--out DIR writes it)"
@@ -181,12 +143,14 @@ def _lines(text: str) -> str:
     return visible(text, keep_newlines=True).replace("\n", "\n    ")
 
 
-def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None) -> None:
+def print_result(r: GateResult, console: Console | None = None, report_dir: str | None = None,
+                 dec: Decoder | None = None) -> None:
+    """The console table and verdict; `dec` is the gate's decoder when it has one (GateOutcome.decoder)."""
     console = console or Console()
     r = scrub_obj(r)
     s = r.comparison.summary
     v = r.verdict
-    dec = gate_decoder(r)
+    dec = gate_decoder(r) if dec is None else dec
     bad = listed(r.comparison.prompts)
     if bad:
         rows = table(r, bad, dec, console.width)
@@ -200,7 +164,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != Status.MATCH)
     console.print(
         Text.assemble(
-            (f"{v.verdict.upper()}", _STYLE[v.verdict]),
+            (f"{v.verdict.upper()}", CONSOLE_STYLE[v.verdict]),
             f"  policy {v.policy_words}, band {v.band}: prompts exact {s.prompts_exact}/{s.prompts_total}, "
             f"positions {s.positions_matched}/{s.positions_total} (prefix {s.prefix_positions})"
             + (f"; {counts}" if counts else ""),
@@ -208,22 +172,14 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
     )
     for note in device_notes(r.reference, r.candidate, r.rescorer, r.comparison):  # beside the headline it qualifies
         console.print(Text(f"  note: {visible(note)}"))
-    totals = later_totals(r.comparison.prompts, r.later)
-    if totals.flipped:
-        console.print(Text(f"  {visible(totals.line())}"))
-    if r.drift is not None:
-        console.print(Text(f"  {visible(console_line(r.drift))}"))
+    for section in in_order("console_lines"):
+        for line in section(r):
+            console.print(Text(f"  {visible(line)}"))
     for reason in v.reasons[:REASONS]:
         console.print(Text(f"  {_lines(reason)}"))
     if len(v.reasons) > REASONS:
         console.print(Text(visible(f"  ... {len(v.reasons) - REASONS} more reason(s) in {_full(report_dir)}")))
-    view = speed_view.of(r)
-    if view is not None:
-        print_speed(view, console)
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.print_invariance(inv, console)
-    if (nz := noise_view.of(r)) is not None:
-        for line in noise_view.console_lines(nz):
-            console.print(Text(f"  {visible(line)}"))
+    for section in in_order("console"):
+        section(r, console)
     if report_dir:
         console.print(Text(visible(f"  report: {report_dir}/{ReportFile.MARKDOWN}")))

@@ -12,13 +12,13 @@ from dataclasses import replace
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import Diagnosis, without_later
-from strict_gate.judge.result import GateResult, status_label, to_json
-from strict_gate.report import invariance_view, later_view, noise_view, speed_view
+from strict_gate.judge.result import GateResult, status_label
+from strict_gate.report import later_view
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.html_prompt import anchor, detail, escape, strip
-from strict_gate.report.html_trend import VERDICT_COLOR, drift_section, prompt_drift, trend_svg
-from strict_gate.report.localization import html_section
+from strict_gate.report.html_trend import VERDICT_COLOR, trend_svg
 from strict_gate.report.missing import listed, missing_lines
+from strict_gate.report.sections import in_order
 from strict_gate.report.style import CSS
 from strict_gate.report.text import Decoder, gate_decoder
 
@@ -47,13 +47,8 @@ def _figures(r: GateResult) -> str:
     return "<div class='figs'>" + "".join(f"<div class='fig'><b>{v}</b>{k}</div>" for k, v in figs) + "</div>"
 
 
-def _later_line(r: GateResult, p) -> str:
-    line = later_view.prompt_line(r, p)
-    return "" if line is None else f"<p class='diag'>{escape(line)}</p>"
-
-
 def _diagnosis(r: GateResult, p) -> Diagnosis | None:
-    """The prompt's diagnosis for its detail: where the later line (_later_line) gives the later
+    """The prompt's diagnosis for its detail: where the later section's line gives the later
     positions' judgement, the verdict without it, so the detail says it once."""
     dg = r.diagnoses.get(p.id)
     if dg is None or dg.later is None or later_view.prompt_line(r, p) is None:
@@ -114,29 +109,9 @@ def _engines(r: GateResult) -> str:
             f"{r.sampling.max_tokens}, top_logprobs {r.sampling.top_logprobs}</p>")
 
 
-def _speed(view: speed_view.SpeedView | None) -> str:
-    """The speed arm: its verdict, setup and match check, one table row per rung, the legend."""
-    if view is None:
-        return ""
-    reasons = "".join(f"<li>{escape(x)}</li>" for x in view.reasons)
-    mism = "".join(f"<li class='{'flat' if flat else ''}'>{escape(m)}</li>" for m, flat in view.mismatches)
-    head = "".join(f"<th>{escape(c)}</th>" for c in view.columns())
-    head += "</tr><tr class='kinds'>" + "".join(f"<th>{escape(c)}</th>" for c in view.kinds())
-    rows = []
-    for row in view.rows:
-        cells = view.cells(row)
-        ns = "ns" if any(f.measured and not f.separable for f in row.figures) else ""
-        rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells[:-1])
-                    + f"<td class='{ns}'>{escape(cells[-1])}</td></tr>")
-    own = "".join(f"<li>{escape(x)}</li>" for x in view.self_reported)
-    notes = "".join(f"<li class='none'>note: {escape(x)}</li>" for x in view.notes)
-    return (f"<h2 id='speed'>Speed</h2><p class='speedv {escape(view.verdict)}'>{escape(view.verdict_line)}</p>"
-            "<p class='none'>The speed arm's own verdict: it never changes the token verdict.</p>"
-            f"{'<ul>' + reasons + '</ul>' if reasons else ''}<p>{escape(view.setup)}; {escape(view.matched)}; {escape(view.tokens)}</p>"
-            f"{'<ul>' + mism + '</ul>' if mism else ''}<table class='speed'><tr>{head}</tr>{''.join(rows)}</table>"
-            f"<p class='none'>{escape(view.legend)}</p>"
-            + (f"<p>Self-reported by the engines (shown beside, never used):</p><ul>{own}</ul>" if own else "")
-            + (f"<ul>{notes}</ul>" if notes else ""))
+def _slot(slot: str, *args) -> str:
+    """Each section's part of report.html at `slot`, a line each (empty where it has none)."""
+    return "\n".join(section(*args) for section in in_order(slot))
 
 
 def render(r: GateResult, dec: Decoder | None = None) -> str:
@@ -148,13 +123,11 @@ def render(r: GateResult, dec: Decoder | None = None) -> str:
     bad = listed(r.comparison.prompts)
     gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))
     matching = [p for p in r.comparison.prompts if p.status == Status.MATCH]
-    drift = to_json(r).get("drift")
-    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
+    per_prompt = [section(r) for section in in_order("html_prompts")]  # each section's part of a prompt's detail
     details = [
         detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), _diagnosis(r, p),
                reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
-               drift_html=_later_line(r, p) + prompt_drift(per_prompt.get(p.id))
-               + (html_section(r.localization[p.id]) if p.id in r.localization else ""))
+               drift_html="".join(part.get(p.id, "") for part in per_prompt))
         for p in bad[:DETAIL_CAP]
     ]
     if len(bad) > DETAIL_CAP:
@@ -164,9 +137,6 @@ def render(r: GateResult, dec: Decoder | None = None) -> str:
         why += f"<li class='none'>{len(v.reasons) - REASONS_CAP} more, per prompt in the table below</li>"
     why += "".join(f"<li class='none'>note: {escape(x)}</li>" for x in (*v.notes, *r.notes))
     why += "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
-    speed = speed_view.of(r)
-    speed_line = ("" if speed is None else  # its own line: it never changes the token verdict
-                  f"<p class='speedv {escape(speed.verdict)}'><a href='#speed'>{escape(speed.verdict_line)}</a></p>")
     headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
                 f"policy {escape(v.policy_words)}, band {v.band} nats")
     return f"""<!doctype html>
@@ -174,17 +144,15 @@ def render(r: GateResult, dec: Decoder | None = None) -> str:
 <style>{CSS}</style></head><body>
 <div class="banner" style="background:{VERDICT_COLOR[v.verdict]}">{headline}</div>
 <main>
-{speed_line}
+{_slot("html_banner", r)}
 {_figures(r)}
 <ul>{why}</ul>
 {trend_svg(getattr(r, "history", ()) or ())}
-{drift_section(drift)}
+{_slot("html_head", r)}
 {_overview(r, bad, dec, reasons) if bad else ""}{gone}
-{later_view.html_section(r, dec)}
+{_slot("html_divergences", r, dec)}
 {_matching(matching)}
-{_speed(speed)}
-{invariance_view.html_section(inv) if (inv := invariance_view.of(r)) is not None else ""}
-{noise_view.html_section(nz) if (nz := noise_view.of(r)) is not None else ""}
+{_slot("html", r)}
 {"<h2>Side by side</h2>" if details else ""}{''.join(details)}
 {_engines(r)}
 <p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>

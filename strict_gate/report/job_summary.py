@@ -11,7 +11,7 @@ from strict_gate.core.redact import scrub_obj
 from strict_gate.errors import InputError
 from strict_gate.judge.result import GateResult
 from strict_gate.report import markdown
-from strict_gate.report.text import visible
+from strict_gate.report.text import Decoder, visible
 from strict_gate.runs.records import write_text_atomic
 
 SUMMARY_MAX_BYTES = 512 << 10  # GitHub drops a step summary over 1 MiB, and with it the verdict
@@ -29,9 +29,10 @@ def capped(text: str, limit: int = SUMMARY_MAX_BYTES) -> str:
     return keep.decode("utf-8", "ignore") + note
 
 
-def summary_markdown(result: GateResult) -> str:
-    """report.md's head (verdict, figures, why, trend), scrubbed like every report."""
-    return visible(markdown.summary(scrub_obj(result)), keep_newlines=True)
+def summary_markdown(result: GateResult, dec: Decoder | None = None) -> str:
+    """report.md's head (verdict, figures, why, trend), scrubbed like every report; `dec` is the
+    gate's decoder when it has one (GateOutcome.decoder)."""
+    return visible(markdown.summary(scrub_obj(result), dec), keep_newlines=True)
 
 
 def write_summary(text: str, path: str | Path | None = None) -> None:

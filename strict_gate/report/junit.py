@@ -12,8 +12,7 @@ from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.result import GateResult
-from strict_gate.report import invariance_view, later_view, noise_view, speed_view
-from strict_gate.report.drift_view import junit_properties
+from strict_gate.report.sections import in_order
 from strict_gate.report.text import visible
 
 
@@ -23,9 +22,7 @@ def _text(s: str) -> str:
 
 def render(r: GateResult) -> str:
     verdicts = {v.id: v for v in r.verdict.prompts}
-    speed = speed_view.of(r)
-    nz = noise_view.of(r)
-    placed = {f.id: f for f in nz.flips} if nz is not None else {}
+    per_prompt = [section(r) for section in in_order("junit_prompts")]  # each section's system-out lines
     cls = visible(f"strict-gate.{r.name}")
     caveat = r.verdict.rule.caveat
     suite = ET.Element("testsuite", name=cls, tests="0", failures="0", errors="0", skipped="0")  # counted last
@@ -36,10 +33,7 @@ def render(r: GateResult) -> str:
         *((("policy_note", caveat),) if caveat else ()),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
-        *junit_properties(r.drift),
-        *later_view.junit_properties(r),
-        *((("speed_verdict", speed.verdict),) if speed is not None else ()),
-        *((("noise", nz.headline()), ("noise_band_rule", nz.band_rule or "the band is the config's")) if nz else ()),
+        *(prop for section in in_order("junit_properties") for prop in section(r)),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))
     for p in r.comparison.prompts:
@@ -51,33 +45,16 @@ def render(r: GateResult) -> str:
             ET.SubElement(case, "error", message="unverified").text = _text(v.reason)
         elif not v.passed:
             ET.SubElement(case, "failure", message=p.status).text = _text(v.reason)
-        out = [line] if (line := later_view.prompt_line(r, p)) is not None else []
-        if nz is not None and p.id in placed:
-            f = placed[p.id]
-            out.append(f"noise: gap {f.gap} at position {f.position}: {nz.describe(f.where)}")
+        out = [line for part in per_prompt for line in part.get(p.id, ())]
         if out:  # one system-out per case: the later judgement and the noise placement together
             ET.SubElement(case, "system-out").text = _text("\n".join(out))
     if r.verdict.verdict == "incomplete" and not r.comparison.prompts:
         case = ET.SubElement(suite, "testcase", classname=cls, name="gate")
         ET.SubElement(case, "error", message="incomplete").text = _text("; ".join(r.verdict.reasons))
-    if speed is not None:
-        _speed_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), speed)
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.junit_cases(suite, inv, cls)
+    for section in in_order("junit_cases"):
+        section(suite, r, cls)
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
     suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
-
-
-def _speed_case(case: ET.Element, view: speed_view.SpeedView) -> None:
-    """Failed below the bar or not comparable (exit 4 both); an error when a bar is set and a rung
-    went unmeasured (never a pass); passed, figures in system-out, when it holds or when no
-    min_speed_ratio makes it a verdict."""
-    why = _text("\n".join(view.reasons) or view.verdict_line)
-    if view.verdict in ("fail", "not_comparable"):
-        ET.SubElement(case, "failure", message=visible(view.verdict_line)).text = why
-    elif view.verdict not in ("pass", "informational"):
-        ET.SubElement(case, "error", message=visible(view.verdict_line)).text = why
-    ET.SubElement(case, "system-out").text = _text("\n".join(view.lines()))

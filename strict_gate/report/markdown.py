@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report import invariance_view, later_view, noise_view, speed_view
-from strict_gate.report.drift_view import markdown_section, near_tie_scales
+from strict_gate.report.drift_view import near_tie_scales
 from strict_gate.report.gaps import LEGEND, gap_cells
-from strict_gate.report.localization import localization_markdown
 from strict_gate.report.missing import listed, missing_lines
+from strict_gate.report.sections import in_order
 from strict_gate.report.text import Decoder, around, gate_decoder, md, show_token
 from strict_gate.runs.records import TopK
 
@@ -86,18 +85,8 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     out.append(f"Verdict **{v.verdict}** under policy **{v.policy}** (near-tie band {v.band} nats)"
                + (f": {caveat}." if caveat else "."))
     out.append("")
-    view = speed_view.of(r)
-    if view is not None:  # its own line: the speed verdict never changes the token verdict above
-        out.append(f"{md(view.verdict_line)}; see Speed below.")
-        out.append("")
-    nz = noise_view.of(r)
-    if nz is not None:  # the rates side by side, and the band's source when it was measured
-        out.append(f"{md(nz.headline())}; see The reference's own noise below.")
-        out.append("")
-    inv = invariance_view.of(r)
-    if inv is not None:  # its own line too: the invariance verdict never changes the token verdict above
-        out.append(f"{md(inv.verdict_line)}; see Invariance below.")
-        out.append("")
+    for head in in_order("markdown_head"):  # each section's own line: none changes the token verdict above
+        out += head(r)
     out.append("## Summary")
     out.append("")
     out.append("| measure | value |")
@@ -137,51 +126,18 @@ def _more(n: int, what: str) -> list[str]:
     return [f"… and {n} more {what}: every one is in report.json and report.html.", ""] if n > 0 else []
 
 
-def speed_section(view: speed_view.SpeedView | None) -> list[str]:
-    """## Speed: the verdict and setup in words, one table row per rung, the legend last."""
-    if view is None:
-        return []
-    out = ["## Speed", "", f"**{md(view.verdict_line)}**: the speed arm's own verdict; it never changes the "
-           "token verdict.", ""]
-    out += [f"- {md(x)}" for x in view.reasons] + ([""] if view.reasons else [])
-    out += [f"{md(view.setup)}; {md(view.matched)}; {md(view.tokens)}.", ""]
-    out += [f"- {'**' if flat else ''}{md(m)}{'**' if flat else ''}" for m, flat in view.mismatches]
-    out += [""] if view.mismatches else []
-    cols = view.columns()
-    out += ["| " + " | ".join(md(c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(f"*{md(c)}*" for c in view.kinds()) + " |"]  # the arms' kinds beneath their roles
-    out += ["| " + " | ".join(md(c) for c in view.cells(row)) + " |" for row in view.rows]
-    out += ["", md(view.legend), ""]
-    if view.self_reported:
-        out += ["Self-reported by the engines (shown beside, never used):", ""]
-        out += [f"- {md(x)}" for x in view.self_reported] + [""]
-    out += [f"- note: {md(x)}" for x in view.notes] + ([""] if view.notes else [])
-    return out
-
-
 def _rest(r: GateResult, dec: Decoder) -> list[str]:
     """Everything below the head, one section after another."""
     return [
         *_mismatches(r, dec),
         *_diagnosis(r),
-        *later_view.markdown_section(r, dec),
-        *localization_markdown(r),
-        *speed_section(speed_view.of(r)),
-        *_invariance(r),
-        *(noise_view.markdown_section(nz) if (nz := noise_view.of(r)) is not None else []),
-        *markdown_section(r),
+        *(line for section in in_order("markdown") for line in section(r, dec)),
         *_determinism(r),
         *_engines(r),
         *_wall_clock(r),
         *_problems(r),
         "",
     ]
-
-
-def _invariance(r: GateResult) -> list[str]:
-    """## Invariance: the variants table, with the [invariance] table."""
-    inv = invariance_view.of(r)
-    return invariance_view.markdown_section(inv) if inv is not None else []
 
 
 def _mismatches(r: GateResult, dec: Decoder) -> list[str]:

@@ -19,13 +19,10 @@ from rich.text import Text
 from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import without_later
-from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import policy_words
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
-from strict_gate.report import speed_view
-from strict_gate.report.console import print_speed
 from strict_gate.report.gaps import gap_text
-from strict_gate.report.localization import text_lines
+from strict_gate.report.sections import in_order
 from strict_gate.report.text import Decoder, around, show_token, visible
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.reader import load_run
@@ -129,23 +126,15 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
         parts.append(Text(visible(f"teacher-forced: {verdict}" + (f": {dg.error}" if dg.error else ""))))
         if dg.later is not None:
             parts.append(Text(visible(f"after the flip ({dg.later.outcome}): {dg.later.summary}")))
-    if entry.localization is not None:
-        parts.append(_localization(entry.localization))
+    for section in in_order("show_prompt"):
+        if (text := section(entry)) is not None:
+            parts.append(Text(visible(text, keep_newlines=True)))
     texts = Table(box=box.SIMPLE, expand=True, show_edge=False)
     texts.add_column("reference text", ratio=1)
     texts.add_column("candidate text", ratio=1)
     texts.add_row(Text(visible(dec.text(R), keep_newlines=True)), Text(visible(dec.text(C), keep_newlines=True)))
     parts.append(texts)
     return Group(*parts)
-
-
-def _localization(d: dict) -> Text:
-    """The prompt's localisation as report.json holds it; a malformed one is bad input."""
-    try:
-        loc = Localization.from_json(d)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
-    return Text(visible("localisation: " + "\n".join(text_lines(loc)), keep_newlines=True))
 
 
 def show(report_dir: str | Path, prompt: str | None = None, console: Console | None = None,
@@ -173,9 +162,8 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
         console.rule()
         more = f"; {len(bad) - limit} more not shown: --prompt ID shows any one" if len(bad) > limit else ""
         console.print(f"{min(len(bad), limit)} of {len(bad)} non-matching prompt(s) shown{more}")
-    view = speed_view.build(r.speed, r.engines.reference.kind)
-    if view is not None:
-        print_speed(view, console)
+    for section in in_order("show"):
+        section(r, console)
 
 
 __all__ = ["StoredGate", "load_gate", "prompt_view", "show"]

@@ -1,5 +1,9 @@
-"""The HTML reports' one style sheet, shared by report.html and invariance.html (its own module so
-that neither page imports the other for it)."""
+"""The HTML reports' one style sheet, shared by report.html and invariance.html, and the console's
+verdict colours, shared by the console table and the speed section (its own module so that no
+writer imports another for them)."""
+
+CONSOLE_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
+                 "not_comparable": "bold red"}
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1f2328;font-size:14px}

@@ -11,6 +11,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from strict_gate.core.redact import scrub_obj
 from strict_gate.report.pieces import byte_level_bytes, continues, fallback_byte, readable, split_characters
 from strict_gate.runs.records import Record
 
@@ -131,8 +132,10 @@ class Decoder:
 
 def gate_decoder(r: GateResult) -> Decoder:
     """The decoder of one gate: the reference's tokenizer, else the candidate's. Built once and
-    handed to every format that decodes, so a gate loads its tokenizer once, not once a format."""
-    return Decoder(r.reference.tokenizer, r.candidate.tokenizer)
+    handed to every format that decodes, so a gate loads its tokenizer once, not once a format.
+    The names are scrubbed as every report scrubs them, so the raw result and the scrubbed one
+    build the same decoder (the gate builds it before the writers scrub)."""
+    return Decoder(*(scrub_obj(arm.tokenizer) for arm in (r.reference, r.candidate)))
 
 
 def _cell(text: str) -> str:

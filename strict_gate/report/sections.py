@@ -1,0 +1,233 @@
+"""Each section of a gate's reports beyond its token verdict, rendered by itself in each format:
+the later positions after a flip, localisation, speed, invariance, the reference's noise, drift.
+
+A `Section` holds one render function per place a writer puts sections (a slot, named after
+the format and the place); each returns nothing when the result has no such section, and a
+section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
+feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from rich.console import Console
+from rich.text import Text
+
+from strict_gate.errors import InputError
+from strict_gate.judge.cascade import later_totals
+from strict_gate.judge.localization import Localization
+from strict_gate.judge.result import GateResult
+from strict_gate.judge.stored import StoredPrompt, StoredReport
+from strict_gate.report import (
+    drift_view,
+    invariance_view,
+    later_view,
+    localization,
+    noise_view,
+    speed_render,
+    speed_view,
+)
+from strict_gate.report.html_prompt import escape
+from strict_gate.report.html_trend import drift_section, prompt_drift
+from strict_gate.report.text import md, visible
+
+Fn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section's renderers, by slot (None: the section has nothing there)."""
+
+    name: str
+    markdown_head: Fn | None = None  # (r) -> list[str]: its line under report.md's verdict
+    markdown: Fn | None = None  # (r, dec) -> list[str]: its report.md section
+    html_banner: Fn | None = None  # (r) -> str: its line under report.html's banner
+    html_head: Fn | None = None  # (r) -> str: its table under the trend
+    html_divergences: Fn | None = None  # (r, dec) -> str: beside the non-matching prompts' table
+    html: Fn | None = None  # (r) -> str: its report.html section
+    html_prompts: Fn | None = None  # (r) -> {prompt id: html} in each prompt's detail
+    console_lines: Fn | None = None  # (r) -> list[str]: its lines under the console's verdict
+    console: Fn | None = None  # (r, console) -> None: its console table, after the reasons
+    junit_properties: Fn | None = None  # (r) -> list[(name, value)]
+    junit_prompts: Fn | None = None  # (r) -> {prompt id: lines} for each test case's system-out
+    junit_cases: Fn | None = None  # (suite, r, classname) -> None: its own test cases
+    show_prompt: Fn | None = None  # (StoredPrompt) -> str | None: its text in `show`'s prompt view
+    show: Fn | None = None  # (StoredReport, console) -> None: after `show`'s prompts
+
+
+def _speed_head(r: GateResult) -> list[str]:
+    view = speed_view.of(r)  # its own line: the speed verdict never changes the token verdict
+    return [] if view is None else [f"{md(view.verdict_line)}; see Speed below.", ""]
+
+
+def _speed_banner(r: GateResult) -> str:
+    view = speed_view.of(r)
+    return "" if view is None else (f"<p class='speedv {escape(view.verdict)}'><a href='#speed'>"
+                                    f"{escape(view.verdict_line)}</a></p>")
+
+
+def _speed_console(r: GateResult, console: Console) -> None:
+    if (view := speed_view.of(r)) is not None:
+        speed_render.print_speed(view, console)
+
+
+def _speed_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
+    if (view := speed_view.of(r)) is not None:
+        speed_render.junit_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), view)
+
+
+def _speed_show(report: StoredReport, console: Console) -> None:
+    if (view := speed_view.build(report.speed, report.engines.reference.kind)) is not None:
+        speed_render.print_speed(view, console)
+
+
+SPEED = Section(
+    "speed",
+    markdown_head=_speed_head,
+    markdown=lambda r, dec: speed_render.markdown_section(speed_view.of(r)),
+    html_banner=_speed_banner,
+    html=lambda r: speed_render.html_section(speed_view.of(r)),
+    console=_speed_console,
+    junit_properties=lambda r: [("speed_verdict", v.verdict)] if (v := speed_view.of(r)) is not None else [],
+    junit_cases=_speed_cases,
+    show=_speed_show,
+)
+
+
+def _invariance_console(r: GateResult, console: Console) -> None:
+    if (inv := invariance_view.of(r)) is not None:
+        invariance_view.print_invariance(inv, console)
+
+
+def _invariance_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
+    if (inv := invariance_view.of(r)) is not None:
+        invariance_view.junit_cases(suite, inv, cls)
+
+
+INVARIANCE = Section(
+    "invariance",
+    # its own line too: the invariance verdict never changes the token verdict
+    markdown_head=lambda r: [] if (inv := invariance_view.of(r)) is None else [
+        f"{md(inv.verdict_line)}; see Invariance below.", ""],
+    markdown=lambda r, dec: [] if (inv := invariance_view.of(r)) is None else invariance_view.markdown_section(inv),
+    html=lambda r: "" if (inv := invariance_view.of(r)) is None else invariance_view.html_section(inv),
+    console=_invariance_console,
+    junit_cases=_invariance_cases,
+)
+
+
+def _noise_console(r: GateResult, console: Console) -> None:
+    if (nz := noise_view.of(r)) is not None:
+        for line in noise_view.console_lines(nz):
+            console.print(Text(f"  {visible(line)}"))
+
+
+def _noise_properties(r: GateResult) -> list[tuple[str, str]]:
+    nz = noise_view.of(r)
+    return [] if nz is None else [("noise", nz.headline()),
+                                  ("noise_band_rule", nz.band_rule or "the band is the config's")]
+
+
+def _noise_prompts(r: GateResult) -> Mapping[str, list[str]]:
+    nz = noise_view.of(r)
+    return {} if nz is None else {
+        f.id: [f"noise: gap {f.gap} at position {f.position}: {nz.describe(f.where)}"] for f in nz.flips}
+
+
+NOISE = Section(
+    "noise",
+    # the rates side by side, and the band's source when it was measured
+    markdown_head=lambda r: [] if (nz := noise_view.of(r)) is None else [
+        f"{md(nz.headline())}; see The reference's own noise below.", ""],
+    markdown=lambda r, dec: [] if (nz := noise_view.of(r)) is None else noise_view.markdown_section(nz),
+    html=lambda r: "" if (nz := noise_view.of(r)) is None else noise_view.html_section(nz),
+    console=_noise_console,
+    junit_properties=_noise_properties,
+    junit_prompts=_noise_prompts,
+)
+
+
+def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:
+    lines = {p.id: line for p in r.comparison.prompts if (line := later_view.prompt_line(r, p)) is not None}
+    return {pid: f"<p class='diag'>{escape(line)}</p>" for pid, line in lines.items()} if html else {
+        pid: [line] for pid, line in lines.items()}
+
+
+def _later_console(r: GateResult) -> list[str]:
+    totals = later_totals(r.comparison.prompts, r.later)
+    return [totals.line()] if totals.flipped else []
+
+
+LATER = Section(
+    "later",
+    markdown=later_view.markdown_section,
+    html_divergences=later_view.html_section,
+    html_prompts=lambda r: _later_prompts(r, html=True),
+    console_lines=_later_console,
+    junit_properties=later_view.junit_properties,
+    junit_prompts=lambda r: _later_prompts(r, html=False),
+)
+
+
+def drift_json(r: GateResult) -> Any:
+    """report.json's "drift", which report.html lays out (the gate's totals, each prompt's figures)."""
+    return r.drift.to_json() if r.drift is not None else None
+
+
+def _drift_prompts(r: GateResult) -> Mapping[str, str]:
+    drift = drift_json(r)
+    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
+    return {pid: prompt_drift(figures) for pid, figures in per_prompt.items()}
+
+
+DRIFT = Section(
+    "drift",
+    markdown=lambda r, dec: drift_view.markdown_section(r),
+    html_head=lambda r: drift_section(drift_json(r)),
+    html_prompts=_drift_prompts,
+    console_lines=lambda r: [] if r.drift is None else [drift_view.console_line(r.drift)],
+    junit_properties=lambda r: drift_view.junit_properties(r.drift),
+)
+
+
+def _stored_localization(entry: StoredPrompt) -> str | None:
+    """The prompt's localisation as report.json holds it; a malformed one is bad input."""
+    if entry.localization is None:
+        return None
+    try:
+        loc = Localization.from_json(entry.localization)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
+    return "localisation: " + "\n".join(localization.text_lines(loc))
+
+
+LOCALIZATION = Section(
+    "localization",
+    markdown=lambda r, dec: localization.localization_markdown(r),
+    html_prompts=lambda r: {pid: localization.html_section(loc) for pid, loc in r.localization.items()},
+    show_prompt=_stored_localization,
+)
+
+SECTIONS: tuple[Section, ...] = (LATER, LOCALIZATION, SPEED, INVARIANCE, NOISE, DRIFT)  # report.md's order
+
+# Where a slot put sections in another order before this registry (kept: the reports' bytes did
+# not move), the sections it puts first, by name; every other follows in SECTIONS' order.
+FIRST: dict[str, tuple[str, ...]] = {
+    "markdown_head": ("speed", "noise"),
+    "html_prompts": ("later", "drift"),
+    "junit_properties": ("drift",),
+}
+
+
+def in_order(slot: str) -> list[Fn]:
+    """The render functions of `slot`, in the order that slot shows its sections."""
+    first = FIRST.get(slot, ())
+    ordered = sorted(SECTIONS, key=lambda s: first.index(s.name) if s.name in first else len(first))
+    return [f for s in ordered if (f := getattr(s, slot)) is not None]
+
+
+__all__ = ["FIRST", "SECTIONS", "Section", "in_order"]
