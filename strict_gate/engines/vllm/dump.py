@@ -10,7 +10,9 @@ KV cache) one forward pass at a time; the forward passes' row counts are checked
 prompt (in chunks) then one row per step, and the generated tokens to be the ids given.
 vLLM's decoder layers return (hidden_states, residual) with the residual add deferred into the
 next layer's fused norm: the HF-equivalent layer output is their sum, and
-`layers.{i}.mlp` is the first element alone. Checked for Llama (LlamaDecoderLayer): embed =
+`layers.{i}.mlp` is the first element alone. A module that returns None and fills the `output`
+tensor it is handed (vLLM's Kimi-Linear attention, KDA and MLA alike) is read from that tensor.
+Checked for Llama (LlamaDecoderLayer): embed =
 embed_tokens, attn = self_attn, mlp = mlp, norm = model.norm (fused with the last residual
 add: its first output is the normed hidden state). `logits`: vLLM computes logits only for the
 sampled rows (and the prompt-logprob rows, through a separate call), so a prefill dump has none;
@@ -44,10 +46,14 @@ def install(model: Any, points: list[str] | None) -> list[str]:
     modules = decoder_modules(model.model)
 
     def keep(name: str):
-        def hook(module, args, out):
+        def hook(module, args, kwargs, out):
             if name.startswith("layers.") and name.count(".") == 1 and isinstance(out, tuple) and len(out) == 2 \
                     and out[1] is not None:
                 x = out[0] + out[1]  # the split residual: HF's layer output is their sum
+            elif out is None:  # written in place (Kimi-Linear's attention fills its `output` argument)
+                x = kwargs.get("output")
+                if x is None:  # nothing to read: the point stays empty and run() refuses the dump
+                    return
             else:
                 x = out[0] if isinstance(out, tuple) else out
             store.setdefault(name, []).append(x.detach().float().cpu().clone())
@@ -55,7 +61,7 @@ def install(model: Any, points: list[str] | None) -> list[str]:
         return hook
 
     chosen = [p for p in (points or list(modules)) if p in modules]
-    hooks = [modules[name].register_forward_hook(keep(name)) for name in chosen]
+    hooks = [modules[name].register_forward_hook(keep(name), with_kwargs=True) for name in chosen]
     hooks.append(modules["embed"].register_forward_hook(lambda m, a, out: calls.append(int(out.shape[0]))))
     setattr(model, _STORE, (store, calls, hooks))
     return chosen
@@ -103,11 +109,14 @@ def run(llm: Any, request: DumpRequest) -> dict[str, Any]:
         prompt, params = ids[:n0], SamplingParams(temperature=0.0, max_tokens=len(ids) - n0 + 1, ignore_eos=True,
                                                   prompt_logprobs=1, extra_args={FORCE: ids[n0:]})
     try:
-        llm.apply_model(partial(install, points=list(request.points) if request.points else None))
+        chosen = llm.apply_model(partial(install, points=list(request.points) if request.points else None))[0]
         out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
         rows = llm.apply_model(collect)[0]
     except Exception as e:
         raise EngineError(f"vllm: dump failed: {type(e).__name__}: {e}") from None
+    if empty := [p for p in chosen if p not in rows]:
+        raise EngineError(f"vllm: dump of {', '.join(empty)}: no rows (the module returned nothing and was handed "
+                          "no `output` tensor to fill, or it never ran)")
     calls = [int(n) for n in rows.pop(_CALLS).tolist()]
     raw = {int(k.removeprefix(_RAW)): rows.pop(k) for k in [k for k in rows if k.startswith(_RAW)]}
     kept = {}
