@@ -150,8 +150,8 @@ def noise(
     """Measure the reference against itself (K runs, batch, prefill/decode, chunks, a second build)
     into a sealed noise profile (docs/noise.md). Exit 0, 2 bad input, 3 an engine failed."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.noise import measure_noise
-    from strict_gate.report.noise_view import profile_lines
+    from strict_gate.noise.command import measure_noise
+    from strict_gate.noise.render import profile_lines
     from strict_gate.report.text import visible
 
     cfg = load_gate_config(config, require_candidate=False)

@@ -19,11 +19,11 @@ from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.localize_config import LocalizeConfig, parse_localize
-from strict_gate.gate.noise_band import NoiseSetting, noise_setting
 from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.noise.band import check_gate_band
+from strict_gate.noise.setting import NoiseSetting, noise_setting
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
 from strict_gate.speed.config import SpeedConfig, parse_speed
