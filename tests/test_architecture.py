@@ -27,17 +27,19 @@ WINGS: dict[str, frozenset[str]] = {
     "engines": frozenset({"runs", "core", "errors"}),
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
+    "drift": frozenset({"judge", "speed", "runs", "core", "errors"}),
     "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
     "noise": frozenset({"invariance", "judge", "engines", "runs", "core", "errors"}),
     "report": frozenset({"noise", "invariance", "judge", "speed", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
-    "gate": frozenset({"localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core",
-                          "errors"}),
+    "gate": frozenset({"localize", "report", "drift", "noise", "invariance", "judge", "speed", "engines", "runs", "core",
+                       "errors"}),
+    "nightly": frozenset({"gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed", "engines", "runs",
+                          "core", "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
     "fetch": frozenset({"core", "errors"}),
-    "face": frozenset({"fetch", "battery", "nightly", "gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines",
-                       "runs", "core", "errors"}),
+    "face": frozenset({"fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed",
+                       "engines", "runs", "core", "errors"}),
 }
 
 
@@ -48,6 +50,7 @@ WINGS: dict[str, frozenset[str]] = {
 # reach it by "module:attr", imported when a gate or a writer first asks.
 FACES: dict[str, frozenset[str]] = {
     "noise": frozenset({"command", "feature", "render"}),
+    "drift": frozenset({"feature", "render"}),
 }
 WINGS.update({f"{feature}.face": WINGS["gate"] | {"gate"} for feature in FACES})
 WINGS["face"] = WINGS["face"] | {f"{feature}.face" for feature in FACES}
@@ -208,6 +211,8 @@ def test_no_import_cycles_at_module_level():
         ("gate/run.py", "from strict_gate.noise.feature import Noise\n"),  # a feature's face, below it
         ("report/sections.py", "    from strict_gate.noise import render\n"),  # `from pkg import module`
         ("noise/band.py", "from strict_gate.noise.render import SECTION\n"),  # a feature's core, its own face
+        ("judge/result.py", "from strict_gate.drift.measure import DriftReport\n"),  # the judge, a feature above it
+        ("report/markdown.py", "from strict_gate.drift.render import SECTION\n"),
     ],
 )
 def test_an_upward_import_is_caught(tmp_path, where, line):

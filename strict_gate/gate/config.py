@@ -100,7 +100,7 @@ class GateConfig:
     candidate: ArmConfig | None
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
-    drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/judge/drift.py)
+    drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/drift/measure.py)
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
     localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
     invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)

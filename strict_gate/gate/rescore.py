@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from strict_gate.core.redact import scrub_tree
+from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
@@ -24,7 +25,6 @@ from strict_gate.gate.feature import build_rescorer
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.rescorer_identity import refuse_self_rescorer
-from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredDrift, StoredReport, load_report

@@ -5,9 +5,9 @@ A `Section` holds one render function per place a writer puts sections (a slot, 
 the format and the place); each returns nothing when the result has no such section, and a
 section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
 feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
-A feature that lives in its own folder declares its `SECTION` there (noise/render.py), and
-`SECTIONS` names it as "module:attr", as gate/feature.py's FEATURES names the features: report/
-imports no feature's face.
+A feature that lives in its own folder declares its `SECTION` there (noise/render.py,
+drift/render.py), and `SECTIONS` names it as "module:attr", as gate/feature.py's FEATURES names
+the features: report/ imports no feature's face.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.stored import StoredPrompt, StoredReport
 from strict_gate.report import (
-    drift_view,
     invariance_view,
     later_view,
     localization,
@@ -35,7 +34,6 @@ from strict_gate.report import (
     speed_view,
 )
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.html_trend import drift_section, prompt_drift
 from strict_gate.report.text import md
 
 Fn = Callable[..., Any]
@@ -145,27 +143,6 @@ LATER = Section(
 )
 
 
-def drift_json(r: GateResult) -> Any:
-    """report.json's "drift", which report.html lays out (the gate's totals, each prompt's figures)."""
-    return r.drift.to_json() if r.drift is not None else None
-
-
-def _drift_prompts(r: GateResult) -> Mapping[str, str]:
-    drift = drift_json(r)
-    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
-    return {pid: prompt_drift(figures) for pid, figures in per_prompt.items()}
-
-
-DRIFT = Section(
-    "drift",
-    markdown=lambda r, dec: drift_view.markdown_section(r),
-    html_head=lambda r: drift_section(drift_json(r)),
-    html_prompts=_drift_prompts,
-    console_lines=lambda r: [] if r.drift is None else [drift_view.console_line(r.drift)],
-    junit_properties=lambda r: drift_view.junit_properties(r.drift),
-)
-
-
 def _stored_localization(entry: StoredPrompt) -> str | None:
     """The prompt's localisation as report.json holds it; a malformed one is bad input."""
     if entry.localization is None:
@@ -192,7 +169,7 @@ SECTIONS: tuple[str, ...] = (
     "strict_gate.report.sections:SPEED",
     "strict_gate.report.sections:INVARIANCE",
     "strict_gate.noise.render:SECTION",
-    "strict_gate.report.sections:DRIFT",
+    "strict_gate.drift.render:SECTION",
 )
 
 # Where a slot put sections in another order before this registry (kept: the reports' bytes did
