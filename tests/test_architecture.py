@@ -51,6 +51,7 @@ WINGS: dict[str, frozenset[str]] = {
 FACES: dict[str, frozenset[str]] = {
     "noise": frozenset({"command", "feature", "render"}),
     "drift": frozenset({"feature", "render"}),
+    "invariance": frozenset({"feature", "phase", "render"}),
 }
 WINGS.update({f"{feature}.face": WINGS["gate"] | {"gate"} for feature in FACES})
 WINGS["face"] = WINGS["face"] | {f"{feature}.face" for feature in FACES}
@@ -213,6 +214,7 @@ def test_no_import_cycles_at_module_level():
         ("noise/band.py", "from strict_gate.noise.render import SECTION\n"),  # a feature's core, its own face
         ("judge/result.py", "from strict_gate.drift.measure import DriftReport\n"),  # the judge, a feature above it
         ("report/markdown.py", "from strict_gate.drift.render import SECTION\n"),
+        ("noise/measure.py", "from strict_gate.invariance.phase import invariance_phase\n"),  # a core, another's face
     ],
 )
 def test_an_upward_import_is_caught(tmp_path, where, line):

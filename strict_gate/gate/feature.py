@@ -11,8 +11,8 @@ feature's own folder (its section in report/sections.py's SECTIONS).
 
 The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
 engine kinds), so this module and `run.py` import none of their phases. A feature that lives
-in one folder keeps its class there (`noise/feature.py`, `drift/feature.py`): its face, above
-gate/ and report/.
+in one folder keeps its class there (`noise/feature.py`, `drift/feature.py`,
+`invariance/feature.py`): its face, above gate/ and report/.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ FEATURES: tuple[str, ...] = (
     "strict_gate.gate.features.speed:Speed",
     "strict_gate.drift.feature:Drift",
     "strict_gate.gate.features.localize:Localize",
-    "strict_gate.gate.features.invariance:Invariance",
+    "strict_gate.invariance.feature:Invariance",
     "strict_gate.noise.feature:Noise",
 )
 

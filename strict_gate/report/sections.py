@@ -6,8 +6,8 @@ the format and the place); each returns nothing when the result has no such sect
 section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
 feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
 A feature that lives in its own folder declares its `SECTION` there (noise/render.py,
-drift/render.py), and `SECTIONS` names it as "module:attr", as gate/feature.py's FEATURES names
-the features: report/ imports no feature's face.
+drift/render.py, invariance/render.py), and `SECTIONS` names it as "module:attr", as
+gate/feature.py's FEATURES names the features: report/ imports no feature's face.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.stored import StoredPrompt, StoredReport
 from strict_gate.report import (
-    invariance_view,
     later_view,
     localization,
     speed_render,
@@ -99,28 +98,6 @@ SPEED = Section(
 )
 
 
-def _invariance_console(r: GateResult, console: Console) -> None:
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.print_invariance(inv, console)
-
-
-def _invariance_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.junit_cases(suite, inv, cls)
-
-
-INVARIANCE = Section(
-    "invariance",
-    # its own line too: the invariance verdict never changes the token verdict
-    markdown_head=lambda r: [] if (inv := invariance_view.of(r)) is None else [
-        f"{md(inv.verdict_line)}; see Invariance below.", ""],
-    markdown=lambda r, dec: [] if (inv := invariance_view.of(r)) is None else invariance_view.markdown_section(inv),
-    html=lambda r: "" if (inv := invariance_view.of(r)) is None else invariance_view.html_section(inv),
-    console=_invariance_console,
-    junit_cases=_invariance_cases,
-)
-
-
 def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:
     lines = {p.id: line for p in r.comparison.prompts if (line := later_view.prompt_line(r, p)) is not None}
     return {pid: f"<p class='diag'>{escape(line)}</p>" for pid, line in lines.items()} if html else {
@@ -167,7 +144,7 @@ SECTIONS: tuple[str, ...] = (
     "strict_gate.report.sections:LATER",
     "strict_gate.report.sections:LOCALIZATION",
     "strict_gate.report.sections:SPEED",
-    "strict_gate.report.sections:INVARIANCE",
+    "strict_gate.invariance.render:SECTION",
     "strict_gate.noise.render:SECTION",
     "strict_gate.drift.render:SECTION",
 )
