@@ -208,8 +208,8 @@ def test_the_console_table_never_cuts_a_figure_at_80_columns(arms):
     from rich.console import Console
 
     from strict_gate.invariance.config import InvariancePolicy
+    from strict_gate.invariance.render import print_invariance
     from strict_gate.invariance.verdict import InvarianceResult, VariantResult, VariantVerdict
-    from strict_gate.report.invariance_view import print_invariance
 
     variants = tuple(VariantResult(n, a, (), 128, 127, 16384, 16380, 2, 1, (), VariantVerdict.PASS, seconds=10.0,
                                    baseline_seconds=5.0)

@@ -2,12 +2,14 @@
 
 Every import in the package is read from source (top level, inside functions and under
 TYPE_CHECKING alike: a lazy import is still a dependency) and checked against WINGS, the
-one place the allowed directions are written down.
+one place the allowed directions are written down, with FACES, the modules of a feature's
+folder that rank above gate/ and report/.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -25,18 +27,34 @@ WINGS: dict[str, frozenset[str]] = {
     "engines": frozenset({"runs", "core", "errors"}),
     "speed": frozenset({"engines", "runs", "core", "errors"}),
     "judge": frozenset({"speed", "runs", "core", "errors"}),
+    "drift": frozenset({"judge", "speed", "runs", "core", "errors"}),
     "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
     "noise": frozenset({"invariance", "judge", "engines", "runs", "core", "errors"}),
     "report": frozenset({"noise", "invariance", "judge", "speed", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
-    "gate": frozenset({"localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core", "errors"}),
-    "nightly": frozenset({"gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines", "runs", "core",
-                          "errors"}),
+    "gate": frozenset({"localize", "report", "drift", "noise", "invariance", "judge", "speed", "engines", "runs", "core",
+                       "errors"}),
+    "nightly": frozenset({"gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed", "engines", "runs",
+                          "core", "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
     "fetch": frozenset({"core", "errors"}),
-    "face": frozenset({"fetch", "battery", "nightly", "gate", "localize", "report", "noise", "invariance", "judge", "speed", "engines",
-                       "runs", "core", "errors"}),
+    "face": frozenset({"fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed",
+                       "engines", "runs", "core", "errors"}),
 }
+
+
+# A feature that lives in one folder (docs/architecture.md, "Features"): its core is the wing
+# of its name (its row above); its face, the modules named here (its gate hook, its section in
+# each format, its command), is a wing of its own, "<feature>.face", above gate/ and report/.
+# Only the CLI imports a face; gate/feature.py's FEATURES and report/sections.py's SECTIONS
+# reach it by "module:attr", imported when a gate or a writer first asks.
+FACES: dict[str, frozenset[str]] = {
+    "noise": frozenset({"command", "feature", "render"}),
+    "drift": frozenset({"feature", "render"}),
+    "invariance": frozenset({"feature", "phase", "render"}),
+}
+WINGS.update({f"{feature}.face": WINGS["gate"] | {"gate"} for feature in FACES})
+WINGS["face"] = WINGS["face"] | {f"{feature}.face" for feature in FACES}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -50,11 +68,15 @@ def wing_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1 or parts[1] in {"cli", "__init__"}:
         return "face"
+    if len(parts) > 2 and parts[2] in FACES.get(parts[1], ()):
+        return f"{parts[1]}.face"
     return parts[1] if parts[1] in WINGS else "face"
 
 
 def imports(root: Path) -> dict[str, list[tuple[str, int, bool]]]:
-    """module -> [(imported strict_gate module, line, at module top level)]."""
+    """module -> [(imported strict_gate module, line, at module top level)]. `from pkg import sub`
+    is an import of the module pkg.sub (a feature's face is a module of its folder)."""
+    modules = {module_name(p, root) for p in root.rglob("*.py")}
     out: dict[str, list[tuple[str, int, bool]]] = defaultdict(list)
     for path in sorted(root.rglob("*.py")):
         mod = module_name(path, root)
@@ -62,7 +84,9 @@ def imports(root: Path) -> dict[str, list[tuple[str, int, bool]]]:
         top = {id(n) for n in tree.body}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
-                out[mod].append((node.module, node.lineno, id(node) in top))
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+                for dep in sorted(subs) or [node.module]:
+                    out[mod].append((dep, node.lineno, id(node) in top))
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith(root.name + "."):
@@ -185,6 +209,12 @@ def test_no_import_cycles_at_module_level():
         ("report/markdown.py", "from strict_gate.gate.run import run_gate\n"),
         ("gate/run.py", "from strict_gate import cli\n"),
         ("engines/hf.py", "    from strict_gate.judge.compare import Status\n"),  # a lazy import counts
+        ("gate/run.py", "from strict_gate.noise.feature import Noise\n"),  # a feature's face, below it
+        ("report/sections.py", "    from strict_gate.noise import render\n"),  # `from pkg import module`
+        ("noise/band.py", "from strict_gate.noise.render import SECTION\n"),  # a feature's core, its own face
+        ("judge/result.py", "from strict_gate.drift.measure import DriftReport\n"),  # the judge, a feature above it
+        ("report/markdown.py", "from strict_gate.drift.render import SECTION\n"),
+        ("noise/measure.py", "from strict_gate.invariance.phase import invariance_phase\n"),  # a core, another's face
     ],
 )
 def test_an_upward_import_is_caught(tmp_path, where, line):
@@ -198,6 +228,26 @@ def test_an_upward_import_is_caught(tmp_path, where, line):
         text += "\n" + line
     target.write_text(text, encoding="utf-8")
     assert violations(copy), f"{line.strip()} in {where} was not reported"
+
+
+def test_every_face_is_a_module_of_its_feature():
+    missing = [f"{feature}/{name}.py" for feature, names in FACES.items() for name in sorted(names)
+               if not (PACKAGE / feature / f"{name}.py").is_file()]
+    assert missing == [], f"FACES names modules that are not there: {missing}"
+
+
+def test_the_registries_reach_the_faces_by_name():
+    """FEATURES and SECTIONS are "module:attr" strings, each resolving; the ones in a feature's
+    folder name its face (gate/ and report/ import no face: test_imports_point_one_way)."""
+    from strict_gate.gate.feature import FEATURES
+    from strict_gate.report.sections import SECTIONS
+
+    for spec in FEATURES + SECTIONS:
+        module, _, attr = spec.partition(":")
+        assert getattr(importlib.import_module(module), attr) is not None, spec
+        feature = module.split(".")[1]
+        if feature in FACES:
+            assert wing_of(module) == f"{feature}.face", spec
 
 
 def test_a_cycle_is_caught(tmp_path):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from helpers import gate_text, rec, step
 
+from strict_gate.drift.measure import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
 from strict_gate.errors import ConfigError
 from strict_gate.gate.config import parse_gate_config
-from strict_gate.judge.drift import KL_ESTIMATOR, DriftReport, kl_topk_union, measure_drift, prompt_drift
 from strict_gate.judge.prefix_drift import DriftScale
 from strict_gate.runs.records import ScoredStep
 

@@ -18,12 +18,12 @@ from helpers import rec, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
+from strict_gate.drift import render as drift_render
 from strict_gate.gate.judgement import judge
 from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import GateResult
 from strict_gate.report import html as html_report
-from strict_gate.report import sections as report_sections
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_drift_and_trend_are_drawn_when_present_and_omitted_when_not(report, mon
     first = result.comparison.prompts[0].id
     drift = {"same_top1_rate": 0.99, "abs_dlogprob": {"mean": 0.01, "p99": 0.2, "max": 0.31},
              "kl": {"estimator": "top-k", "mean": 1e-3}, "positions": 2033, "prompts": {first: {"kl": {"mean": 0.5}}}}
-    monkeypatch.setattr(report_sections, "drift_json", lambda r: drift)  # report.json's drift, as the page reads it
+    monkeypatch.setattr(drift_render, "drift_json", lambda r: drift)  # report.json's drift, as the page reads it
     page = html_report.render(dataclasses.replace(result, history=nights))
     svg = page[page.index("<svg"):page.index("</svg>")]
     assert svg.count("<circle") == 4 and "#cf222e" in svg and "#1a7f37" in svg and "nightly&lt;b&gt;" in svg

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from strict_gate.errors import ConfigError, ExitCode
 from strict_gate.gate.config import load_gate_config
 from strict_gate.invariance.config import InvariancePolicy
+from strict_gate.invariance.render import write_invariance_reports
 from strict_gate.invariance.verdict import InvarianceResult, VariantVerdict, judge_variant
 from strict_gate.judge.result import overall_exit_code
 from strict_gate.nightly.diff import Rule, diff_reports
-from strict_gate.report.invariance_view import write_invariance_reports
 from strict_gate.runs.reader import load_run
 
 HERE = Path(__file__).resolve().parent

@@ -75,7 +75,7 @@ def test_every_report_says_the_scale_of_a_near_tie(tmp_path):
 def test_the_label_is_the_same_with_and_without_the_drift_pass(tmp_path):
     """The drift pass's figure (it includes the divergence position) must not move the label:
     on main a fp32-level tie read "half-precision" once `drift = true` was set."""
-    from strict_gate.judge.drift import DriftReport, PromptDrift, Stats
+    from strict_gate.drift.measure import DriftReport, PromptDrift, Stats
     from strict_gate.judge.result import status_label, to_json
 
     ref, cand = _pair("fp32", DRIFTS["fp32"])

@@ -120,8 +120,8 @@ def invariance(
     prefill chunks, the prefix cache, needles. Exit 0, 5 a variant moved (policy strict or
     near-tie), 3 a variant not run (strict or near-tie), 2 bad input."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.invariance import run_invariance_gate
-    from strict_gate.report.invariance_view import print_invariance
+    from strict_gate.invariance.phase import run_invariance_gate
+    from strict_gate.invariance.render import print_invariance
     from strict_gate.report.text import visible
 
     cfg = load_gate_config(config)
@@ -150,8 +150,8 @@ def noise(
     """Measure the reference against itself (K runs, batch, prefill/decode, chunks, a second build)
     into a sealed noise profile (docs/noise.md). Exit 0, 2 bad input, 3 an engine failed."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.noise import measure_noise
-    from strict_gate.report.noise_view import profile_lines
+    from strict_gate.noise.command import measure_noise
+    from strict_gate.noise.render import profile_lines
     from strict_gate.report.text import visible
 
     cfg = load_gate_config(config, require_candidate=False)

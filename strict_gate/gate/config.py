@@ -19,11 +19,11 @@ from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.localize_config import LocalizeConfig, parse_localize
-from strict_gate.gate.noise_band import NoiseSetting, noise_setting
 from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.noise.band import check_gate_band
+from strict_gate.noise.setting import NoiseSetting, noise_setting
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
 from strict_gate.speed.config import SpeedConfig, parse_speed
@@ -100,7 +100,7 @@ class GateConfig:
     candidate: ArmConfig | None
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
-    drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/judge/drift.py)
+    drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/drift/measure.py)
     speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
     localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
     invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)

@@ -6,10 +6,13 @@ to doing nothing, and the gate (`gate/run.py`) calls the enabled features at eac
 `FEATURES` order. Each hook says what is loaded when it runs: one engine is loaded at a
 time, and a feature reuses what is loaded instead of loading it again. Speculative
 decoding is no feature of its own: it is an [invariance] variant (`invariance/variants.py`,
-the settings in `engines/speculative.py`). Rendering stays in `report/`, per format.
+the settings in `engines/speculative.py`). Rendering stays in `report/`, per format, or in a
+feature's own folder (its section in report/sections.py's SECTIONS).
 
 The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
-engine kinds), so this module and `run.py` import none of their phases.
+engine kinds), so this module and `run.py` import none of their phases. A feature that lives
+in one folder keeps its class there (`noise/feature.py`, `drift/feature.py`,
+`invariance/feature.py`): its face, above gate/ and report/.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from strict_gate.runs.records import Run
 # in the order their hooks run at each point (the order the phases ran before they were features)
 FEATURES: tuple[str, ...] = (
     "strict_gate.gate.features.speed:Speed",
-    "strict_gate.gate.features.drift:Drift",
+    "strict_gate.drift.feature:Drift",
     "strict_gate.gate.features.localize:Localize",
-    "strict_gate.gate.features.invariance:Invariance",
-    "strict_gate.gate.features.noise:Noise",
+    "strict_gate.invariance.feature:Invariance",
+    "strict_gate.noise.feature:Noise",
 )
 
 

@@ -13,11 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.core.redact import scrub_tree
+from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
 from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.diagnose import Diagnosis
-from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.localize.compare import check_tolerance

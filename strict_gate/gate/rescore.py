@@ -17,18 +17,18 @@ from pathlib import Path
 import msgspec
 
 from strict_gate.core.redact import scrub_tree
+from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
 from strict_gate.gate.feature import build_rescorer
 from strict_gate.gate.judgement import cross_judge, judge
-from strict_gate.gate.noise_band import with_noise
 from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.rescorer_identity import refuse_self_rescorer
-from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
+from strict_gate.noise.setting import with_noise
 from strict_gate.report import write_reports
 from strict_gate.report.text import gate_decoder
 from strict_gate.runs.reader import load_run

@@ -12,7 +12,6 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import prompt_inputs, run_arm
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.judgement import judge
-from strict_gate.gate.noise_band import NoiseSetting, stored_noise, with_noise
 from strict_gate.gate.outcome import ProgressHook
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.compare_runs import compare_on_disk
@@ -21,6 +20,7 @@ from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.judge.spec import GateSpec, PromptSetRef, valid_band
 from strict_gate.judge.text_only import run_decoder
 from strict_gate.noise.band import MEASURED
+from strict_gate.noise.setting import NoiseSetting, stored_noise, with_noise
 from strict_gate.report import GateResult
 from strict_gate.runs.audit import check_comparable
 from strict_gate.runs.output import staged_run_dir

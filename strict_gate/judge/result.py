@@ -11,7 +11,6 @@ from strict_gate.errors import ExitCode
 from strict_gate.judge.cascade import Cascade, later_totals
 from strict_gate.judge.compare import Comparison, Divergence, PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
-from strict_gate.judge.drift import DriftReport
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import Verdict
 from strict_gate.judge.prefix_drift import PrefixDrift
@@ -68,6 +67,13 @@ class SecondVerdict(Protocol):
     def to_json(self) -> dict: ...
 
 
+class DriftNote(Protocol):
+    """What a GateResult needs of the drift figures (strict_gate/drift/measure.py): their JSON. The
+    drift folder ranks above the judge (it reads the judge's band), so the judge does not import it."""
+
+    def to_json(self) -> dict: ...
+
+
 class NoiseNote(Protocol):
     """What a GateResult needs of the noise judgement (strict_gate/noise/annotate.py): its JSON."""
 
@@ -95,7 +101,7 @@ class GateResult:
     rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
     resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
     history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
-    drift: DriftReport | None = None  # the reference's tokens scored by the candidate (gate option `drift`)
+    drift: DriftNote | None = None  # the reference's tokens scored by the candidate (gate option `drift`, strict_gate/drift)
     speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
     localization: dict[str, Localization] = field(default_factory=dict)  # prompt id -> where it first differs

@@ -1,62 +1,18 @@
-"""report.html: the drift figures and the nightly trend, read defensively.
+"""report.html: the nightly trend, read defensively.
 
-Both come from elsewhere (report.json's "drift" object, the gate's history of past nights)
-and may be absent or partial: a section is drawn from what is there and omitted when
-nothing is. The trend is a few lines of inline SVG, no script and no library.
+It comes from elsewhere (the gate's history of past nights) and may be absent or partial: the
+section is drawn from what is there and omitted when nothing is. The trend is a few lines of
+inline SVG, no script and no library. (The drift figures are drift/render.py's.)
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from strict_gate.report.html_prompt import escape
 
 VERDICT_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "incomplete": "#9a6700"}
 W, H, PAD = 640, 170, 42
-
-
-def _value(v: object) -> str | None:
-    if isinstance(v, bool) or v is None:
-        return None if v is None else str(v).lower()
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else None
-    if isinstance(v, str):
-        return escape(v)
-    return None
-
-
-def flat_figures(figures: dict, prefix: str = "") -> list[tuple[str, str]]:
-    """(key, escaped value) pairs, nested objects as a.b; lists and unknown types left out."""
-    out: list[tuple[str, str]] = []
-    for k, v in figures.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out += flat_figures(v, key + ".")
-        elif (text := _value(v)) is not None:
-            out.append((key, text))
-    return out
-
-
-def drift_section(drift: object) -> str:
-    """The gate's drift totals (report.json's "drift", without its per-prompt part)."""
-    if not isinstance(drift, dict):
-        return ""
-    totals = drift["totals"] if isinstance(drift.get("totals"), dict) else {
-        k: v for k, v in drift.items() if k != "prompts"}
-    rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in flat_figures(totals))
-    if not rows:
-        return ""
-    return ("<h2>Drift</h2><p>How far the candidate's logprobs sit from the reference's where the tokens agree.</p>"
-            f"<table class='kv'>{rows}</table>")
-
-
-def prompt_drift(figures: object) -> str:
-    """One prompt's drift figures in a line (report.json's drift["prompts"][id])."""
-    items = "; ".join(f"{escape(k)} {v}" for k, v in flat_figures(figures)) if isinstance(figures, dict) else ""
-    return f"<p class='drift'><b>drift:</b> {items}</p>" if items else ""
 
 
 def _pair(entry: dict, key: str, part: str) -> tuple[object, object]:

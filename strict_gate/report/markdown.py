@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from strict_gate.judge.compare import Status
-from strict_gate.judge.result import GateResult, arm_wall_clock, status_label
-from strict_gate.report.drift_view import near_tie_scales
+from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, HALF_PRECISION_MAX, DriftScale
+from strict_gate.judge.result import GateResult, arm_wall_clock, matched_drift, status_label
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.sections import in_order
@@ -164,6 +164,23 @@ def _mismatches(r: GateResult, dec: Decoder) -> list[str]:
     out += near_tie_scales(r)
     out += _more(len(bad) - MD_ROWS, "non-matching prompts")
     return out
+
+
+def near_tie_scales(r: GateResult) -> list[str]:
+    """How many near-ties came with drift above float32 rounding level, and the thresholds."""
+    scales = [pd.scale for p in r.comparison.prompts
+              if p.status == Status.NEAR_TIE and (pd := matched_drift(r, p)) is not None]
+    above = [s for s in scales if s != DriftScale.FLOAT32_ROUNDING]
+    if not above:
+        return []
+    n_q = sum(1 for s in above if s == DriftScale.BEYOND_HALF_PRECISION)
+    return [
+        f"{len(above)} of {len(scales)} near-tie(s) came with drift above float32 rounding level at their matched "
+        f"positions ({n_q} beyond half precision: max |Δ logprob| > {HALF_PRECISION_MAX:g} nats; the rest at "
+        f"half-precision level: > {FLOAT32_ROUNDING_MAX:g}). Such a tie says the arms already disagreed everywhere; the thresholds are "
+        "orders of magnitude and depend on the hardware (docs/drift.md).",
+        "",
+    ]
 
 
 def _mismatch_row(r: GateResult, dec: Decoder, p) -> str:

@@ -5,17 +5,21 @@ A `Section` holds one render function per place a writer puts sections (a slot, 
 the format and the place); each returns nothing when the result has no such section, and a
 section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
 feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
+A feature that lives in its own folder declares its `SECTION` there (noise/render.py,
+drift/render.py, invariance/render.py), and `SECTIONS` names it as "module:attr", as
+gate/feature.py's FEATURES names the features: report/ imports no feature's face.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 from xml.etree import ElementTree as ET
 
 from rich.console import Console
-from rich.text import Text
 
 from strict_gate.errors import InputError
 from strict_gate.judge.cascade import later_totals
@@ -23,17 +27,13 @@ from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.stored import StoredPrompt, StoredReport
 from strict_gate.report import (
-    drift_view,
-    invariance_view,
     later_view,
     localization,
-    noise_view,
     speed_render,
     speed_view,
 )
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.html_trend import drift_section, prompt_drift
-from strict_gate.report.text import md, visible
+from strict_gate.report.text import md
 
 Fn = Callable[..., Any]
 
@@ -98,59 +98,6 @@ SPEED = Section(
 )
 
 
-def _invariance_console(r: GateResult, console: Console) -> None:
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.print_invariance(inv, console)
-
-
-def _invariance_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
-    if (inv := invariance_view.of(r)) is not None:
-        invariance_view.junit_cases(suite, inv, cls)
-
-
-INVARIANCE = Section(
-    "invariance",
-    # its own line too: the invariance verdict never changes the token verdict
-    markdown_head=lambda r: [] if (inv := invariance_view.of(r)) is None else [
-        f"{md(inv.verdict_line)}; see Invariance below.", ""],
-    markdown=lambda r, dec: [] if (inv := invariance_view.of(r)) is None else invariance_view.markdown_section(inv),
-    html=lambda r: "" if (inv := invariance_view.of(r)) is None else invariance_view.html_section(inv),
-    console=_invariance_console,
-    junit_cases=_invariance_cases,
-)
-
-
-def _noise_console(r: GateResult, console: Console) -> None:
-    if (nz := noise_view.of(r)) is not None:
-        for line in noise_view.console_lines(nz):
-            console.print(Text(f"  {visible(line)}"))
-
-
-def _noise_properties(r: GateResult) -> list[tuple[str, str]]:
-    nz = noise_view.of(r)
-    return [] if nz is None else [("noise", nz.headline()),
-                                  ("noise_band_rule", nz.band_rule or "the band is the config's")]
-
-
-def _noise_prompts(r: GateResult) -> Mapping[str, list[str]]:
-    nz = noise_view.of(r)
-    return {} if nz is None else {
-        f.id: [f"noise: gap {f.gap} at position {f.position}: {nz.describe(f.where)}"] for f in nz.flips}
-
-
-NOISE = Section(
-    "noise",
-    # the rates side by side, and the band's source when it was measured
-    markdown_head=lambda r: [] if (nz := noise_view.of(r)) is None else [
-        f"{md(nz.headline())}; see The reference's own noise below.", ""],
-    markdown=lambda r, dec: [] if (nz := noise_view.of(r)) is None else noise_view.markdown_section(nz),
-    html=lambda r: "" if (nz := noise_view.of(r)) is None else noise_view.html_section(nz),
-    console=_noise_console,
-    junit_properties=_noise_properties,
-    junit_prompts=_noise_prompts,
-)
-
-
 def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:
     lines = {p.id: line for p in r.comparison.prompts if (line := later_view.prompt_line(r, p)) is not None}
     return {pid: f"<p class='diag'>{escape(line)}</p>" for pid, line in lines.items()} if html else {
@@ -173,27 +120,6 @@ LATER = Section(
 )
 
 
-def drift_json(r: GateResult) -> Any:
-    """report.json's "drift", which report.html lays out (the gate's totals, each prompt's figures)."""
-    return r.drift.to_json() if r.drift is not None else None
-
-
-def _drift_prompts(r: GateResult) -> Mapping[str, str]:
-    drift = drift_json(r)
-    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
-    return {pid: prompt_drift(figures) for pid, figures in per_prompt.items()}
-
-
-DRIFT = Section(
-    "drift",
-    markdown=lambda r, dec: drift_view.markdown_section(r),
-    html_head=lambda r: drift_section(drift_json(r)),
-    html_prompts=_drift_prompts,
-    console_lines=lambda r: [] if r.drift is None else [drift_view.console_line(r.drift)],
-    junit_properties=lambda r: drift_view.junit_properties(r.drift),
-)
-
-
 def _stored_localization(entry: StoredPrompt) -> str | None:
     """The prompt's localisation as report.json holds it; a malformed one is bad input."""
     if entry.localization is None:
@@ -212,7 +138,16 @@ LOCALIZATION = Section(
     show_prompt=_stored_localization,
 )
 
-SECTIONS: tuple[Section, ...] = (LATER, LOCALIZATION, SPEED, INVARIANCE, NOISE, DRIFT)  # report.md's order
+# report.md's order. Each is "module:attr": a feature's own folder declares its section (its face,
+# above report/), imported only when a writer first asks, so report/ imports no feature's face.
+SECTIONS: tuple[str, ...] = (
+    "strict_gate.report.sections:LATER",
+    "strict_gate.report.sections:LOCALIZATION",
+    "strict_gate.report.sections:SPEED",
+    "strict_gate.invariance.render:SECTION",
+    "strict_gate.noise.render:SECTION",
+    "strict_gate.drift.render:SECTION",
+)
 
 # Where a slot put sections in another order before this registry (kept: the reports' bytes did
 # not move), the sections it puts first, by name; every other follows in SECTIONS' order.
@@ -223,11 +158,21 @@ FIRST: dict[str, tuple[str, ...]] = {
 }
 
 
+@cache
+def sections() -> tuple[Section, ...]:
+    """The sections SECTIONS names, imported once, in its order."""
+    out = []
+    for spec in SECTIONS:
+        module, _, name = spec.partition(":")
+        out.append(getattr(importlib.import_module(module), name))
+    return tuple(out)
+
+
 def in_order(slot: str) -> list[Fn]:
     """The render functions of `slot`, in the order that slot shows its sections."""
     first = FIRST.get(slot, ())
-    ordered = sorted(SECTIONS, key=lambda s: first.index(s.name) if s.name in first else len(first))
+    ordered = sorted(sections(), key=lambda s: first.index(s.name) if s.name in first else len(first))
     return [f for s in ordered if (f := getattr(s, slot)) is not None]
 
 
-__all__ = ["FIRST", "SECTIONS", "Section", "in_order"]
+__all__ = ["FIRST", "SECTIONS", "Section", "in_order", "sections"]

@@ -1,13 +1,13 @@
 """The reference's noise in a gate ([noise], band = "measured"): each candidate flip placed
-against the profile, before the reports are written (gate/noise_band.py)."""
+against the profile, before the reports are written (setting.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from strict_gate.gate.feature import Feature
-from strict_gate.gate.noise_band import with_noise
 from strict_gate.judge.result import GateResult
+from strict_gate.noise.setting import with_noise
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,22 @@
 """The reference's noise in every format: a profile's table (console, `strict-gate noise`), and
 in a gate's reports the candidate's flips against it: lines (console, md, JUnit) and a picture
 (html: one inline SVG, no script, the candidate's first-divergence gaps over the reference's
-self-flips on one axis, with the band).
+self-flips on one axis, with the band). `SECTION` is its entry in report/sections.py's registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from rich.console import Console
+from rich.text import Text
+
+from strict_gate.judge.result import GateResult
 from strict_gate.noise.annotate import NoiseJudgement, Where
 from strict_gate.noise.profile import NoiseProfile
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.text import md
+from strict_gate.report.sections import Section
+from strict_gate.report.text import md, visible
 
 HEAD = ("variation", "build", "prompts flipped", "flips / positions", "largest gap", "gap unknown", "what")
 COLORS = {Where.WITHIN: "#2da44e", Where.BEYOND_NOISE: "#d4a72c", Where.BEYOND_BAND: "#cf222e",
@@ -118,3 +125,34 @@ def html_section(j: NoiseJudgement) -> str:
             + (f"<table><tr><th>prompt</th><th>pos</th><th>ref gap</th><th>ulps</th><th>cand gap</th>"
                f"<th>against the reference's noise</th></tr>{rows}</table>" if rows else "")
             + (f"<ul>{notes}</ul>" if notes else ""))
+
+
+def _console(r: GateResult, console: Console) -> None:
+    if (nz := of(r)) is not None:
+        for line in console_lines(nz):
+            console.print(Text(f"  {visible(line)}"))
+
+
+def _properties(r: GateResult) -> list[tuple[str, str]]:
+    nz = of(r)
+    return [] if nz is None else [("noise", nz.headline()),
+                                  ("noise_band_rule", nz.band_rule or "the band is the config's")]
+
+
+def _prompts(r: GateResult) -> Mapping[str, list[str]]:
+    nz = of(r)
+    return {} if nz is None else {
+        f.id: [f"noise: gap {f.gap} at position {f.position}: {nz.describe(f.where)}"] for f in nz.flips}
+
+
+SECTION = Section(
+    "noise",
+    # the rates side by side, and the band's source when it was measured
+    markdown_head=lambda r: [] if (nz := of(r)) is None else [
+        f"{md(nz.headline())}; see The reference's own noise below.", ""],
+    markdown=lambda r, dec: [] if (nz := of(r)) is None else markdown_section(nz),
+    html=lambda r: "" if (nz := of(r)) is None else html_section(nz),
+    console=_console,
+    junit_properties=_properties,
+    junit_prompts=_prompts,
+)

@@ -1,14 +1,20 @@
-"""How drift (strict_gate/judge/drift.py) reads in report.md, the console and junit.xml.
+"""How drift (measure.py) reads in report.md, the console, junit.xml and report.html, and its
+`SECTION` in report/sections.py's registry.
 
-Kept apart from the format modules so that each of them gains a line or two, not a section.
+report.html reads report.json's "drift" object defensively (it may be absent or partial): a
+section is drawn from what is there and omitted when nothing is.
 """
 
 from __future__ import annotations
 
-from strict_gate.judge.compare import Status
-from strict_gate.judge.drift import DriftReport, PromptDrift, Stats
-from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, HALF_PRECISION_MAX, DriftScale
-from strict_gate.judge.result import GateResult, matched_drift
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from strict_gate.drift.measure import DriftReport, PromptDrift, Stats
+from strict_gate.judge.result import GateResult
+from strict_gate.report.html_prompt import escape
+from strict_gate.report.sections import Section
 from strict_gate.report.text import md
 
 WORST_PROMPTS = 20  # rows of the per-prompt drift table in report.md
@@ -31,8 +37,13 @@ def _worst_first(p: PromptDrift) -> tuple:
     return (p.same_top1 - p.positions, -(p.abs_dlogprob.max or 0.0), p.min_reference_margin or 0.0)
 
 
-def markdown_section(r: GateResult) -> list[str]:
+def of(r: GateResult) -> DriftReport | None:
     d = r.drift
+    return d if isinstance(d, DriftReport) else None
+
+
+def markdown_section(r: GateResult) -> list[str]:
+    d = of(r)
     if d is None:
         return []
     out = ["## Drift before a flip", ""]
@@ -71,23 +82,6 @@ def markdown_section(r: GateResult) -> list[str]:
     return out
 
 
-def near_tie_scales(r: GateResult) -> list[str]:
-    """How many near-ties came with drift above float32 rounding level, and the thresholds."""
-    scales = [pd.scale for p in r.comparison.prompts
-              if p.status == Status.NEAR_TIE and (pd := matched_drift(r, p)) is not None]
-    above = [s for s in scales if s != DriftScale.FLOAT32_ROUNDING]
-    if not above:
-        return []
-    n_q = sum(1 for s in above if s == DriftScale.BEYOND_HALF_PRECISION)
-    return [
-        f"{len(above)} of {len(scales)} near-tie(s) came with drift above float32 rounding level at their matched "
-        f"positions ({n_q} beyond half precision: max |Δ logprob| > {HALF_PRECISION_MAX:g} nats; the rest at "
-        f"half-precision level: > {FLOAT32_ROUNDING_MAX:g}). Such a tie says the arms already disagreed everywhere; the thresholds are "
-        "orders of magnitude and depend on the hardware (docs/drift.md).",
-        "",
-    ]
-
-
 def console_line(d: DriftReport) -> str:
     line = (
         f"drift: same top-1 {d.same_top1}/{d.positions} ({_rate(d.same_top1_rate)}), "
@@ -116,3 +110,67 @@ def junit_properties(d: DriftReport | None) -> list[tuple[str, str]]:
         ("drift_prompts_missing", len(d.missing)),
     ]
     return [(k, "n/a" if v is None else str(v)) for k, v in pairs]
+
+
+def _value(v: object) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None if v is None else str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else None
+    if isinstance(v, str):
+        return escape(v)
+    return None
+
+
+def flat_figures(figures: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """(key, escaped value) pairs, nested objects as a.b; lists and unknown types left out."""
+    out: list[tuple[str, str]] = []
+    for k, v in figures.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += flat_figures(v, key + ".")
+        elif (text := _value(v)) is not None:
+            out.append((key, text))
+    return out
+
+
+def drift_section(drift: object) -> str:
+    """The gate's drift totals (report.json's "drift", without its per-prompt part)."""
+    if not isinstance(drift, dict):
+        return ""
+    totals = drift["totals"] if isinstance(drift.get("totals"), dict) else {
+        k: v for k, v in drift.items() if k != "prompts"}
+    rows = "".join(f"<tr><td>{escape(k)}</td><td>{v}</td></tr>" for k, v in flat_figures(totals))
+    if not rows:
+        return ""
+    return ("<h2>Drift</h2><p>How far the candidate's logprobs sit from the reference's where the tokens agree.</p>"
+            f"<table class='kv'>{rows}</table>")
+
+
+def prompt_drift(figures: object) -> str:
+    """One prompt's drift figures in a line (report.json's drift["prompts"][id])."""
+    items = "; ".join(f"{escape(k)} {v}" for k, v in flat_figures(figures)) if isinstance(figures, dict) else ""
+    return f"<p class='drift'><b>drift:</b> {items}</p>" if items else ""
+
+
+def drift_json(r: GateResult) -> Any:
+    """report.json's "drift", which report.html lays out (the gate's totals, each prompt's figures)."""
+    return r.drift.to_json() if r.drift is not None else None
+
+
+def _prompts(r: GateResult) -> Mapping[str, str]:
+    drift = drift_json(r)
+    per_prompt = drift["prompts"] if isinstance(drift, dict) and isinstance(drift.get("prompts"), dict) else {}
+    return {pid: prompt_drift(figures) for pid, figures in per_prompt.items()}
+
+
+SECTION = Section(
+    "drift",
+    markdown=lambda r, dec: markdown_section(r),
+    html_head=lambda r: drift_section(drift_json(r)),
+    html_prompts=_prompts,
+    console_lines=lambda r: [] if (d := of(r)) is None else [console_line(d)],
+    junit_properties=lambda r: junit_properties(of(r)),
+)

@@ -1,6 +1,7 @@
 """The invariance variants in every format: a variants x figures table (md, console), one
 agreement strip per moved prompt and variant (html), one test case per variant (JUnit), and
 the files of `strict-gate invariance` on its own (invariance.json last, .md, .html, junit.xml).
+`SECTION` is its entry in report/sections.py's registry.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from strict_gate.core.redact import scrub_obj
 from strict_gate.invariance.config import InvariancePolicy
 from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResult, VariantVerdict
 from strict_gate.judge.compare import UNCOMPARED, Status
+from strict_gate.judge.result import GateResult
 from strict_gate.report.html_prompt import escape
+from strict_gate.report.sections import Section
 from strict_gate.report.style import CSS
 from strict_gate.report.text import md, strict_json, visible
 from strict_gate.runs.records import now_iso, write_text_atomic
@@ -222,3 +225,25 @@ def write_invariance_reports(inv: InvarianceResult, out_dir: Path, *, name: str)
     written["json"] = out_dir / FILES["json"]
     write_text_atomic(written["json"], json.dumps(strict_json(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     return written
+
+
+def _console(r: GateResult, console: Console) -> None:
+    if (inv := of(r)) is not None:
+        print_invariance(inv, console)
+
+
+def _cases(suite: ET.Element, r: GateResult, cls: str) -> None:
+    if (inv := of(r)) is not None:
+        junit_cases(suite, inv, cls)
+
+
+SECTION = Section(
+    "invariance",
+    # its own line too: the invariance verdict never changes the token verdict
+    markdown_head=lambda r: [] if (inv := of(r)) is None else [
+        f"{md(inv.verdict_line)}; see Invariance below.", ""],
+    markdown=lambda r, dec: [] if (inv := of(r)) is None else markdown_section(inv),
+    html=lambda r: "" if (inv := of(r)) is None else html_section(inv),
+    console=_console,
+    junit_cases=_cases,
+)

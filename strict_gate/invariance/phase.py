@@ -20,9 +20,9 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import GateConfig
+from strict_gate.invariance.render import write_invariance_reports
 from strict_gate.invariance.run import run_invariance
 from strict_gate.invariance.verdict import InvarianceResult
-from strict_gate.report.invariance_view import write_invariance_reports
 from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.records import Run, Sampling, write_text_atomic

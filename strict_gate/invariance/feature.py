@@ -1,5 +1,5 @@
 """[invariance] in a gate: each named arm's batch-1 run and its variants, last, when every
-engine of the gate is stopped (gate/invariance.py over invariance/)."""
+engine of the gate is stopped (phase.py over run.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Invariance(Feature):
 
     def last(self, result: GateResult) -> GateResult:
         """Their engine logs are scrubbed like the arms'."""
-        from strict_gate.gate.invariance import invariance_phase
+        from strict_gate.invariance.phase import invariance_phase
 
         g = self.gate
         try:

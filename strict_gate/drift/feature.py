@@ -1,5 +1,5 @@
 """`drift = true` in a gate: the candidate teacher-forced along every reference token sequence
-(judge/drift.py). With a stored reference, whose tokens are known before the gate, on the
+(measure.py). With a stored reference, whose tokens are known before the gate, on the
 candidate's engine right after its run (no extra load); with a live reference, once the
 reference is stopped, on the candidate the cross-scoring left loaded or restarted for it.
 Drift informs; it never changes the verdict."""
@@ -10,11 +10,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from strict_gate.drift.measure import DriftReport, measure_drift
 from strict_gate.engines.recorded import RecordedEngine
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.feature import Feature
 from strict_gate.gate.lifetimes import Lifetimes
-from strict_gate.judge.drift import DriftReport, measure_drift
 from strict_gate.judge.result import GateResult
 from strict_gate.runs.records import Record, Run
 

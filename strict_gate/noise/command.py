@@ -20,11 +20,11 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
-from strict_gate.gate.noise_band import arm_facts, baseline_dir, shown
 from strict_gate.noise.flips import exact_ties
 from strict_gate.noise.kruns import check_k_runs
 from strict_gate.noise.measure import Measured, NoisePlan, k_runs, live_variations, prefill_decode, second_builds
 from strict_gate.noise.profile import NOISE_SCHEMA, PROFILE_NAME, Battery, NoiseProfile, Provenance, write_profile
+from strict_gate.noise.setting import arm_facts, baseline_dir, shown
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.output import ensure_writable_dir, safe_name
 from strict_gate.runs.prompts import PromptSet, load_prompts
