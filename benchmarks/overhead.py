@@ -248,7 +248,7 @@ def machine() -> str:
     """What the figures were measured on (the speed arm's own description, plus the stack)."""
     import torch
 
-    from strict_gate.gate.bench import machine as cpu_and_gpus
+    from strict_gate.speed.bench import machine as cpu_and_gpus
 
     dev = "" if torch.cuda.is_available() else ", no GPU"
     return f"{cpu_and_gpus()}{dev}, Python {platform.python_version()}, torch {torch.__version__}"

@@ -17,8 +17,8 @@ _EXPORTS: dict[str, str] = {
     "capture_baseline": "strict_gate.gate.stored",
     "GateOutcome": "strict_gate.gate.outcome",
     "rediagnose": "strict_gate.gate.rescore",
-    "run_bench": "strict_gate.gate.bench",
-    "BenchOutcome": "strict_gate.gate.bench",
+    "run_bench": "strict_gate.speed.bench",
+    "BenchOutcome": "strict_gate.speed.bench",
     "SpeedResult": "strict_gate.speed.model",
     "GateResult": "strict_gate.judge.result",
     "StrictGateError": "strict_gate.errors",
@@ -42,13 +42,13 @@ if TYPE_CHECKING:
         MissingExtraError,
         StrictGateError,
     )
-    from strict_gate.gate.bench import BenchOutcome, run_bench
     from strict_gate.gate.config import GateConfig, load_gate_config
     from strict_gate.gate.outcome import GateOutcome
     from strict_gate.gate.rescore import rediagnose
     from strict_gate.gate.run import run_gate
     from strict_gate.gate.stored import capture_baseline, compare_run_dirs
     from strict_gate.judge.result import GateResult
+    from strict_gate.speed.bench import BenchOutcome, run_bench
     from strict_gate.speed.model import SpeedResult
 
     __version__: str

@@ -49,6 +49,7 @@ WINGS: dict[str, frozenset[str]] = {
 # Only the CLI imports a face; gate/feature.py's FEATURES and report/sections.py's SECTIONS
 # reach it by "module:attr", imported when a gate or a writer first asks.
 FACES: dict[str, frozenset[str]] = {
+    "speed": frozenset({"bench", "feature", "render", "timed_tokens", "view"}),
     "noise": frozenset({"command", "feature", "render"}),
     "drift": frozenset({"feature", "render"}),
     "invariance": frozenset({"feature", "phase", "render"}),
@@ -215,6 +216,8 @@ def test_no_import_cycles_at_module_level():
         ("judge/result.py", "from strict_gate.drift.measure import DriftReport\n"),  # the judge, a feature above it
         ("report/markdown.py", "from strict_gate.drift.render import SECTION\n"),
         ("noise/measure.py", "from strict_gate.invariance.phase import invariance_phase\n"),  # a core, another's face
+        ("judge/result.py", "from strict_gate.speed.view import SpeedView\n"),  # the judge, speed's face (its core it may)
+        ("gate/run.py", "    from strict_gate.speed.bench import run_bench\n"),
     ],
 )
 def test_an_upward_import_is_caught(tmp_path, where, line):

@@ -24,9 +24,8 @@ from typer.testing import CliRunner
 
 from strict_gate.cli import app
 from strict_gate.errors import ConfigError
-from strict_gate.gate.bench import run_bench
 from strict_gate.gate.config import load_gate_config
-from strict_gate.gate.timed_tokens import check_tokens
+from strict_gate.speed.bench import run_bench
 from strict_gate.speed.config import TokenRules
 from strict_gate.speed.ladder import Request
 from strict_gate.speed.matched import check_matched
@@ -42,6 +41,7 @@ from strict_gate.speed.model import (
     SpeedVerdictKind,
     TokenCheck,
 )
+from strict_gate.speed.timed_tokens import check_tokens
 from strict_gate.speed.verdict import judge_speed
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, VLLM_OPTIONS, need
 from typer.testing import CliRunner
 
-from strict_gate.gate.bench import SpeedSession
 from strict_gate.gate.config import load_gate_config
+from strict_gate.speed.bench import SpeedSession
 from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement

@@ -22,9 +22,10 @@ from typer.testing import CliRunner
 
 from strict_gate.cli import app
 from strict_gate.judge.result import overall_exit_code
-from strict_gate.report import html, junit, markdown, speed_view, write_reports
+from strict_gate.report import html, junit, markdown, write_reports
 from strict_gate.report.console import print_result
 from strict_gate.report.text import md
+from strict_gate.speed import view as speed_view
 from strict_gate.speed.model import (
     ArmFigures,
     Figure,

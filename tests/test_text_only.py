@@ -206,7 +206,7 @@ def test_a_text_only_arm_is_timed_on_text_prompts_from_streamed_deltas(fake_open
     """Both arms text-only servers of the same fake model: every rung's prompts are text, the
     TTFT comes from the first text delta, the token count from tokenizing the reply, and the
     replies verify against each other by their text."""
-    from strict_gate.gate.bench import SpeedSession
+    from strict_gate.speed.bench import SpeedSession
     from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
 
     a, b = _server(fake_openai), _server(fake_openai)

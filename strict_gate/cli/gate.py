@@ -94,11 +94,11 @@ def bench(
     Exit 0; 4 below min_speed_ratio (the whole interval) or not comparable; 3 not measured, or not
     separable (a bar inside the interval: more runs needed) while a bar is set; 2 bad input."""
     from strict_gate.core.engine_log import terminal_stderr
-    from strict_gate.gate.bench import run_bench
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.report.speed_render import print_speed
-    from strict_gate.report.speed_view import build
     from strict_gate.report.text import visible
+    from strict_gate.speed.bench import run_bench
+    from strict_gate.speed.render import print_speed
+    from strict_gate.speed.view import build
 
     cfg = load_gate_config(config)
     status = Console(file=terminal_stderr(), markup=False, highlight=False)  # not into an in-process engine.log

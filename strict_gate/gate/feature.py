@@ -11,7 +11,7 @@ feature's own folder (its section in report/sections.py's SECTIONS).
 
 The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
 engine kinds), so this module and `run.py` import none of their phases. A feature that lives
-in one folder keeps its class there (`noise/feature.py`, `drift/feature.py`,
+in one folder keeps its class there (`speed/feature.py`, `noise/feature.py`, `drift/feature.py`,
 `invariance/feature.py`): its face, above gate/ and report/.
 """
 
@@ -37,7 +37,7 @@ from strict_gate.runs.records import Run
 
 # in the order their hooks run at each point (the order the phases ran before they were features)
 FEATURES: tuple[str, ...] = (
-    "strict_gate.gate.features.speed:Speed",
+    "strict_gate.speed.feature:Speed",
     "strict_gate.drift.feature:Drift",
     "strict_gate.gate.features.localize:Localize",
     "strict_gate.invariance.feature:Invariance",

@@ -222,7 +222,7 @@ class StoredReport(_Struct, frozen=True):
     runs: StoredRuns = msgspec.field(default_factory=StoredRuns)
     config: StoredConfig | None = None
     history: list[dict[str, Any]] = []  # history@1 lines, each checked by HistoryLine
-    speed: dict[str, Any] | None = None  # the speed arm; report/speed_view reads it field by field
+    speed: dict[str, Any] | None = None  # the speed arm; speed/view.py reads it field by field
     invariance: dict[str, Any] | None = None  # the [invariance] variants; nightly/variants_diff checks them
     drift: StoredDrift | None = None
     later: StoredLaterTotals | None = None  # None: a report from before the every-token rule

@@ -5,8 +5,8 @@ A `Section` holds one render function per place a writer puts sections (a slot, 
 the format and the place); each returns nothing when the result has no such section, and a
 section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
 feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
-A feature that lives in its own folder declares its `SECTION` there (noise/render.py,
-drift/render.py, invariance/render.py), and `SECTIONS` names it as "module:attr", as
+A feature that lives in its own folder declares its `SECTION` there (speed/render.py,
+noise/render.py, drift/render.py, invariance/render.py), and `SECTIONS` names it as "module:attr", as
 gate/feature.py's FEATURES names the features: report/ imports no feature's face.
 """
 
@@ -17,23 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
-from xml.etree import ElementTree as ET
-
-from rich.console import Console
 
 from strict_gate.errors import InputError
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
-from strict_gate.judge.stored import StoredPrompt, StoredReport
-from strict_gate.report import (
-    later_view,
-    localization,
-    speed_render,
-    speed_view,
-)
+from strict_gate.judge.stored import StoredPrompt
+from strict_gate.report import later_view, localization
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.text import md
 
 Fn = Callable[..., Any]
 
@@ -57,45 +48,6 @@ class Section:
     junit_cases: Fn | None = None  # (suite, r, classname) -> None: its own test cases
     show_prompt: Fn | None = None  # (StoredPrompt) -> str | None: its text in `show`'s prompt view
     show: Fn | None = None  # (StoredReport, console) -> None: after `show`'s prompts
-
-
-def _speed_head(r: GateResult) -> list[str]:
-    view = speed_view.of(r)  # its own line: the speed verdict never changes the token verdict
-    return [] if view is None else [f"{md(view.verdict_line)}; see Speed below.", ""]
-
-
-def _speed_banner(r: GateResult) -> str:
-    view = speed_view.of(r)
-    return "" if view is None else (f"<p class='speedv {escape(view.verdict)}'><a href='#speed'>"
-                                    f"{escape(view.verdict_line)}</a></p>")
-
-
-def _speed_console(r: GateResult, console: Console) -> None:
-    if (view := speed_view.of(r)) is not None:
-        speed_render.print_speed(view, console)
-
-
-def _speed_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
-    if (view := speed_view.of(r)) is not None:
-        speed_render.junit_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), view)
-
-
-def _speed_show(report: StoredReport, console: Console) -> None:
-    if (view := speed_view.build(report.speed, report.engines.reference.kind)) is not None:
-        speed_render.print_speed(view, console)
-
-
-SPEED = Section(
-    "speed",
-    markdown_head=_speed_head,
-    markdown=lambda r, dec: speed_render.markdown_section(speed_view.of(r)),
-    html_banner=_speed_banner,
-    html=lambda r: speed_render.html_section(speed_view.of(r)),
-    console=_speed_console,
-    junit_properties=lambda r: [("speed_verdict", v.verdict)] if (v := speed_view.of(r)) is not None else [],
-    junit_cases=_speed_cases,
-    show=_speed_show,
-)
 
 
 def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:
@@ -143,7 +95,7 @@ LOCALIZATION = Section(
 SECTIONS: tuple[str, ...] = (
     "strict_gate.report.sections:LATER",
     "strict_gate.report.sections:LOCALIZATION",
-    "strict_gate.report.sections:SPEED",
+    "strict_gate.speed.render:SECTION",
     "strict_gate.invariance.render:SECTION",
     "strict_gate.noise.render:SECTION",
     "strict_gate.drift.render:SECTION",

@@ -17,7 +17,7 @@ arms are measured:
 End-to-end tokens/s is every token over the full requests' wall time, in both methods.
 Nothing an engine reports about its own timing is used (it is shown beside, self_reported).
 Every timed reply is audited with the run audit's rules and kept, so that its tokens can be
-checked afterwards (gate/timed_tokens.py): a figure is only worth the tokens it timed.
+checked afterwards (timed_tokens.py): a figure is only worth the tokens it timed.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class Rung:
 
 @dataclass(frozen=True)
 class TokenCheck:
-    """What was verified of the tokens timed on a rung (gate/timed_tokens.py): every timed reply
+    """What was verified of the tokens timed on a rung (timed_tokens.py): every timed reply
     against the arm's own gate record, or against the other arm's reply to the same request."""
 
     checked: int = 0  # timed replies compared

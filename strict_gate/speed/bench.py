@@ -26,7 +26,6 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, StrictGateError
 from strict_gate.gate.config import GateConfig
-from strict_gate.gate.timed_tokens import GateRecords, check_tokens
 from strict_gate.judge.text_only import decoder
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.output import ensure_writable_dir
@@ -36,6 +35,7 @@ from strict_gate.speed.ladder import build_ladder
 from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm, measure_arms
 from strict_gate.speed.model import Method, Order, Rung, RungResult, SpeedResult
+from strict_gate.speed.timed_tokens import GateRecords, check_tokens
 from strict_gate.speed.verdict import judge_speed
 
 ROLES = ("reference", "candidate")

@@ -1,15 +1,15 @@
-"""The [speed] arm in a gate: each arm timed on the engine its token run just used (gate/bench.py)."""
+"""The [speed] arm in a gate: each arm timed on the engine its token run just used (bench.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from strict_gate.engines.base import Engine
-from strict_gate.gate.bench import SpeedSession, gate_speed, timed_run
 from strict_gate.gate.feature import Feature, Gate
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.judge.result import GateResult
 from strict_gate.runs.records import Run
+from strict_gate.speed.bench import SpeedSession, gate_speed, timed_run
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The speed section laid out in each format (report.md, report.html, junit.xml, the console),
-from the words `speed_view` builds once; its own module so that the section registry
-(report/sections.py) and every writer can import it without importing each other."""
+from the words `view.py` builds once, and the speed `SECTION` that report/sections.py's
+SECTIONS names (the speed face: only the CLI imports it, the registry reaches it by name)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from strict_gate.judge.result import GateResult
+from strict_gate.judge.stored import StoredReport
 from strict_gate.report.html_prompt import escape
-from strict_gate.report.speed_view import SpeedView
+from strict_gate.report.sections import Section
 from strict_gate.report.style import CONSOLE_STYLE
 from strict_gate.report.text import md, visible
+from strict_gate.speed.view import SpeedView, build, of
 
 
 def _junit_text(s: str) -> str:
@@ -112,3 +115,42 @@ def junit_case(case: ET.Element, view: SpeedView) -> None:
     elif view.verdict not in ("pass", "informational"):
         ET.SubElement(case, "error", message=visible(view.verdict_line)).text = why
     ET.SubElement(case, "system-out").text = _junit_text("\n".join(view.lines()))
+
+
+def _speed_head(r: GateResult) -> list[str]:
+    view = of(r)  # its own line: the speed verdict never changes the token verdict
+    return [] if view is None else [f"{md(view.verdict_line)}; see Speed below.", ""]
+
+
+def _speed_banner(r: GateResult) -> str:
+    view = of(r)
+    return "" if view is None else (f"<p class='speedv {escape(view.verdict)}'><a href='#speed'>"
+                                    f"{escape(view.verdict_line)}</a></p>")
+
+
+def _speed_console(r: GateResult, console: Console) -> None:
+    if (view := of(r)) is not None:
+        print_speed(view, console)
+
+
+def _speed_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
+    if (view := of(r)) is not None:
+        junit_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), view)
+
+
+def _speed_show(report: StoredReport, console: Console) -> None:
+    if (view := build(report.speed, report.engines.reference.kind)) is not None:
+        print_speed(view, console)
+
+
+SECTION = Section(
+    "speed",
+    markdown_head=_speed_head,
+    markdown=lambda r, dec: markdown_section(of(r)),
+    html_banner=_speed_banner,
+    html=lambda r: html_section(of(r)),
+    console=_speed_console,
+    junit_properties=lambda r: [("speed_verdict", v.verdict)] if (v := of(r)) is not None else [],
+    junit_cases=_speed_cases,
+    show=_speed_show,
+)
