@@ -53,6 +53,7 @@ FACES: dict[str, frozenset[str]] = {
     "noise": frozenset({"command", "feature", "render"}),
     "drift": frozenset({"feature", "render"}),
     "invariance": frozenset({"feature", "phase", "render"}),
+    "localize": frozenset({"feature", "phase", "render"}),
 }
 WINGS.update({f"{feature}.face": WINGS["gate"] | {"gate"} for feature in FACES})
 WINGS["face"] = WINGS["face"] | {f"{feature}.face" for feature in FACES}
@@ -218,6 +219,8 @@ def test_no_import_cycles_at_module_level():
         ("noise/measure.py", "from strict_gate.invariance.phase import invariance_phase\n"),  # a core, another's face
         ("judge/result.py", "from strict_gate.speed.view import SpeedView\n"),  # the judge, speed's face (its core it may)
         ("gate/run.py", "    from strict_gate.speed.bench import run_bench\n"),
+        ("gate/next_step.py", "from strict_gate.localize.phase import activation_reference\n"),  # gate, localize's face
+        ("localize/run.py", "    from strict_gate.localize.render import text_lines\n"),  # a core, its own face
     ],
 )
 def test_an_upward_import_is_caught(tmp_path, where, line):
@@ -273,7 +276,7 @@ def test_no_file_imports_itself_round_a_loop():
     ("where", "line"),
     [
         ("gate/outcome.py", "from strict_gate.gate.run import run_gate\n"),  # a two-file loop
-        ("gate/config.py", "    from strict_gate.gate.localize import relocalize\n"),  # lazy, round gate/localize.py
+        ("gate/config.py", "    from strict_gate.localize.phase import relocalize\n"),  # lazy, round localize/phase.py
         ("engines/command/options.py",
          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from strict_gate.engines.command.engine import CommandEngine\n"),
         ("report/style.py", "from strict_gate.report import html\n"),  # `from pkg import module`

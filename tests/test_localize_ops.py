@@ -15,8 +15,8 @@ from strict_gate.core.model_files import resolve_model
 from strict_gate.engines.hf import HFEngine, HFOptions
 from strict_gate.judge.localization import Alone
 from strict_gate.localize.points import ops_of
+from strict_gate.localize.render import text_lines
 from strict_gate.localize.run import Settings, localize
-from strict_gate.report.localization import text_lines
 
 need("transformers")
 pytestmark = pytest.mark.slow

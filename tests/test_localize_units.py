@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import parse_gate_config
-from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.localization import Localization, PointDiff
+from strict_gate.localize.config import Scope
 from strict_gate.localize.points import OPS, family_of, in_depth_order, is_point, ops_of, parse_points
-from strict_gate.report.localization import svg_curve, text_lines
+from strict_gate.localize.render import svg_curve, text_lines
 
 torch = pytest.importorskip("torch")
 from strict_gate.localize.compare import compare_points, default_tolerance, point_diff

@@ -193,8 +193,8 @@ def localize(
                        "both (side by side)")] = None,
 ) -> None:
     """Where along the depth a divergence first shows: both arms dump activations, compared per point."""
-    from strict_gate.gate.localize import relocalize
-    from strict_gate.report.localization import text_lines
+    from strict_gate.localize.phase import relocalize
+    from strict_gate.localize.render import text_lines
 
     outcome = relocalize(report_dir, prompt=prompt, points=points, positions=positions, tolerance=tolerance,
                          keep=keep, graft=not no_graft, narrow=not no_narrow, mode=mode)

@@ -18,10 +18,10 @@ from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt
 from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
-from strict_gate.gate.localize_config import LocalizeConfig, parse_localize
 from strict_gate.invariance.config import InvarianceConfig, parse_invariance
 from strict_gate.judge.compare import DEFAULT_BAND
 from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
+from strict_gate.localize.config import LocalizeConfig, parse_localize
 from strict_gate.noise.band import check_gate_band
 from strict_gate.noise.setting import NoiseSetting, noise_setting
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE

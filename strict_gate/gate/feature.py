@@ -12,7 +12,7 @@ feature's own folder (its section in report/sections.py's SECTIONS).
 The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
 engine kinds), so this module and `run.py` import none of their phases. A feature that lives
 in one folder keeps its class there (`speed/feature.py`, `noise/feature.py`, `drift/feature.py`,
-`invariance/feature.py`): its face, above gate/ and report/.
+`localize/feature.py`, `invariance/feature.py`): its face, above gate/ and report/.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from strict_gate.runs.records import Run
 FEATURES: tuple[str, ...] = (
     "strict_gate.speed.feature:Speed",
     "strict_gate.drift.feature:Drift",
-    "strict_gate.gate.features.localize:Localize",
+    "strict_gate.localize.feature:Localize",
     "strict_gate.invariance.feature:Invariance",
     "strict_gate.noise.feature:Noise",
 )

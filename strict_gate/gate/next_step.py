@@ -8,10 +8,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from strict_gate.gate.localize import cannot_localize
-from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult
+from strict_gate.localize.config import Scope, cannot_localize
 
 NOTHING_DIVERGENT = "nothing divergent to localise: every flip is a near-tie"
 

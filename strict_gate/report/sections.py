@@ -5,9 +5,10 @@ A `Section` holds one render function per place a writer puts sections (a slot, 
 the format and the place); each returns nothing when the result has no such section, and a
 section without a place leaves it None. Each writer loops over `in_order(slot)` there, so a new
 feature adds its section with one entry in `SECTIONS` and its view module, no writer branch.
-A feature that lives in its own folder declares its `SECTION` there (speed/render.py,
-noise/render.py, drift/render.py, invariance/render.py), and `SECTIONS` names it as "module:attr", as
-gate/feature.py's FEATURES names the features: report/ imports no feature's face.
+Each feature lives in its own folder and declares its `SECTION` there (localize/render.py,
+speed/render.py, noise/render.py, drift/render.py, invariance/render.py); `SECTIONS` names it
+as "module:attr", as gate/feature.py's FEATURES names the features: report/ imports no
+feature's face. The later positions' section (LATER) is the judge's, and stays here.
 """
 
 from __future__ import annotations
@@ -18,12 +19,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from strict_gate.errors import InputError
 from strict_gate.judge.cascade import later_totals
-from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
-from strict_gate.judge.stored import StoredPrompt
-from strict_gate.report import later_view, localization
+from strict_gate.report import later_view
 from strict_gate.report.html_prompt import escape
 
 Fn = Callable[..., Any]
@@ -72,29 +70,11 @@ LATER = Section(
 )
 
 
-def _stored_localization(entry: StoredPrompt) -> str | None:
-    """The prompt's localisation as report.json holds it; a malformed one is bad input."""
-    if entry.localization is None:
-        return None
-    try:
-        loc = Localization.from_json(entry.localization)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
-    return "localisation: " + "\n".join(localization.text_lines(loc))
-
-
-LOCALIZATION = Section(
-    "localization",
-    markdown=lambda r, dec: localization.localization_markdown(r),
-    html_prompts=lambda r: {pid: localization.html_section(loc) for pid, loc in r.localization.items()},
-    show_prompt=_stored_localization,
-)
-
 # report.md's order. Each is "module:attr": a feature's own folder declares its section (its face,
 # above report/), imported only when a writer first asks, so report/ imports no feature's face.
 SECTIONS: tuple[str, ...] = (
     "strict_gate.report.sections:LATER",
-    "strict_gate.report.sections:LOCALIZATION",
+    "strict_gate.localize.render:SECTION",
     "strict_gate.speed.render:SECTION",
     "strict_gate.invariance.render:SECTION",
     "strict_gate.noise.render:SECTION",

@@ -1,5 +1,5 @@
 """`localize` in a gate: each divergent prompt localised along the depth (docs/localize.md),
-after diagnosis and drift; it restarts the engines it needs, one at a time (gate/localize.py)."""
+after diagnosis and drift; it restarts the engines it needs, one at a time (phase.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class Localize(Feature):
     name = "localize"
 
     def after_diagnosis(self, result: GateResult) -> GateResult:
-        from strict_gate.gate.localize import localize_result
+        from strict_gate.localize.phase import localize_result
 
         g = self.gate
         lc = g.cfg.localize

@@ -16,14 +16,13 @@ from strict_gate.core.redact import scrub_tree
 from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
-from strict_gate.gate.localize_config import Scope
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.localize.compare import check_tolerance
+from strict_gate.localize.config import Scope
 from strict_gate.localize.points import parse_points
 from strict_gate.localize.run import DumpMode, Settings, localize, parse_mode, targets
-from strict_gate.runs.records import EngineInfo
 
 WORK_DIR = "localize"  # under the report directory; removed unless keep
 
@@ -43,24 +42,6 @@ def activation_reference(cfg, reference: Engine) -> tuple[Engine | None, bool, s
                          f"({e.kind} {e.info().model}) is the activation reference")
     return None, False, (f"not localised: the reference ({reference.kind}) cannot dump activations and no "
                          "[localize.reference] or dumping [rescorer] arm is configured")
-
-
-def cannot_localize(cfg, reference: EngineInfo, candidate: EngineInfo) -> str | None:
-    """Why `strict-gate localize` cannot run on this gate's report, or None when it can: the
-    candidate dumps and an arm gives the reference's activations (activation_reference's order),
-    judged without starting an engine, from the arms' classes and what each engine said at the
-    gate (`reference`, `candidate`: their EngineInfo)."""
-    if cfg.candidate is None or not cfg.candidate.engine_type.could_dump(candidate):
-        return f"the candidate ({cfg.candidate.kind if cfg.candidate else 'none'}) cannot dump activations"
-    lc = cfg.localize
-    if lc is not None and lc.reference is not None:
-        return None if lc.reference.engine_type.can_dump else "the [localize.reference] arm cannot dump activations"
-    if cfg.reference.engine_type.could_dump(reference):
-        return None
-    if cfg.rescorer is not None and cfg.rescorer.engine_type.can_dump:
-        return None
-    return (f"the reference ({cfg.reference.kind}) cannot dump activations and no [localize.reference] or "
-            "dumping [rescorer] arm is configured")
 
 
 def _work_dir(report_dir: Path) -> Path:

@@ -1,12 +1,17 @@
-"""A localisation in each format: text lines (console, show), a markdown table, an SVG curve."""
+"""A localisation in each format: text lines (console, show), a markdown table, an SVG curve, and
+the localisation `SECTION` that report/sections.py's SECTIONS names (localize's face: only the
+CLI imports it, the registry reaches it by name)."""
 
 from __future__ import annotations
 
 import math
 from html import escape
 
+from strict_gate.errors import InputError
 from strict_gate.judge.localization import Alone, Localization, PointDiff, kind_of
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.stored import StoredPrompt
+from strict_gate.report.sections import Section
 
 _KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
                  "norm": "#8250df", "logits": "#bf8700", "op": "#57606a"}
@@ -198,3 +203,22 @@ def _html_section(loc: Localization, title: str) -> str:
     return (f'<div class="localization"><h4>{escape(title)}</h4><p>{escape(headline(loc))}. {escape(loc.pattern)}.</p>'
             f"{note}{svg_curve(loc)}<table><tr><th>point</th><th>max |Δ|</th><th>rel_diff</th><th>cosine</th>"
             f"<th>scale</th><th></th></tr>{rows}</table></div>")
+
+
+def _stored_localization(entry: StoredPrompt) -> str | None:
+    """The prompt's localisation as report.json holds it; a malformed one is bad input."""
+    if entry.localization is None:
+        return None
+    try:
+        loc = Localization.from_json(entry.localization)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
+    return "localisation: " + "\n".join(text_lines(loc))
+
+
+SECTION = Section(
+    "localization",
+    markdown=lambda r, dec: localization_markdown(r),
+    html_prompts=lambda r: {pid: html_section(loc) for pid, loc in r.localization.items()},
+    show_prompt=_stored_localization,
+)

@@ -1,6 +1,7 @@
-"""`localize = true | "all"` or a [localize] table, as the gate config reads it: apart from
-gate/localize.py, which runs the localisation and reads the gate config back (relocalize), so
-that the config and the phase do not import each other."""
+"""`localize = true | "all"` or a [localize] table, as the gate config reads it, and whether a
+gate's arms can localise (`cannot_localize`, for the line a gate ends with): apart from
+phase.py, which runs the localisation and reads the gate config back (relocalize), so that the
+config and the phase do not import each other (the core of localize/, which gate/ imports)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from strict_gate.judge.compare import Status
 from strict_gate.localize.compare import check_tolerance
 from strict_gate.localize.points import DEFAULT_POSITIONS, parse_points
 from strict_gate.localize.run import DumpMode, Settings
+from strict_gate.runs.records import EngineInfo
 
 
 class Scope(StrEnum):
@@ -66,3 +68,21 @@ def parse_localize(value: Any, line_of, arm) -> LocalizeConfig | None:
     settings = Settings(points=points, positions=keys.positions, tolerance=tolerance, graft=keys.graft,
                         keep=keys.keep, narrow=keys.narrow, mode=keys.mode)
     return LocalizeConfig(keys.include, settings, arm(keys.reference) if keys.reference is not None else None)
+
+
+def cannot_localize(cfg, reference: EngineInfo, candidate: EngineInfo) -> str | None:
+    """Why `strict-gate localize` cannot run on this gate's report, or None when it can: the
+    candidate dumps and an arm gives the reference's activations (phase.py's activation_reference, in its order),
+    judged without starting an engine, from the arms' classes and what each engine said at the
+    gate (`reference`, `candidate`: their EngineInfo)."""
+    if cfg.candidate is None or not cfg.candidate.engine_type.could_dump(candidate):
+        return f"the candidate ({cfg.candidate.kind if cfg.candidate else 'none'}) cannot dump activations"
+    lc = cfg.localize
+    if lc is not None and lc.reference is not None:
+        return None if lc.reference.engine_type.can_dump else "the [localize.reference] arm cannot dump activations"
+    if cfg.reference.engine_type.could_dump(reference):
+        return None
+    if cfg.rescorer is not None and cfg.rescorer.engine_type.can_dump:
+        return None
+    return (f"the reference ({cfg.reference.kind}) cannot dump activations and no [localize.reference] or "
+            "dumping [rescorer] arm is configured")
