@@ -21,6 +21,7 @@ from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResul
 from strict_gate.judge.compare import UNCOMPARED, Status
 from strict_gate.judge.result import GateResult
 from strict_gate.report.html_prompt import escape
+from strict_gate.report.junit import suite_xml
 from strict_gate.report.sections import Section
 from strict_gate.report.style import CSS
 from strict_gate.report.text import md, strict_json, visible
@@ -203,11 +204,7 @@ def _junit(inv: InvarianceResult, name: str) -> str:
     cls = visible(f"strict-gate.{name}")
     suite = ET.Element("testsuite", name=cls)
     junit_cases(suite, inv, cls)
-    cases = suite.findall("testcase")
-    suite.set("tests", str(len(cases)))
-    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
-    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+    return suite_xml(suite)
 
 
 def write_invariance_reports(inv: InvarianceResult, out_dir: Path, *, name: str) -> dict[str, Path]:
