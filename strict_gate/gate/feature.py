@@ -6,8 +6,8 @@ to doing nothing, and the gate (`gate/run.py`) calls the enabled features at eac
 `FEATURES` order. Each hook says what is loaded when it runs: one engine is loaded at a
 time, and a feature reuses what is loaded instead of loading it again. Speculative
 decoding is no feature of its own: it is an [invariance] variant (`invariance/variants.py`,
-the settings in `engines/speculative.py`). Rendering stays in `report/`, per format, or in a
-feature's own folder (its section in report/sections.py's SECTIONS).
+the settings engines speak in `engines/speculative.py`). Each feature renders itself from its
+own folder (its `SECTION`, named in report/sections.py's SECTIONS).
 
 The features are imported only for a gate that runs (`"module:Class"`, as engines/ registers
 engine kinds), so this module and `run.py` import none of their phases. A feature that lives
