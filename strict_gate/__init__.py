@@ -13,7 +13,7 @@ _EXPORTS: dict[str, str] = {
     "load_gate_config": "strict_gate.gate.config",
     "GateConfig": "strict_gate.gate.config",
     "run_gate": "strict_gate.gate.run",
-    "compare_run_dirs": "strict_gate.gate.stored",
+    "compare_run_dirs": "strict_gate.offline.compare",
     "capture_baseline": "strict_gate.gate.stored",
     "GateOutcome": "strict_gate.gate.outcome",
     "rediagnose": "strict_gate.gate.rescore",
@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from strict_gate.gate.outcome import GateOutcome
     from strict_gate.gate.rescore import rediagnose
     from strict_gate.gate.run import run_gate
-    from strict_gate.gate.stored import capture_baseline, compare_run_dirs
+    from strict_gate.gate.stored import capture_baseline
     from strict_gate.judge.result import GateResult
+    from strict_gate.offline.compare import compare_run_dirs
     from strict_gate.speed.bench import BenchOutcome, run_bench
     from strict_gate.speed.model import SpeedResult
 

@@ -160,3 +160,10 @@ def smollm2_converted(need: str = "model.safetensors") -> Path:
             pytest.fail(f"CI is set but {why}", pytrace=False)
         pytest.skip(why)
     return path
+
+
+def section(report: Mapping[str, Any], name: str) -> Any:
+    """A feature's own figures in a report.json (report@3's `features` mapping), None when the gate
+    did not run it."""
+    s = report.get("features", {}).get(name)
+    return None if s is None else s["section"]

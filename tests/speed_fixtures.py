@@ -4,11 +4,10 @@ measured."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from helpers import rec
 
 from strict_gate.gate.judgement import judge
+from strict_gate.judge.result import with_feature
 from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.report import GateResult
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
@@ -77,4 +76,4 @@ def gate(speed_result: SpeedResult | None = None, *, diverge: bool = False) -> G
     spec = GateSpec("speedy", PromptSetRef.stored({"name": "hand", "sha256": "0" * 64}, ids), Sampling(4, 2),
                     policy="strict", band=0.5)
     result = judge(spec, ref, cand)
-    return replace(result, speed=speed_result)
+    return with_feature(result, "speed", speed_result)

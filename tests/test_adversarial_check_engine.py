@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from strict_gate.check_engine import CHECKS, Checklist, check_engine
 from strict_gate.engines.command.engine import CommandOptions
-from strict_gate.gate.check_engine import CHECKS, Checklist, check_engine
 from strict_gate.gate.config import ArmConfig
 
 ROOT = Path(__file__).resolve().parent.parent

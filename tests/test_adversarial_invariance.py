@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import write_gate
+from helpers import section, write_gate
 
 HERE = Path(__file__).resolve().parent
 ENGINE = str(HERE / "engines" / "variant_engine.py")
@@ -153,8 +153,8 @@ def test_in_a_gate_the_token_verdict_passes_and_invariance_exits_5(tmp_path):
     assert p.returncode == 5, p.stdout + p.stderr
     (report,) = (tmp_path / "out").glob("*/report.json")
     doc = json.loads(report.read_text())
-    assert doc["verdict"] == "pass" and doc["invariance"]["verdict"] == "fail"
-    assert doc["invariance"]["variants"][0]["name"] == "batch-4"
+    assert doc["verdict"] == "pass" and section(doc, "invariance")["verdict"] == "fail"
+    assert section(doc, "invariance")["variants"][0]["name"] == "batch-4"
     junit = (report.parent / "junit.xml").read_text()
     assert 'name="invariance candidate batch-4"' in junit and "<failure" in junit
     assert "## Invariance" in (report.parent / "report.md").read_text()
@@ -169,7 +169,7 @@ def test_in_a_gate_a_token_failure_wins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     (report,) = (tmp_path / "out").glob("*/report.json")
     doc = json.loads(report.read_text())
-    assert doc["verdict"] == "fail" and doc["invariance"]["verdict"] == "fail" and doc["invariance"]["exit_code"] == 5
+    assert doc["verdict"] == "fail" and section(doc, "invariance")["verdict"] == "fail" and section(doc, "invariance")["exit_code"] == 5
 
 
 def test_a_bad_max_in_flight_in_the_hello_is_an_engine_failure(tmp_path):
@@ -307,7 +307,7 @@ def test_a_gate_interrupted_in_the_candidates_batch_1_run_resumes_its_invariance
     assert p.returncode == 5, p.stdout + p.stderr  # was: 3
     assert "0 prompts" not in p.stdout + p.stderr
     doc = json.loads((d / "report.json").read_text())
-    (v,) = doc["invariance"]["variants"]
+    (v,) = section(doc, "invariance")["variants"]
     assert (v["name"], v["verdict"], v["prompts_total"], v["prompts_exact"]) == ("batch-4", "fail", 6, 0), v
     baseline = json.loads((d / "invariance" / "candidate" / "baseline" / "manifest.json").read_text())
     assert baseline["status"] == "complete" and len((d / "invariance" / "candidate" / "baseline" / "records.jsonl")
@@ -326,9 +326,9 @@ def test_a_variant_that_moved_leads_the_headline_over_one_the_engine_cannot_run(
     assert p.returncode == 3, p.stdout + p.stderr
     (d,) = [x for x in Path("out").iterdir() if x.is_dir()]
     doc = json.loads((d / "report.json").read_text())
-    assert {v["name"]: v["verdict"] for v in doc["invariance"]["variants"]} == {
+    assert {v["name"]: v["verdict"] for v in section(doc, "invariance")["variants"]} == {
         "batch-4": "fail", "chunked_prefill-2": "incomplete"}
-    assert doc["invariance"]["verdict"] == "incomplete" and doc["invariance"]["exit_code"] == 3
+    assert section(doc, "invariance")["verdict"] == "incomplete" and section(doc, "invariance")["exit_code"] == 3
     line = "NOT INVARIANT (batch-4); INCOMPLETE too (chunked_prefill-2): exit 3, policy strict"
     head = [ln for ln in p.stdout.splitlines() if "INVARIAN" in ln]
     assert head and head[0].startswith("FAIL") and line in head[0], p.stdout

@@ -318,13 +318,13 @@ def test_item15_show_diagnose_and_nightly_previous_refuse_a_wrong_typed_report(g
     assert not (tmp_path / "out").exists()  # refused before the gate ran
 
 
-def test_item15_report_at_3_is_refused_not_read_as_2(good_report, tmp_path):
-    rep = json.loads((good_report / "report.json").read_text()) | {"schema": "strict-gate/report@3"}
+def test_item15_report_at_4_is_refused_not_read_as_3(good_report, tmp_path):
+    rep = json.loads((good_report / "report.json").read_text()) | {"schema": "strict-gate/report@4"}
     (tmp_path / "report.json").write_text(json.dumps(rep))
     r = runner.invoke(app, ["diff", str(good_report), str(tmp_path)])
     assert r.exit_code == 2, r.output
-    assert "'strict-gate/report@3' is not one this strict-gate reads" in r.output.replace("\n", "")
-    r = runner.invoke(app, ["diff", str(good_report), str(good_report)])  # report@2 (the gate's own) still reads
+    assert "'strict-gate/report@4' is not one this strict-gate reads" in r.output.replace("\n", "")
+    r = runner.invoke(app, ["diff", str(good_report), str(good_report)])  # report@3 (the gate's own) still reads
     assert r.exit_code == 0, r.output
 
 

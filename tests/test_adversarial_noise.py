@@ -13,6 +13,7 @@ import json
 import shutil
 
 import pytest
+from helpers import section
 from noise_fixtures import BF16, FP32, ROOT, cli, gate, layout, plant_self_flip, records, rewrite
 
 from strict_gate.noise.profile import seal_of
@@ -305,9 +306,9 @@ def test_compare_judges_against_a_noise_profile_and_its_measured_band(here):
             "--noise", f"baselines/{FP32}/noise.json", "--noise-floor", "0.05", "--out", "cmp")
     assert r.exit_code in (1, 3), r.output  # before: exit 2, "No such option: --noise"
     report = json.loads((here / "cmp" / "report.json").read_text())
-    rule = report["noise"]["band_rule"]
+    rule = section(report, "noise")["band_rule"]
     assert rule.startswith("band = max(floor 0.05 nats, largest self-flip gap") and report["band"] == pytest.approx(
-        max(0.05, report["noise"]["largest_self_flip_gap"] or 0.0))
+        max(0.05, section(report, "noise")["largest_self_flip_gap"] or 0.0))
     assert "band = max(floor 0.05 nats" in (here / "cmp" / "report.md").read_text()
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import need
 
+from strict_gate.check_engine import CHECKS, Checklist, check_engine, load_engine_arm
+from strict_gate.check_engine.numerics import Tolerance, dtype_bits
+from strict_gate.check_engine.probe import PROMPT_COUNT, prompt_inputs
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
 from strict_gate.errors import ConfigError
-from strict_gate.gate.check_engine import CHECKS, Checklist, check_engine, load_engine_arm
-from strict_gate.gate.check_engine.numerics import Tolerance, dtype_bits
-from strict_gate.gate.check_engine.probe import PROMPT_COUNT, prompt_inputs
 from strict_gate.gate.config import ArmConfig
 from strict_gate.runs.prompts import load_prompts
 

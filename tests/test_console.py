@@ -9,9 +9,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.report.console import _SHORT_STATUS, print_result
 
 BASELINES = Path(__file__).resolve().parent.parent / "baselines"

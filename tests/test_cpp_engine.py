@@ -20,7 +20,7 @@ from typing import IO
 
 import pytest
 from conftest import need
-from helpers import smollm2_converted
+from helpers import section, smollm2_converted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -142,7 +142,7 @@ def test_a_few_prompts_against_transformers_with_drift(binary, tmp_path):
     code, out, report = gate(cfg, tmp_path / "r")
     assert code == 0, out[-3000:]
     assert report["summary"]["prompts_exact"] == 8
-    drift = report["drift"]
+    drift = section(report, "drift")
     assert drift["prompts_scored"] == 8 and drift["same_top1_rate"] == 1.0
     assert 0 < drift["abs_dlogprob"]["max"] < 1e-4  # another summation order than torch's: float noise only
 

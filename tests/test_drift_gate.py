@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
-from helpers import toml_text, write_gate
+from helpers import section, toml_text, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -34,7 +34,7 @@ def drift_of(tmp_path, cand_dtype: str) -> tuple[Path, dict]:
 
 def test_bf16_candidate_drift_figures(tmp_path):
     d, rep = drift_of(tmp_path, "bfloat16")
-    drift = rep["drift"]
+    drift = section(rep, "drift")
     assert drift.keys() >= TOTALS
     assert drift["positions"] == rep["summary"]["positions_total"] == 64
     assert drift["prompts_scored"] == 8 and drift["prompts_missing"] == {}
@@ -56,13 +56,13 @@ def test_bf16_candidate_drift_figures(tmp_path):
     (d / "report.md").unlink()
     r = runner.invoke(app, ["diagnose", str(d)])
     assert r.exit_code in (0, 1), r.output
-    assert json.loads((d / "report.json").read_text())["drift"] == drift
+    assert section(json.loads((d / "report.json").read_text()), "drift") == drift
     assert "## Drift before a flip" in (d / "report.md").read_text()
 
 
 def test_same_engine_same_dtype_has_no_drift(tmp_path):
     _, rep = drift_of(tmp_path, "float32")
-    drift = rep["drift"]
+    drift = section(rep, "drift")
     assert rep["verdict"] == "pass"
     assert drift["same_top1_rate"] == 1.0 and drift["positions"] == 64
     assert drift["abs_dlogprob"]["max"] < 1e-4  # prefill vs decode in float32: float noise only
@@ -82,7 +82,7 @@ def test_stored_reference_is_scored_by_the_still_loaded_candidate(tmp_path):
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
     (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
-    drift = json.loads((d / "report.json").read_text())["drift"]
+    drift = section(json.loads((d / "report.json").read_text()), "drift")
     assert drift["prompts_scored"] == 8 and drift["same_top1_rate"] == 1.0
     assert drift["abs_dlogprob"]["max"] < 1e-4
     assert drift["seconds"]["start"] < 0.5  # the candidate was still loaded
@@ -95,5 +95,5 @@ def test_without_drift_the_report_says_null(tmp_path):
     r = runner.invoke(app, ["gate", str(g)])
     assert r.exit_code == 0, r.output
     (d,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
-    assert json.loads((d / "report.json").read_text())["drift"] is None
+    assert section(json.loads((d / "report.json").read_text()), "drift") is None
     assert "Drift before a flip" not in (d / "report.md").read_text() and "drift:" not in r.output

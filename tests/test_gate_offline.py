@@ -49,7 +49,7 @@ def test_gate_near_tie_fails_strict_passes_near_tie(tmp_path):
     assert r.exit_code == 1, r.output
     d = only_report(tmp_path)
     report = json.loads((d / "report.json").read_text())
-    assert report["schema"] == "strict-gate/report@2" and report["verdict"] == "fail"
+    assert report["schema"] == "strict-gate/report@3" and report["verdict"] == "fail"
     assert report["summary"]["prompts_exact"] == 2 and report["summary"]["positions_matched"] == 8
     p2 = report["prompts"][2]
     assert p2["status"] == "near_tie" and p2["first_divergence"]["position"] == 1

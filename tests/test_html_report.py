@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from strict_gate.cli import app
 from strict_gate.drift import render as drift_render
 from strict_gate.gate.judgement import judge
-from strict_gate.gate.stored import compare_run_dirs
+from strict_gate.judge.result import with_feature
 from strict_gate.judge.spec import GateSpec, PromptSetRef
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.report import GateResult
 from strict_gate.report import html as html_report
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
@@ -207,7 +208,7 @@ def test_speed_section_renders_in_a_real_browser(report, tmp_path):
     browser = chromium()
     _, _, result = report
     page = tmp_path / "report.html"
-    page.write_text(html_report.render(dataclasses.replace(result, speed=dataclasses.replace(
+    page.write_text(html_report.render(with_feature(result, "speed", dataclasses.replace(
         speed("fail"), mismatches=(FLATTERING,)))), encoding="utf-8")
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.run(

@@ -201,8 +201,8 @@ def _result(tmp_path: Path, policy: InvariancePolicy, moved: bool) -> Invariance
 def test_the_exit_code_and_the_token_verdict_first(tmp_path, policy, moved, code):
     inv = _result(tmp_path, policy, moved)
     assert inv.exit_code == code
-    assert overall_exit_code(0, None, inv) == code
-    assert overall_exit_code(1, None, inv) == 1 and overall_exit_code(3, None, inv) == 3
+    assert overall_exit_code(0, (inv,)) == code
+    assert overall_exit_code(1, (inv,)) == 1 and overall_exit_code(3, (inv,)) == 3
 
 
 def test_a_variant_that_did_not_run_exits_3_under_a_real_policy(tmp_path):

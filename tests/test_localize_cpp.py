@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import need
 
+from strict_gate.check_engine import check_engine, load_engine_arm
 from strict_gate.engines.base import DumpRequest
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
-from strict_gate.gate.check_engine import check_engine, load_engine_arm
 from strict_gate.gate.config import load_gate_config
 from strict_gate.gate.run import run_gate
 from strict_gate.localize.capture import capture

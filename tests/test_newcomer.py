@@ -31,8 +31,8 @@ from typer.testing import CliRunner
 from strict_gate.cli import app
 from strict_gate.cli import common as cli_common
 from strict_gate.gate.config import GateKeys
-from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.compare import DEFAULT_BAND
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.report.console import print_result
 
 REPO = Path(__file__).resolve().parent.parent

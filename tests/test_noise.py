@@ -14,7 +14,7 @@ import math
 import shutil
 
 import pytest
-from helpers import write_gate
+from helpers import section, write_gate
 from noise_fixtures import BF16, FP32, ROOT, cli, gate, layout, plant_self_flip
 
 from strict_gate.noise.profile import load_profile
@@ -69,7 +69,7 @@ def test_a_self_flip_sets_the_measured_band(here):
     r = cli("gate", "gates/gate.toml")
     report = json.loads(next((here / "reports").glob("gate-*/report.json")).read_text())
     assert report["band"] == pytest.approx(gap)
-    noise = report["noise"]
+    noise = section(report, "noise")
     assert f"largest self-flip gap {gap:.4g} nats over runs-5" in noise["band_rule"]
     wheres = {f["where"] for f in noise["flips"]}
     within = [f for f in noise["flips"] if f["where"] == "within its noise"]
@@ -86,7 +86,7 @@ def test_every_report_places_the_candidates_flips(here):
     assert r.exit_code == 1, r.output  # the bf16 build flips beyond a 0.05 band
     out = next((here / "reports").glob("gate-*"))
     report = json.loads((out / "report.json").read_text())
-    noise = report["noise"]
+    noise = section(report, "noise")
     assert report["band"] == 0.05 and "floor 0.05 nats" in noise["band_rule"]
     assert "no self-flip over runs-5 (0)" in noise["band_rule"]
     n = noise["prompts_flipped"]
@@ -109,7 +109,7 @@ def test_a_fixed_band_is_annotated_not_replaced(here):
     gate(here, band=0.5, noise={})
     cli("gate", "gates/gate.toml")
     report = json.loads(next((here / "reports").glob("gate-*/report.json")).read_text())
-    assert report["band"] == 0.5 and report["noise"]["band_rule"] is None
+    assert report["band"] == 0.5 and section(report, "noise")["band_rule"] is None
 
 
 def test_the_command_lines_band_over_a_measured_one_is_said(here):
@@ -118,8 +118,8 @@ def test_the_command_lines_band_over_a_measured_one_is_said(here):
     gate(here, band="measured", noise={"floor": 0.05})
     cli("gate", "gates/gate.toml", "--band", "0.5")
     report = json.loads(next((here / "reports").glob("gate-*/report.json")).read_text())
-    assert report["band"] == 0.5 and report["noise"]["band_rule"] is None
-    assert any("judged instead" in n for n in report["noise"]["notes"])
+    assert report["band"] == 0.5 and section(report, "noise")["band_rule"] is None
+    assert any("judged instead" in n for n in section(report, "noise")["notes"])
 
 
 def test_the_ulps_rule_raises_the_band_with_the_magnitude(here):
@@ -132,7 +132,7 @@ def test_the_ulps_rule_raises_the_band_with_the_magnitude(here):
     cli("gate", "gates/gate.toml")
     report = json.loads(next((here / "reports").glob("gate-*/report.json")).read_text())
     assert report["band"] == pytest.approx(max(1e6 * spacing, p.largest_self_flip_gap))
-    assert "1e+06 x float32 spacing" in report["noise"]["band_rule"]
+    assert "1e+06 x float32 spacing" in section(report, "noise")["band_rule"]
 
 
 @pytest.mark.slow

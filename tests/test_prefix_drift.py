@@ -11,9 +11,9 @@ import pytest
 from helpers import rec, step, write_run
 from rich.console import Console
 
-from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge.compare import Status, compare_prompt
 from strict_gate.judge.prefix_drift import DriftScale, PrefixDrift, prefix_drift
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.report.console import print_result
 
 # the prefix drift of three builds, as measured: float32, float16, Q8_0
@@ -76,7 +76,7 @@ def test_the_label_is_the_same_with_and_without_the_drift_pass(tmp_path):
     """The drift pass's figure (it includes the divergence position) must not move the label:
     on main a fp32-level tie read "half-precision" once `drift = true` was set."""
     from strict_gate.drift.measure import DriftReport, PromptDrift, Stats
-    from strict_gate.judge.result import status_label, to_json
+    from strict_gate.judge.result import status_label, to_json, with_feature
 
     ref, cand = _pair("fp32", DRIFTS["fp32"])
     result = compare_run_dirs(write_run(tmp_path / "ref", [ref]), write_run(tmp_path / "cand", [cand]),
@@ -86,7 +86,7 @@ def test_the_label_is_the_same_with_and_without_the_drift_pass(tmp_path):
                         min_reference_margin=None, positions_within_band=0,
                         prompts={"fp32": PromptDrift("fp32", positions=3, drift_before_divergence=0.01)})
     p = result.comparison.prompts[0]
-    with_pass = replace(result, drift=drift)
+    with_pass = with_feature(result, "drift", drift)
     assert status_label(with_pass, p) == status_label(result, p) == (
         "near-tie (drift 3e-05 at matched positions: at float32 rounding level)")
     assert to_json(with_pass)["prompts"][0]["matched_drift"] == to_json(result)["prompts"][0]["matched_drift"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import tokenizers
 from helpers import rec, write_gate, write_run
 
-from strict_gate.gate.stored import compare_run_dirs
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.report import write_reports
 from strict_gate.report.text import Decoder
 

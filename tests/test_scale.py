@@ -16,10 +16,10 @@ import pytest
 
 from strict_gate.errors import InputError
 from strict_gate.gate.judgement import judge
-from strict_gate.gate.stored import compare_run_dirs
 from strict_gate.judge import compare_runs as compare_mod
 from strict_gate.judge.result import to_json
 from strict_gate.judge.spec import GateSpec, PromptSetRef
+from strict_gate.offline.compare import compare_run_dirs
 from strict_gate.runs.reader import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def test_compare_memory_is_bounded(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from strict_gate.gate.stored import compare_run_dirs\n"
+        "from strict_gate.offline.compare import compare_run_dirs\n"
         "r = compare_run_dirs(sys.argv[1], sys.argv[2], out=Path(sys.argv[3]))\n"
         "assert r.comparison.summary.prompts_total == 200\n"
         "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"

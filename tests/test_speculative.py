@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import section
 
 from strict_gate.engines.speculative import Acceptance, prometheus_counters, reply_acceptance
 from strict_gate.gate.config import load_gate_config
@@ -80,7 +81,7 @@ def test_each_planted_speculation_bug_passes_the_plain_gate_and_is_caught_by_the
     assert r.returncode == 5, (r.stdout + r.stderr)[-3000:]
     report = _report(tmp_path)
     assert report["verdict"] == "pass"  # the token verdict: the plain run is untouched by the bug
-    (v,) = report["invariance"]["variants"]
+    (v,) = section(report, "invariance")["variants"]
     assert v["verdict"] == "fail" and v["divergences"], v
     first = v["divergences"][0]
     assert first["position"] is not None and first["position"] >= 1  # the first token comes from the prefill

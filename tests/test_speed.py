@@ -250,7 +250,7 @@ def test_gate_with_speed_keeps_the_token_verdict_and_adds_the_speed_exit_code(tm
                      policy="strict")
     outcome = run_gate(load_gate_config(path))
     assert outcome.result.verdict.verdict == "pass"  # the tokens are equal
-    assert outcome.result.speed.verdict.kind is SpeedVerdictKind.FAIL
+    assert outcome.result.features["speed"].verdict.kind is SpeedVerdictKind.FAIL
     assert outcome.result.exit_code == 4
 
 
@@ -362,7 +362,7 @@ def test_gate_on_a_recorded_baseline_times_the_rescorer_as_the_speed_reference(t
                      rescorer=rescorer)
     outcome = run_gate(load_gate_config(path))
     assert outcome.result.verdict.verdict == "pass" and outcome.result.exit_code == 0
-    speed = outcome.result.speed
+    speed = outcome.result.features["speed"]
     assert speed.rungs[0].reference is not None and speed.rungs[0].error is None
     assert any("[rescorer]" in n for n in speed.notes)
 
@@ -374,8 +374,8 @@ def test_an_arm_whose_token_run_failed_is_not_restarted_to_be_timed(tmp_path):
                      {"warmup": 0, "runs": 1, "rungs": ["8/4"], "min_speed_ratio": 0.5})
     result = run_gate(load_gate_config(path)).result
     assert result.verdict.verdict == "incomplete" and result.exit_code == 3  # the token verdict's code
-    assert "candidate's token run did not complete" in result.speed.rungs[0].error
-    assert result.speed.rungs[0].reference is not None
+    assert "candidate's token run did not complete" in result.features["speed"].rungs[0].error
+    assert result.features["speed"].rungs[0].reference is not None
 
 
 # ---------------------------------------------------------------------------- the timed-token check

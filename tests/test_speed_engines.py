@@ -12,6 +12,7 @@ import math
 
 import pytest
 from conftest import ROOT, VLLM_OPTIONS, need
+from helpers import section
 from typer.testing import CliRunner
 
 from strict_gate.gate.config import load_gate_config
@@ -140,7 +141,7 @@ def test_demo_gate_with_speed_shows_the_section_and_keeps_its_token_verdict(tmp_
     (report_dir,) = (tmp_path / "out").glob("demo-hf-bf16-vs-vllm-fp32*/")
     data = json.loads((report_dir / "report.json").read_text())
     assert data["verdict"] == "fail"
-    speed = data["speed"]
+    speed = section(data, "speed")
     assert [r["name"] for r in speed["rungs"]] == ["32/8"]
     rung = speed["rungs"][0]
     assert rung["error"] is None and rung["reference"]["tokens"] == rung["candidate"]["tokens"] == 8

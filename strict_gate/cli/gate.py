@@ -64,8 +64,8 @@ def _gate(config: Path | None, policy: str | None, band: float | None, output_di
         summarise(resumed.outcome.result, summary, resumed.outcome.decoder)
         return finish(resumed.outcome.result, resumed.outcome.report_dir, resumed.exit_code, dec=resumed.outcome.decoder)
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.gate.next_step import next_step
     from strict_gate.gate.run import run_gate
+    from strict_gate.localize.next_step import next_step
 
     if config is None:
         if not DEMO_CONFIG.exists():

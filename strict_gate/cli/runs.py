@@ -69,8 +69,8 @@ def check_engine(
     (1 a check failed, 2 bad input, 3 the engine never started)."""
     import json
 
-    from strict_gate.gate.check_engine import check_engine as run_checks
-    from strict_gate.gate.check_engine import load_engine_arm
+    from strict_gate.check_engine import check_engine as run_checks
+    from strict_gate.check_engine import load_engine_arm
     from strict_gate.report.text import visible
     from strict_gate.runs.prompts import load_prompts
 
@@ -131,8 +131,8 @@ def compare(
     noise_ulps: Annotated[float, typer.Option("--noise-ulps", help="nor below N spacings of the dtype")] = 0.0,
 ) -> None:
     """Compare two stored runs: no engine, no torch."""
-    from strict_gate.gate.stored import compare_run_dirs
-    from strict_gate.noise.band import check_gate_band
+    from strict_gate.judge.compare import check_gate_band
+    from strict_gate.offline.compare import compare_run_dirs
 
     try:
         given = check_gate_band(band if band == "measured" else float(band))

@@ -15,7 +15,7 @@ from strict_gate.engines.recorded import RecordedEngine
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.feature import Feature
 from strict_gate.gate.lifetimes import Lifetimes
-from strict_gate.judge.result import GateResult
+from strict_gate.judge.result import GateResult, with_feature
 from strict_gate.runs.records import Record, Run
 
 
@@ -50,7 +50,7 @@ class Drift(Feature):
             drift = drift.with_divergences(
                 {p.id: p.first_divergence.position for p in result.comparison.prompts if p.first_divergence}
             )
-        return replace(result, drift=drift, notes=result.notes + tuple(self.notes))
+        return replace(with_feature(result, self.name, drift), notes=result.notes + tuple(self.notes))
 
     def _pass(self, ref_records: Mapping[str, Record]) -> DriftReport | None:
         """Teacher-force every reference token sequence through the candidate. A candidate that

@@ -160,6 +160,15 @@ class DriftReport:
                 prompts[pid] = replace(p, drift_before_divergence=float(window.max()))
         return replace(self, prompts=prompts)
 
+    @property
+    def exit_code(self) -> int:
+        """Informational: this section never changes the gate's exit code."""
+        return 0
+
+    @property
+    def section_verdict(self) -> str:
+        return "informational"
+
     def to_json(self) -> dict:
         return {
             "band": self.band,

@@ -38,7 +38,7 @@ def _worst_first(p: PromptDrift) -> tuple:
 
 
 def of(r: GateResult) -> DriftReport | None:
-    d = r.drift
+    d = r.feature("drift")
     return d if isinstance(d, DriftReport) else None
 
 
@@ -157,7 +157,8 @@ def prompt_drift(figures: object) -> str:
 
 def drift_json(r: GateResult) -> Any:
     """report.json's "drift", which report.html lays out (the gate's totals, each prompt's figures)."""
-    return r.drift.to_json() if r.drift is not None else None
+    d = of(r)
+    return d.to_json() if d is not None else None
 
 
 def _prompts(r: GateResult) -> Mapping[str, str]:

@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+from strict_gate.core.features import FEATURES, BandSource, TableContext, resolve
 from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
 from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError
-from strict_gate.invariance.config import InvarianceConfig, parse_invariance
-from strict_gate.judge.compare import DEFAULT_BAND
+from strict_gate.judge.compare import DEFAULT_BAND, check_gate_band
 from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
-from strict_gate.localize.config import LocalizeConfig, parse_localize
-from strict_gate.noise.band import check_gate_band
-from strict_gate.noise.setting import NoiseSetting, noise_setting
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.prompts import check_regular_file
-from strict_gate.speed.config import SpeedConfig, parse_speed
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 TopLogprobs = Annotated[int, Bound(ge=2, why="near-ties are judged from the top alternatives")]
@@ -101,10 +98,13 @@ class GateConfig:
     rescorer: ArmConfig | None = None  # scores divergences when the reference cannot (a stored baseline)
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE  # nats an arm's chosen token may sit below its top-1
     drift: bool = False  # teacher-force the reference's tokens through the candidate (strict_gate/drift/measure.py)
-    speed: SpeedConfig | None = None  # the speed arm ([speed], strict_gate/speed)
-    localize: LocalizeConfig | None = None  # localise divergences along the depth (docs/localize.md)
-    invariance: InvarianceConfig | None = None  # the variants ([invariance], strict_gate/invariance)
-    noise: NoiseSetting | None = None  # the reference's noise profile ([noise], band = "measured"; docs/noise.md)
+    # each enabled feature's parsed settings by name (core/features.py): [speed], localize,
+    # [invariance], [noise], drift; each folder reads its own back (speed/config.py's `of`, ...)
+    features: Mapping[str, Any] = field(default_factory=dict)
+
+    def feature(self, name: str) -> Any:
+        """The named feature's settings, None when the config leaves it off."""
+        return self.features.get(name)
 
     @property
     def speed_reference(self) -> ArmConfig:
@@ -198,13 +198,10 @@ def parse_gate_config(
     prompts = Path(keys.prompts)
     arms: dict[str, ArmConfig] = {role: _arm(role, data[role], lines, base_dir) for role in ("reference", "candidate", "rescorer")
             if role in data}
-    speed = parse_speed(data["speed"], lines.table("speed"), arms) if "speed" in data else None
-    localize = parse_localize(data["localize"], lines.finder("localize"),
-                              lambda t: _arm("localize.reference", t, lines, base_dir)) if "localize" in data else None
-    builders = {role: arm.build for role, arm in arms.items() if role in ("reference", "candidate")}
-    invariance = parse_invariance(data["invariance"], builders, lines.table("invariance")) if "invariance" in data else None
-    noise = noise_setting(keys.band, keys.noise, arms["reference"], prompts if prompts.is_absolute() else base_dir / prompts,
-                          path=path, line_of=lambda k: lines.find(k, "noise") or lines.find(k), max_tokens=keys.max_tokens)
+    ctx = TableContext(data, path, keys.band, keys.max_tokens, prompts if prompts.is_absolute() else base_dir / prompts,
+                       arms, lines, lambda role, t: _arm(role, t, lines, base_dir))
+    features = _features(ctx)
+    measured = [b for s in features.values() if isinstance(s, BandSource) and (b := s.measured_value()) is not None]
     return GateConfig(
         name=keys.name if keys.name is not None else Path(path).stem,
         path=path,
@@ -212,7 +209,7 @@ def parse_gate_config(
         max_tokens=keys.max_tokens,
         top_logprobs=keys.top_logprobs,
         policy=keys.policy,
-        band=noise.measured.value if noise is not None and noise.measured is not None else keys.band,
+        band=measured[0] if measured else keys.band,  # "measured" without a profile: noise refused it
         greedy_tolerance=keys.greedy_tolerance,
         output_dir=Path(keys.output_dir),
         diagnose=keys.diagnose,
@@ -220,11 +217,17 @@ def parse_gate_config(
         reference=arms["reference"],
         candidate=arms.get("candidate"),
         rescorer=arms.get("rescorer"),
-        speed=speed,
-        localize=localize,
-        invariance=invariance,
-        noise=noise,
+        features=features,
     )
+
+
+def _features(ctx: TableContext) -> dict[str, Any]:
+    """Each registered feature's table, parsed by its own folder, in the registry's order."""
+    out = {}
+    for f in FEATURES:
+        if f.config is not None and (settings := resolve(f.config)(ctx)) is not None:
+            out[f.name] = settings
+    return out
 
 
 def load_gate_config(

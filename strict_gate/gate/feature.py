@@ -17,12 +17,13 @@ in one folder keeps its class there (`speed/feature.py`, `noise/feature.py`, `dr
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from strict_gate.core.features import FEATURES as REGISTRY
+from strict_gate.core.features import resolve
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.gate.arm import finished_run
 from strict_gate.gate.config import GateConfig
@@ -35,14 +36,8 @@ from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Run
 
-# in the order their hooks run at each point (the order the phases ran before they were features)
-FEATURES: tuple[str, ...] = (
-    "strict_gate.speed.feature:Speed",
-    "strict_gate.drift.feature:Drift",
-    "strict_gate.localize.feature:Localize",
-    "strict_gate.invariance.feature:Invariance",
-    "strict_gate.noise.feature:Noise",
-)
+# in the order their hooks run at each point: the one registry's order (core/features.py)
+FEATURES: tuple[str, ...] = tuple(f.hooks for f in REGISTRY)
 
 
 def build_rescorer(cfg: GateConfig, report_dir: Path) -> Engine:
@@ -98,8 +93,8 @@ class Feature:
 
     @classmethod
     def settings(cls, cfg: GateConfig) -> object | None:
-        """Its parsed settings, None when the config leaves it off."""
-        return getattr(cfg, cls.name)
+        """Its parsed settings (its own folder parsed its table: core/features.py), None when off."""
+        return cfg.feature(cls.name)
 
     @classmethod
     def for_gate(cls, g: Gate) -> Feature | None:
@@ -130,14 +125,28 @@ class Feature:
         """Before the reports are written."""
         return result
 
+    @classmethod
+    def rejudge(cls, cfg: GateConfig, result: GateResult) -> GateResult | None:
+        """A command that rewrites a finished report judged its tokens again (`diagnose`): this
+        feature's section judged again from `result` alone, without an engine, when it hangs on the
+        token verdict; None keeps the section as the gate wrote it (gate/rewrite.py)."""
+        return None
+
 
 def feature_classes() -> tuple[type[Feature], ...]:
     """The built-in features, imported here, in FEATURES order."""
-    out = []
-    for spec in FEATURES:
-        module, _, name = spec.partition(":")
-        out.append(getattr(importlib.import_module(module), name))
-    return tuple(out)
+    return tuple(resolve(spec) for spec in FEATURES)
+
+
+def rejudged(cfg: GateConfig, result: GateResult) -> tuple[GateResult, frozenset[str]]:
+    """`result` with every enabled feature's section that hangs on the token verdict judged again,
+    and the names of those sections (the rewrite keeps every other one)."""
+    redone: set[str] = set()
+    for cls in feature_classes():
+        if cls.settings(cfg) is not None and (new := cls.rejudge(cfg, result)) is not None:
+            result = new
+            redone.add(cls.name)
+    return result, frozenset(redone)
 
 
 def enabled(g: Gate) -> tuple[Feature, ...]:

@@ -16,21 +16,17 @@ from pathlib import Path
 
 import msgspec
 
-from strict_gate.core.redact import scrub_tree
-from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig, load_gate_config
-from strict_gate.gate.feature import build_rescorer
+from strict_gate.gate.feature import build_rescorer, rejudged
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.rescorer_identity import refuse_self_rescorer
+from strict_gate.gate.rewrite import rewrite_reports
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
-from strict_gate.judge.stored import StoredDrift, StoredReport, load_report
-from strict_gate.noise.setting import with_noise
-from strict_gate.report import write_reports
-from strict_gate.report.text import gate_decoder
+from strict_gate.judge.stored import StoredReport, load_report
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo
 
@@ -39,14 +35,6 @@ def _old_report(report_dir: Path) -> StoredReport:
     """The gate's report.json; an empty one when the gate died before writing it."""
     path = report_dir / "report.json"
     return load_report(path) if path.exists() else StoredReport(schema=REPORT_SCHEMA, prompts=[])
-
-
-def _kept_drift(drift: StoredDrift, path: Path) -> DriftReport:
-    """The gate's drift figures as it wrote them: the drift pass is not re-run."""
-    try:
-        return DriftReport.from_json(msgspec.to_builtins(drift))
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"the report's drift object is incomplete ({type(e).__name__}: {e})", path=str(path)) from None
 
 
 def _scorer(cfg: GateConfig, report_dir: Path, candidate: EngineInfo, reference: EngineInfo) -> tuple[Engine, bool]:
@@ -74,7 +62,9 @@ def _scorer(cfg: GateConfig, report_dir: Path, candidate: EngineInfo, reference:
 
 def rediagnose(report_dir: str | Path) -> GateOutcome:
     """Re-score a finished gate's divergent prompts (the reference's side, then the candidate's
-    where it can score) and rewrite its reports in place.
+    where it can score) and rewrite its reports in place (gate/rewrite.py): the sections that
+    hang on the token verdict are judged again (noise), every other one is kept as the gate wrote
+    it (speed, invariance, drift, localisation, the trend).
 
     The scoring engine starts only if something diverged. Raises InputError when the
     directory is not a gate report, ConfigError when no engine can score."""
@@ -85,7 +75,6 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     old = _old_report(report_dir)
     config = msgspec.to_builtins(old.config) if old.config is not None else None
     cfg = load_gate_config(cfg_path, base_dir=Path(config["base_dir"]) if config and config["base_dir"] else None)
-    drift = _kept_drift(old.drift, report_dir / "report.json") if old.drift is not None else None
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     prompt_set = msgspec.to_builtins(old.prompt_set) if old.prompt_set is not None else dict(ref.manifest.prompt_set)
@@ -110,8 +99,5 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
         result = cross_judge(spec, ref, cand, result, candidate)
     finally:
         candidate.close()
-    result = replace(result, history=tuple(old.history), drift=drift)  # the trend and drift as the gate wrote them
-    scrub_tree(report_dir)  # rescorer.log too, before the reports say the set is whole
-    dec = gate_decoder(result)
-    write_reports(with_noise(result, cfg.noise), report_dir, dec=dec)
-    return GateOutcome(result, report_dir, dec)
+    result, redone = rejudged(cfg, result)
+    return rewrite_reports(report_dir, result, old, redone=redone)

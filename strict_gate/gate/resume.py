@@ -22,8 +22,10 @@ from strict_gate.gate.arm import finished_run, prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook
+from strict_gate.gate.rewrite import keep_sections
 from strict_gate.gate.run import play_gate
 from strict_gate.gate.state import GateState, check_config_file, check_unchanged, read_gate_state, report_lock, verdicts
+from strict_gate.judge.stored import load_report
 from strict_gate.report.text import gate_decoder
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet, load_prompts
@@ -129,6 +131,7 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     finished = done == set(ROLES) and report.report_json.exists() and state.exit_code is not None
     if finished:  # a finished gate: its verdicts, no engine loaded
         result = judge_stored(spec, prior["reference"], prior["candidate"], stored_diagnoses(report.report_json))
+        result = keep_sections(result, load_report(report.report_json), redone=(), where=str(report.report_json))
         if verdicts(result)["tokens"] != state.verdicts.get("tokens"):
             raise InputError(f"the stored runs judge {verdicts(result)['tokens']}, the gate recorded "
                              f"{state.verdicts.get('tokens')}; start a new gate", path=str(report.state))

@@ -214,10 +214,8 @@ def check_unchanged(state: GateState, cfg: GateConfig, ps: PromptSet) -> None:
 
 def verdicts(result: GateResult) -> dict[str, str]:
     """Every verdict a gate gives, by name: what a resume of the finished gate says again."""
-    out = {"tokens": str(result.verdict.verdict)}
-    if result.speed is not None:
-        out["speed"] = str(result.speed.verdict.kind)
-    return out
+    return {"tokens": str(result.verdict.verdict)} | {
+        name: result.features[name].section_verdict for name in sorted(result.features)}
 
 
 def interrupted(report: ReportDir) -> GateInterrupted:

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
+from strict_gate.core.features import TableContext
 from strict_gate.core.options import Checked, NonNegativeInt, Parse, PositiveInt, Rule, did_you_mean, parse_options
 from strict_gate.engines.base import Engine, Serving
 from strict_gate.engines.speculative import Speculation, read_speculations
@@ -187,3 +188,18 @@ def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], l
                 and v.size > context:
             raise ConfigError(f"[invariance] chunked_prefill {v.size} is beyond the [{arm}] arm's context of "
                               f"{context} tokens", path=path, line=line_of("chunked_prefill"))
+
+
+def from_gate(ctx: TableContext) -> InvarianceConfig | None:
+    """The gate config's `[invariance]` (core/features.py's registry calls it), checked against the
+    reference's and candidate's engines (built, not started)."""
+    if "invariance" not in ctx.data:
+        return None
+    builders = {role: arm.build for role, arm in ctx.arms.items() if role in ("reference", "candidate")}
+    return parse_invariance(ctx.data["invariance"], builders, ctx.lines.table("invariance"))
+
+
+def of(cfg: Any) -> InvarianceConfig | None:
+    """A gate config's invariance settings (gate/config.py's GateConfig.features)."""
+    s = cfg.feature("invariance")
+    return s if isinstance(s, InvarianceConfig) else None

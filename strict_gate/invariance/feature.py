@@ -3,11 +3,11 @@ engine of the gate is stopped (phase.py over run.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from strict_gate.core.redact import scrub_tree
 from strict_gate.gate.feature import Feature
-from strict_gate.judge.result import GateResult
+from strict_gate.judge.result import GateResult, with_feature
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,6 @@ class Invariance(Feature):
 
         g = self.gate
         try:
-            return replace(result, invariance=invariance_phase(g.cfg, g.ps, g.inputs, g.report.path, g.progress))
+            return with_feature(result, self.name, invariance_phase(g.cfg, g.ps, g.inputs, g.report.path, g.progress))
         finally:
             scrub_tree(g.report.path)

@@ -20,6 +20,7 @@ from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError
 from strict_gate.gate.arm import OnRecord, prompt_inputs, run_arm
 from strict_gate.gate.config import GateConfig
+from strict_gate.invariance.config import of
 from strict_gate.invariance.render import write_invariance_reports
 from strict_gate.invariance.run import run_invariance
 from strict_gate.invariance.verdict import InvarianceResult
@@ -39,7 +40,8 @@ class InvarianceOutcome:
 def invariance_phase(cfg: GateConfig, ps: PromptSet, inputs: list[PromptInput], report_dir: Path,
                      progress=None) -> InvarianceResult:
     """Every variant of cfg.invariance into report_dir/invariance/, through the gate's runner."""
-    assert cfg.invariance is not None
+    inv = of(cfg)
+    assert inv is not None
     sampling = Sampling(cfg.max_tokens, cfg.top_logprobs)
 
     def run(engine: Engine, prompts, out: Path, label: str) -> Run:
@@ -47,10 +49,10 @@ def invariance_phase(cfg: GateConfig, ps: PromptSet, inputs: list[PromptInput], 
         return run_arm(engine, prompts, sampling, out, prompt_set=ps, on_record=on_record)
 
     builders = {role: (cfg.reference if role == "reference" else cfg.candidate).build  # type: ignore[union-attr]
-                for role in cfg.invariance.arms}
+                for role in inv.arms}
     shutil.rmtree(report_dir / INVARIANCE_DIR, ignore_errors=True)  # a resumed gate's: an interrupted attempt's runs
     try:
-        return run_invariance(cfg.invariance, builders, inputs, report_dir / INVARIANCE_DIR, run, band=cfg.band)
+        return run_invariance(inv, builders, inputs, report_dir / INVARIANCE_DIR, run, band=cfg.band)
     finally:
         scrub_tree(report_dir / INVARIANCE_DIR)  # engine logs too: a server may log its key
 
@@ -59,7 +61,7 @@ def run_invariance_gate(cfg: GateConfig, *, output_dir: Path | None = None, prog
     """`strict-gate invariance CONFIG`: the [invariance] variants only (no token verdict)."""
     from strict_gate.gate.outcome import new_report_dir
 
-    if cfg.invariance is None:
+    if of(cfg) is None:
         raise ConfigError("has no [invariance] table: nothing for `strict-gate invariance` to run", path=cfg.path)
     ps = load_prompts(cfg.prompts)
     out = output_dir or cfg.output_dir

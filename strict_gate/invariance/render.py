@@ -33,9 +33,9 @@ MOVED_CAP = 20  # moved prompts listed per variant (all are in the JSON)
 HEAD = ("variant", "arm", "verdict", "prompts exact", "positions", "near-tie", "divergent", "distinct outputs", "cost")
 
 
-def of(r) -> InvarianceResult | None:
+def of(r: GateResult) -> InvarianceResult | None:
     """A GateResult's invariance verdict, when the gate ran [invariance]."""
-    inv = getattr(r, "invariance", None)
+    inv = r.feature("invariance")
     return inv if isinstance(inv, InvarianceResult) else None
 
 

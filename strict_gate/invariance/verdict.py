@@ -154,6 +154,10 @@ class InvarianceResult:
             self.verdict, ExitCode.ENGINE_FAILURE)
 
     @property
+    def section_verdict(self) -> str:
+        return str(self.verdict)
+
+    @property
     def lead(self) -> VariantVerdict:
         """What the headline leads with: a measured move before anything that could not be run
         (the verdict, and the exit code, stay incomplete then: README, "Exit codes")."""

@@ -47,6 +47,18 @@ def check_band(band: float) -> float:
     return float(band)
 
 
+MEASURED = "measured"  # band = "measured": the band from the reference's noise profile (docs/noise.md)
+
+
+def check_gate_band(value: object) -> float | str:
+    """A gate's band: a number of nats >= 0, or "measured" (from its noise profile)."""
+    if value == MEASURED:
+        return MEASURED
+    if isinstance(value, str):
+        raise ValueError(f'band = {value!r}: give a number of nats >= 0 or "measured"')
+    return check_band(value)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Rescored:
     """One side's teacher-forced gap at a divergence (on the common prefix), or why there is none.

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from strict_gate.errors import ExitCode
@@ -15,9 +15,8 @@ from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import Verdict
 from strict_gate.judge.prefix_drift import PrefixDrift
 from strict_gate.runs.records import EngineInfo, Record, Sampling
-from strict_gate.speed.model import SpeedResult
 
-REPORT_SCHEMA = "strict-gate/report@2"
+REPORT_SCHEMA = "strict-gate/report@3"
 
 
 @dataclass(frozen=True)
@@ -56,26 +55,17 @@ def arm_wall_clock(records: Mapping[str, Record]) -> ArmWallClock | None:
     )
 
 
-class SecondVerdict(Protocol):
-    """What a GateResult needs of the invariance verdict (strict_gate/invariance/verdict.py): the
-    judge does not import the wing that runs the variants, as diagnosis meets engines through a
-    Scorer."""
+class FeatureResult(Protocol):
+    """What a GateResult needs of a feature's result (speed, invariance, noise, drift, and every
+    later one): its verdict in a word, its exit contribution (0: nothing against the gate) and
+    its JSON. Each feature declares its result in its own folder and registers it in
+    strict_gate/core/features.py; the judge imports no feature folder."""
 
     @property
     def exit_code(self) -> int: ...
 
-    def to_json(self) -> dict: ...
-
-
-class DriftNote(Protocol):
-    """What a GateResult needs of the drift figures (strict_gate/drift/measure.py): their JSON. The
-    drift folder ranks above the judge (it reads the judge's band), so the judge does not import it."""
-
-    def to_json(self) -> dict: ...
-
-
-class NoiseNote(Protocol):
-    """What a GateResult needs of the noise judgement (strict_gate/noise/annotate.py): its JSON."""
+    @property
+    def section_verdict(self) -> str: ...
 
     def to_json(self) -> dict: ...
 
@@ -101,16 +91,18 @@ class GateResult:
     rescored_by: str | None = None  # the engine that ran the teacher-forced diagnosis
     resumed: dict = field(default_factory=dict)  # arm -> its run's resume entries (an interrupted run continued)
     history: tuple[dict, ...] = ()  # the last nights of this gate (history.jsonl entries), tonight's last
-    drift: DriftNote | None = None  # the reference's tokens scored by the candidate (gate option `drift`, strict_gate/drift)
-    speed: SpeedResult | None = None  # the matched speed ladder (`[speed]`, `strict-gate bench`)
     rescorer: EngineInfo | None = None  # the [rescorer] arm, when it (not the reference) re-scored
     localization: dict[str, Localization] = field(default_factory=dict)  # prompt id -> where it first differs
-    invariance: SecondVerdict | None = None  # the [invariance] variants (strict_gate/invariance)
-    noise: NoiseNote | None = None  # the candidate's flips against the reference's noise profile (strict_gate/noise)
+    # each feature's section by its name (strict_gate/core/features.py): its verdict, exit code and JSON
+    features: Mapping[str, FeatureResult] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
-        return overall_exit_code(self.verdict.exit_code, self.speed, self.invariance)
+        return overall_exit_code(self.verdict.exit_code, self.features.values())
+
+    def feature(self, name: str) -> FeatureResult | None:
+        """The named feature's result, None when the gate did not run it."""
+        return self.features.get(name)
 
     @property
     def later(self) -> dict[str, Cascade]:
@@ -118,16 +110,32 @@ class GateResult:
         return {pid: dg.later for pid, dg in self.diagnoses.items() if dg.later is not None}
 
 
-def overall_exit_code(token_exit: ExitCode, speed: SpeedResult | None,
-                      invariance: SecondVerdict | None = None) -> ExitCode:
-    """The token verdict's code when it is not 0, else the invariance verdict's, else the speed
-    verdict's: a wrong token is the first thing a caller must learn, tokens that move with the
-    batch the next, and neither second verdict turns a token failure into a pass."""
+# Which section's code the gate exits with when the tokens pass and several sections say no:
+# tokens that do not verify first (exit 1), then tokens that move with the way the engine is
+# driven, then an engine failure or an incomplete section, then a slower candidate.
+SECTION_PRECEDENCE = (ExitCode.FAIL, ExitCode.NOT_INVARIANT, ExitCode.ENGINE_FAILURE, ExitCode.SLOWER,
+                      ExitCode.BAD_INPUT)
+
+
+def overall_exit_code(token_exit: ExitCode, sections: Iterable[FeatureResult]) -> ExitCode:
+    """The token verdict's code when it is not 0, else the most serious of the sections' codes
+    (SECTION_PRECEDENCE; docs/reading-a-report.md, "Exit codes and their precedence"): a wrong
+    token is the first thing a caller must learn, and no section turns a token failure into a
+    pass. The one rule every command's exit code comes from."""
     if token_exit != ExitCode.PASS:
         return ExitCode(token_exit)
-    if invariance is not None and invariance.exit_code:
-        return ExitCode(invariance.exit_code)
-    return speed.verdict.exit_code if speed is not None else ExitCode.PASS
+    codes = {ExitCode(s.exit_code) for s in sections if s.exit_code}
+    return next((c for c in SECTION_PRECEDENCE if c in codes), ExitCode.PASS)
+
+
+def with_feature(r: GateResult, name: str, section: FeatureResult | None) -> GateResult:
+    """The result with the named feature's section set (None: left as it was)."""
+    return r if section is None else replace(r, features={**r.features, name: section})
+
+
+def section_json(section: FeatureResult) -> dict:
+    """A section as report.json holds it: its verdict and exit code beside its own figures."""
+    return {"verdict": section.section_verdict, "exit_code": int(section.exit_code), "section": section.to_json()}
 
 
 def _div_json(d: Divergence | None) -> dict | None:
@@ -208,6 +216,7 @@ def to_json(r: GateResult) -> dict:
         "name": r.name,
         "created": r.created,
         "verdict": r.verdict.verdict,
+        "exit_code": int(r.exit_code),  # overall_exit_code: the tokens' and every section's
         "policy": r.verdict.policy,
         "band": r.verdict.band,
         "reasons": list(r.verdict.reasons),
@@ -225,9 +234,7 @@ def to_json(r: GateResult) -> dict:
         "resumed": r.resumed,
         "history": list(r.history),
         "wall_clock": {k: (v.to_json() if v else None) for k, v in clocks.items()},
-        "speed": r.speed.to_json() if r.speed is not None else None,
         "later": later_totals(r.comparison.prompts, r.later).to_json(),
         "prompts": [_prompt_json(p, pv.get(p.id), r) for p in r.comparison.prompts],
-        "drift": r.drift.to_json() if r.drift is not None else None,
-        "invariance": r.invariance.to_json() if r.invariance is not None else None,
-    } | ({"noise": r.noise.to_json()} if r.noise is not None else {})  # the key only with a noise profile
+        "features": {name: section_json(r.features[name]) for name in sorted(r.features)},
+    }

@@ -8,7 +8,11 @@ version does not know is an InputError (exit 2) naming the file and the field, n
 traceback and never a silent guess. Fields no reader uses are not declared (and not read).
 
 report@1 and report@2 differ in one field: report@1's `speed` held each arm's wall clock
-(report@2 moved it to `wall_clock`), so a report@1 is read with no speed arm.
+(report@2 moved it to `wall_clock`), so a report@1 is read with no speed arm. report@3 holds
+every feature's section in one mapping, `features` (name -> its verdict, exit code and figures,
+judge/result.py's section_json), where report@2 kept `speed`, `invariance`, `drift` and `noise` at
+the top level; both are read into the same StoredReport (`features`, and the typed fields the
+readers use).
 Fields added to report@2 later are optional (a report without them reads as written before
 them): each prompt's `outcome` and its diagnosis' `later` (every position after the first
 divergence, judged), and the report's `later` totals.
@@ -24,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from strict_gate.errors import InputError
+from strict_gate.errors import ExitCode, InputError
 from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import Policy, VerdictKind
@@ -32,7 +36,8 @@ from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.runs.layout import ReportDir
 
 REPORT_V1 = "strict-gate/report@1"
-REPORT_SCHEMAS = (REPORT_V1, REPORT_SCHEMA)  # every version this reader accepts; any other is refused
+REPORT_V2 = "strict-gate/report@2"
+REPORT_SCHEMAS = (REPORT_V1, REPORT_V2, REPORT_SCHEMA)  # every version this reader accepts; any other is refused
 HISTORY_SCHEMA = "strict-gate/history@1"
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -205,6 +210,18 @@ class StoredDrift(_Struct, frozen=True):
     prompts: dict[str, StoredPromptDrift] = {}
 
 
+class StoredSection(_Struct, frozen=True):
+    """One feature's section (report@3's `features`): its verdict, exit contribution and figures,
+    read back by the feature's own loader (core/features.py) when a report is rewritten."""
+
+    section: dict[str, Any]
+    verdict: str | None = None  # None: a report@2 section, which did not say its verdict apart
+    exit_code: Count | None = None
+
+
+LEGACY_SECTIONS = ("speed", "invariance", "drift", "noise")  # report@2's top-level feature keys
+
+
 class StoredReport(_Struct, frozen=True):
     """One gate's report.json as the readers use it."""
 
@@ -213,6 +230,7 @@ class StoredReport(_Struct, frozen=True):
     name: str | None = None
     created: str | None = None
     verdict: VerdictKind | None = None
+    exit_code: Count | None = None  # the gate's overall exit code (report@3)
     policy: Policy | None = None
     band: float | None = None
     problems: list[str] = []
@@ -222,10 +240,13 @@ class StoredReport(_Struct, frozen=True):
     runs: StoredRuns = msgspec.field(default_factory=StoredRuns)
     config: StoredConfig | None = None
     history: list[dict[str, Any]] = []  # history@1 lines, each checked by HistoryLine
+    later: StoredLaterTotals | None = None  # None: a report from before the every-token rule
+    features: dict[str, StoredSection] = {}  # every feature's section, by name (report@2's are lifted in)
+    # the sections the readers use, typed; report@2 wrote them at the top level, report@3 under features
     speed: dict[str, Any] | None = None  # the speed arm; speed/view.py reads it field by field
     invariance: dict[str, Any] | None = None  # the [invariance] variants; nightly/variants_diff checks them
     drift: StoredDrift | None = None
-    later: StoredLaterTotals | None = None  # None: a report from before the every-token rule
+    noise: dict[str, Any] | None = None
 
 
 class _Part(_Struct, frozen=True):
@@ -378,7 +399,29 @@ def _checked(report: StoredReport, where: str) -> StoredReport:
             raise InputError(f"cannot read the report: history[{i}]: {why}", path=where)
     if report.schema == REPORT_V1:  # its `speed` was each arm's wall clock, not a speed arm
         report = msgspec.structs.replace(report, speed=None)
-    return report
+    return _sections(report, where)
+
+
+def _sections(report: StoredReport, where: str) -> StoredReport:
+    """report@3: each section's exit code is one the CLI gives, and the typed fields are read from
+    `features` (a top-level copy is not trusted); report@2: its top-level sections lifted into it."""
+    if report.schema != REPORT_SCHEMA:
+        legacy = {k: getattr(report, k) for k in LEGACY_SECTIONS if getattr(report, k) is not None}
+        features = {k: StoredSection(section=v if isinstance(v, dict) else msgspec.to_builtins(v))
+                    for k, v in legacy.items()}
+        return msgspec.structs.replace(report, features=features)
+    codes = {int(c) for c in ExitCode}
+    for name, s in report.features.items():
+        if s.exit_code is None or s.exit_code not in codes or s.verdict is None:
+            raise InputError(f"cannot read the report: field features.{name}: a section needs a verdict and an "
+                             f"exit code the CLI gives ({sorted(codes)})", path=where)
+    body = {k: s.section for k, s in report.features.items() if k in LEGACY_SECTIONS}
+    try:
+        drift = msgspec.convert(body["drift"], StoredDrift) if "drift" in body else None
+    except msgspec.ValidationError as e:
+        raise InputError(f"cannot read the report: features.drift.section: {field_error(e)}", path=where) from None
+    return msgspec.structs.replace(report, speed=body.get("speed"), invariance=body.get("invariance"),
+                                   drift=drift, noise=body.get("noise"))
 
 
 __all__ = ["REPORT_SCHEMAS", "HistoryLine", "StoredReport", "load_report", "parse_report", "report_of",

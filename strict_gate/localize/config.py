@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
+from strict_gate.core.features import TableContext
 from strict_gate.core.options import Checked, Parse, PositiveInt, parse_options
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.judge.compare import Status
@@ -77,7 +78,7 @@ def cannot_localize(cfg, reference: EngineInfo, candidate: EngineInfo) -> str | 
     gate (`reference`, `candidate`: their EngineInfo)."""
     if cfg.candidate is None or not cfg.candidate.engine_type.could_dump(candidate):
         return f"the candidate ({cfg.candidate.kind if cfg.candidate else 'none'}) cannot dump activations"
-    lc = cfg.localize
+    lc = of(cfg)
     if lc is not None and lc.reference is not None:
         return None if lc.reference.engine_type.can_dump else "the [localize.reference] arm cannot dump activations"
     if cfg.reference.engine_type.could_dump(reference):
@@ -86,3 +87,17 @@ def cannot_localize(cfg, reference: EngineInfo, candidate: EngineInfo) -> str | 
         return None
     return (f"the reference ({cfg.reference.kind}) cannot dump activations and no [localize.reference] or "
             "dumping [rescorer] arm is configured")
+
+
+def from_gate(ctx: TableContext) -> LocalizeConfig | None:
+    """The gate config's `localize` key or [localize] table (core/features.py's registry calls it)."""
+    if "localize" not in ctx.data:
+        return None
+    return parse_localize(ctx.data["localize"], ctx.lines.finder("localize"),
+                          lambda t: ctx.arm("localize.reference", t))
+
+
+def of(cfg: Any) -> LocalizeConfig | None:
+    """A gate config's localisation settings (gate/config.py's GateConfig.features)."""
+    s = cfg.feature("localize")
+    return s if isinstance(s, LocalizeConfig) else None

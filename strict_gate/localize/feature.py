@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from strict_gate.gate.feature import Feature
 from strict_gate.judge.result import GateResult
+from strict_gate.localize.config import of
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Localize(Feature):
         from strict_gate.localize.phase import localize_result
 
         g = self.gate
-        lc = g.cfg.localize
+        lc = of(g.cfg)
         assert lc is not None  # for_gate made this feature for a config with localize
         return localize_result(g.cfg, result, g.reference, g.candidate, g.report.path, owned=set(g.owned),
                                scope=lc.scope, settings=lc.settings)

@@ -12,15 +12,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from strict_gate.core.redact import scrub_tree
-from strict_gate.drift.measure import DriftReport
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
 from strict_gate.localize.compare import check_tolerance
-from strict_gate.localize.config import Scope
+from strict_gate.localize.config import Scope, of
 from strict_gate.localize.points import parse_points
 from strict_gate.localize.run import DumpMode, Settings, localize, parse_mode, targets
 
@@ -30,7 +28,7 @@ WORK_DIR = "localize"  # under the report directory; removed unless keep
 def activation_reference(cfg, reference: Engine) -> tuple[Engine | None, bool, str | None]:
     """(engine, built here, note): who gives the reference activations, and why when it is not
     the reference arm; (None, False, why) when nobody can."""
-    lc = cfg.localize
+    lc = of(cfg)
     if lc is not None and lc.reference is not None:
         e = lc.reference.build()
         return e, True, f"activation reference: the [localize.reference] arm ({e.kind} {e.info().model})"
@@ -98,14 +96,13 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
                positions: int | None = None, tolerance: float | None = None, keep: bool = False,
                graft: bool = True, narrow: bool = True, mode: str | None = None):
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
-    reports in place, its verdict, diagnoses and drift kept as they were."""
+    reports in place through the one rewrite (gate/rewrite.py): its verdict and diagnoses as the
+    gate judged them, every feature's section (speed, invariance, noise, drift) kept as written."""
     from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.judgement import judge_stored, stored_diagnoses
-    from strict_gate.gate.outcome import GateOutcome
+    from strict_gate.gate.rewrite import rewrite_reports
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
     from strict_gate.judge.stored import load_report
-    from strict_gate.report import write_reports
-    from strict_gate.report.text import gate_decoder
     from strict_gate.runs.reader import load_run
 
     report_dir = Path(report_dir)
@@ -122,7 +119,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     if prompt is not None and (rows[prompt].get("first_divergence") is None):
         raise InputError(f"prompt {prompt!r} did not diverge (status {rows[prompt].get('status')!r}): "
                          "nothing to localise", path=str(report_dir / "report.json"))
-    lc = cfg.localize
+    lc = of(cfg)
     base = lc.settings if lc is not None else Settings()
     settings = Settings(
         points=parse_points(points) if points is not None else base.points,
@@ -157,13 +154,11 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         _decodes_or_exit_2(activations, "activation reference", report_dir / "gate.toml", settings.mode)
     result = localize_result(cfg, result, reference, candidate, report_dir, owned={"reference", "candidate"},
                              scope=scope, settings=settings, only=prompt)
-    scrub_tree(report_dir)  # what the engines logged and dumped, before the reports say the set is whole
-    dec = gate_decoder(result)
-    write_reports(result, report_dir, dec=dec)
+    outcome = rewrite_reports(report_dir, result, stored)
     done = {p for p in result.localization if prompt is None or p == prompt}  # this run's, not old errors
     if errors := [f"{pid}: {e}" for pid, loc in result.localization.items() if pid in done for e in failures(loc)]:
         raise EngineError("; ".join(errors))
-    return GateOutcome(result, report_dir, dec)
+    return outcome
 
 
 def _can_dump_or_exit_2(candidate: Engine, config: Path, mode: DumpMode) -> None:
@@ -197,15 +192,15 @@ def failures(loc: Localization) -> list[str]:
 
 
 def _kept(result: GateResult, old: dict) -> GateResult:
-    """What the gate wrote that a localisation does not redo: diagnoses, drift, history, notes."""
+    """What the gate wrote beside its feature sections that a localisation does not redo: diagnoses,
+    the old localisations (a prompt localised now replaces its own), the trend, notes."""
     try:
         diagnoses = {p["id"]: Diagnosis.from_json(p["diagnosis"]) for p in old["prompts"]
                      if isinstance(p, dict) and p.get("diagnosis")}
-        drift = DriftReport.from_json(old["drift"]) if old.get("drift") else None
         localization = {p["id"]: Localization.from_json(p["localization"]) for p in old["prompts"]
                         if isinstance(p, dict) and p.get("localization")}
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise InputError(f"the report is malformed ({type(e).__name__}: {e})") from None
-    return replace(result, diagnoses=diagnoses, drift=drift, history=tuple(old.get("history") or ()),
+    return replace(result, diagnoses=diagnoses, history=tuple(old.get("history") or ()),
                    rescored_by=old.get("rescored_by"), localization=localization,
                    notes=tuple(n for n in old.get("notes") or () if n not in result.verdict.notes))

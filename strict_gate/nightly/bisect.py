@@ -35,6 +35,7 @@ from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.outcome import new_report_dir
 from strict_gate.gate.run import run_gate
 from strict_gate.invariance.config import InvarianceConfig, InvariancePolicy
+from strict_gate.invariance.config import of as invariance_of
 from strict_gate.judge.stored import load_report
 from strict_gate.nightly.bisect_watch import Watchdog
 from strict_gate.runs.records import write_text_atomic
@@ -181,7 +182,7 @@ def _stored_reference(cfg: GateConfig, prompts: Path, out: Path) -> Path:
 def only_variant(cfg: GateConfig, name: str) -> InvarianceConfig:
     """The config's [invariance] cut to the candidate's variant `name`, judged strictly unless
     the config says near-tie (informational would never fail a step); else bad input."""
-    inv = cfg.invariance
+    inv = invariance_of(cfg)
     if inv is None:
         raise InputError(f"--variant {name!r}: the gate has no [invariance] table", path=cfg.path)
     chosen = [v for v in inv.variants if v.name == name]
@@ -196,9 +197,11 @@ def step_config(cfg: GateConfig, prompts: Path, reference: Path, out: Path, vari
     """The gate each step runs: tokens only (or with one variant), against the stored reference."""
     recorded = ArmConfig("reference", "recorded", RecordedOptions(path=str(reference.resolve())),
                          base_dir=cfg.reference.base_dir)
+    kept = {k: v for k, v in cfg.features.items() if k not in ("speed", "localize", "invariance", "drift")}
+    if variant is not None:
+        kept["invariance"] = only_variant(cfg, variant)
     return replace(cfg, prompts=prompts, reference=recorded, rescorer=None, diagnose=False, drift=False,
-                   speed=None, localize=None, invariance=None if variant is None else only_variant(cfg, variant),
-                   output_dir=out / "steps")
+                   features=kept, output_dir=out / "steps")
 
 
 # ---------------------------------------------------------------------------- one step

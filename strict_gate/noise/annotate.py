@@ -105,6 +105,15 @@ class NoiseJudgement:
             out.append(f"... {len(self.flips) - len(shown)} more flips in the report")
         return out + list(self.notes)
 
+    @property
+    def exit_code(self) -> int:
+        """Informational: this section never changes the gate's exit code."""
+        return 0
+
+    @property
+    def section_verdict(self) -> str:
+        return "informational"
+
     def to_json(self) -> dict:
         return {"profile": self.profile, "measured": self.measured, "band": self.band, "band_rule": self.band_rule,
                 "largest_self_flip_gap": self.largest_self_flip_gap, "headline": self.headline(),

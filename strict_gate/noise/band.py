@@ -24,24 +24,12 @@ from typing import Annotated
 
 from strict_gate.core.options import Bound, Checked, Parse
 from strict_gate.errors import ConfigError
-from strict_gate.judge.compare import check_band
 from strict_gate.noise.profile import NoiseProfile
 from strict_gate.noise.ulp import float_format
-
-MEASURED = "measured"
 
 
 def fmt_nats(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.4g} nats"
-
-
-def check_gate_band(value: object) -> float | str:
-    """A gate's band: a number of nats >= 0, or "measured" (from its noise profile)."""
-    if value == MEASURED:
-        return MEASURED
-    if isinstance(value, str):
-        raise ValueError(f'band = {value!r}: give a number of nats >= 0 or "measured"')
-    return check_band(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ W, LEFT, RIGHT = 640, 150, 20
 ROWS = (("reference vs itself", 30), ("another build", 60), ("candidate flips", 90))
 
 
-def of(r) -> NoiseJudgement | None:
-    j = getattr(r, "noise", None)
+def of(r: GateResult) -> NoiseJudgement | None:
+    j = r.feature("noise")
     return j if isinstance(j, NoiseJudgement) else None
 
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strict_gate.core.features import TableContext
 from strict_gate.core.files import file_sha256
 from strict_gate.core.model_files import model_digest, model_digests, resolve_model
 from strict_gate.errors import ConfigError, InputError
-from strict_gate.noise.band import MEASURED, ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
+from strict_gate.judge.compare import MEASURED
+from strict_gate.noise.band import ArmFacts, MeasuredBand, NoiseKeys, fit_problems, measured_band
 from strict_gate.noise.flips import sample_flip_problems
 from strict_gate.noise.profile import PROFILE_NAME, NoiseProfile, load_profile
 from strict_gate.runs.layout import RunDir
@@ -92,6 +94,10 @@ class NoiseSetting:
     profile: NoiseProfile
     measured: MeasuredBand | None
 
+    def measured_value(self) -> float | None:
+        """The gate's band when it asked for the measured one (core/features.py's BandSource)."""
+        return self.measured.value if self.measured is not None else None
+
 
 def noise_setting(band: float | str, table: dict | None, reference: Any, prompts: Path, *, path: str,
                   line_of, max_tokens: int | None = None) -> NoiseSetting | None:
@@ -139,6 +145,7 @@ def with_noise(result, setting: NoiseSetting | None):
         return result
     from dataclasses import replace
 
+    from strict_gate.judge.result import with_feature
     from strict_gate.noise.annotate import judge_noise
 
     sha = result.prompt_set.get("sha256")
@@ -154,7 +161,7 @@ def with_noise(result, setting: NoiseSetting | None):
     if m is not None and not used:  # --band on the command line: that band judged, and the report says so
         note = replace(note, notes=(*note.notes, f"band = \"measured\" would be {m.value:.4g} ({m.rule}); the band "
                                     f"given on the command line, {result.verdict.band:g}, judged instead"))
-    return replace(result, noise=note)
+    return with_feature(result, "noise", note)
 
 
 def stored_noise(profile_path: Path, reference: Path, *, measured: bool, floor: float = 0.0,
@@ -179,3 +186,17 @@ def stored_noise(profile_path: Path, reference: Path, *, measured: bool, floor: 
         raise InputError(f"the noise profile does not fit the reference run {reference}: {'; '.join(problems)}",
                          path=where)
     return NoiseSetting(shown(profile_path), profile, measured_band(profile, keys, where) if measured else None)
+
+
+def from_gate(ctx: TableContext) -> NoiseSetting | None:
+    """The gate config's `[noise]` and band = "measured" (core/features.py's registry calls it)."""
+    noise = ctx.data.get("noise")
+    return noise_setting(ctx.band, noise if isinstance(noise, dict) else None, ctx.arms["reference"], ctx.prompts,
+                         path=ctx.path, line_of=lambda k: ctx.lines.find(k, "noise") or ctx.lines.find(k),
+                         max_tokens=ctx.max_tokens)
+
+
+def of(cfg: Any) -> NoiseSetting | None:
+    """A gate config's noise setting (gate/config.py's GateConfig.features)."""
+    s = cfg.feature("noise")
+    return s if isinstance(s, NoiseSetting) else None

@@ -13,12 +13,12 @@ feature's face. The later positions' section (LATER) is the judge's, and stays h
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from strict_gate.core.features import FEATURES, resolve
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.result import GateResult
 from strict_gate.report import later_view
@@ -70,16 +70,12 @@ LATER = Section(
 )
 
 
-# report.md's order. Each is "module:attr": a feature's own folder declares its section (its face,
-# above report/), imported only when a writer first asks, so report/ imports no feature's face.
-SECTIONS: tuple[str, ...] = (
-    "strict_gate.report.sections:LATER",
-    "strict_gate.localize.render:SECTION",
-    "strict_gate.speed.render:SECTION",
-    "strict_gate.invariance.render:SECTION",
-    "strict_gate.noise.render:SECTION",
-    "strict_gate.drift.render:SECTION",
-)
+# report.md's order: the later positions (the judge's), then each registered feature's section
+# (core/features.py) by its report_rank. Each is "module:attr": a feature's own folder declares its
+# section (its face, above report/), imported only when a writer first asks, so report/ imports no
+# feature's face.
+SECTIONS: tuple[str, ...] = ("strict_gate.report.sections:LATER",
+                             *(f.section for f in sorted(FEATURES, key=lambda f: f.report_rank)))
 
 # Where a slot put sections in another order before this registry (kept: the reports' bytes did
 # not move), the sections it puts first, by name; every other follows in SECTIONS' order.
@@ -93,11 +89,7 @@ FIRST: dict[str, tuple[str, ...]] = {
 @cache
 def sections() -> tuple[Section, ...]:
     """The sections SECTIONS names, imported once, in its order."""
-    out = []
-    for spec in SECTIONS:
-        module, _, name = spec.partition(":")
-        out.append(getattr(importlib.import_module(module), name))
-    return tuple(out)
+    return tuple(resolve(spec) for spec in SECTIONS)
 
 
 def in_order(slot: str) -> list[Fn]:

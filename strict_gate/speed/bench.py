@@ -30,7 +30,7 @@ from strict_gate.judge.text_only import decoder
 from strict_gate.runs.layout import ReportDir, RunDir
 from strict_gate.runs.output import ensure_writable_dir
 from strict_gate.runs.records import Record, write_text_atomic
-from strict_gate.speed.config import SpeedConfig, TokenRules
+from strict_gate.speed.config import SpeedConfig, TokenRules, of
 from strict_gate.speed.ladder import build_ladder
 from strict_gate.speed.matched import check_matched, compared_rungs
 from strict_gate.speed.measure import ArmMeasurement, figures, measure_arm, measure_arms
@@ -196,11 +196,12 @@ def gate_speed(cfg: GateConfig, inputs: list[PromptInput], reference: Engine, ca
                build_rescorer: Callable[[], Engine]) -> tuple[SpeedSession | None, Engine | None]:
     """A gate's speed session and the engine timed as its reference: the reference itself, or
     (a recorded baseline) the [rescorer], built here so that diagnosis and speed share one load."""
-    if cfg.speed is None:
+    settings = of(cfg)
+    if settings is None:
         return None, None
     speed_ref = reference if cfg.speed_reference is cfg.reference else build_rescorer()
     engines = {"reference": speed_ref, "candidate": candidate}
-    return SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg)), speed_ref
+    return SpeedSession(settings, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg)), speed_ref
 
 
 def ignored_eos(engines) -> frozenset[int]:
@@ -261,7 +262,8 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     from strict_gate.gate.outcome import new_report_dir
     from strict_gate.runs.prompts import load_prompts
 
-    if cfg.speed is None:
+    settings = of(cfg)
+    if settings is None:
         raise ConfigError("no [speed] table: `strict-gate bench` runs a gate config's [speed] ladder", path=cfg.path)
     if cfg.candidate is None:
         raise ConfigError("needs a [candidate] table", path=cfg.path)
@@ -269,10 +271,10 @@ def run_bench(cfg: GateConfig, *, output_dir: Path | None = None, on_rung: OnRun
     ensure_writable_dir(root)
     engines = {"reference": cfg.speed_reference.build(), "candidate": cfg.candidate.build()}
     inputs: list[PromptInput] = []
-    if any(r.is_gate for r in cfg.speed.rungs):  # the gate's own prompts, tokenized as the gate does
+    if any(r.is_gate for r in settings.rungs):  # the gate's own prompts, tokenized as the gate does
         tokenizer = engines["reference"] if cfg.speed_reference is cfg.reference else cfg.reference.build()
         inputs = prompt_inputs(load_prompts(cfg.prompts), tokenizer)
-    session = SpeedSession(cfg.speed, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg))
+    session = SpeedSession(settings, cfg.max_tokens, inputs, engines, token_rules(cfg), stand_in_note(cfg))
     out_dir = new_report_dir(root, cfg.name)
     dirs = {role: out_dir / role for role in engines}
     for role, engine in engines.items():

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from strict_gate.core.features import TableContext
 from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError
 
@@ -170,3 +171,14 @@ def _check_live(arms: Mapping[str, Any], line_of) -> None:
                 "point [reference] at a live engine, or give the gate a live [rescorer] with the same "
                 "`model` as the recorded reference's `model` (it then stands in as the speed reference)",
                 path=line_of.path, line=line)
+
+
+def from_gate(ctx: TableContext) -> SpeedConfig | None:
+    """The gate config's `[speed]` (core/features.py's registry calls it), None without one."""
+    return parse_speed(ctx.data["speed"], ctx.lines.table("speed"), ctx.arms) if "speed" in ctx.data else None
+
+
+def of(cfg: Any) -> SpeedConfig | None:
+    """A gate config's speed settings (gate/config.py's GateConfig.features)."""
+    s = cfg.feature("speed")
+    return s if isinstance(s, SpeedConfig) else None

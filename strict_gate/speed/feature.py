@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from strict_gate.engines.base import Engine
 from strict_gate.gate.feature import Feature, Gate
 from strict_gate.gate.lifetimes import Lifetimes
-from strict_gate.judge.result import GateResult
+from strict_gate.judge.result import GateResult, with_feature
 from strict_gate.runs.records import Run
 from strict_gate.speed.bench import SpeedSession, gate_speed, timed_run
 
@@ -32,4 +32,4 @@ class Speed(Feature):
         g = self.gate
         timed_run(self.session, "reference", self.reference, ref_run if self.reference is g.reference else None,
                   g.report.arm("reference").path)
-        return replace(result, speed=self.session.result())
+        return with_feature(result, self.name, self.session.result())

@@ -279,6 +279,15 @@ class SpeedResult:
             return False
         return True if self.checked_rungs else None
 
+    @property
+    def exit_code(self) -> ExitCode:
+        """This section's exit contribution (judge/result.py ranks it against the others')."""
+        return self.verdict.exit_code
+
+    @property
+    def section_verdict(self) -> str:
+        return str(self.verdict.kind)
+
     def to_json(self) -> dict:
         return {
             "method": self.method.value,

@@ -136,7 +136,8 @@ class SpeedView:
 
 def of(r: GateResult) -> SpeedView | None:
     """The view of a gate's speed arm, from the same JSON report.json gets."""
-    return build(r.speed.to_json() if r.speed is not None else None, r.reference.kind, r.candidate.kind)
+    speed = r.feature("speed")
+    return build(speed.to_json() if speed is not None else None, r.reference.kind, r.candidate.kind)
 
 
 def reference_name(kind: object) -> str:

@@ -381,7 +381,7 @@ class EngineProcess:
     def _invalid(self, label: str, why: str, obj: dict) -> EngineError:
         return self._fail(f"{label}: invalid response: {why}; response: {_quote(json.dumps(obj))}")
 
-    # -- raw access for `strict-gate check-engine` (strict_gate/gate/check_engine): what a gate never sends
+    # -- raw access for `strict-gate check-engine` (strict_gate/check_engine): what a gate never sends
     def exchange(self, req: dict, label: str, on_event: Callable[[dict], str | None] | None = None) -> dict:
         """Send `req` as it is (an op the gate never sends, a request no gate would write, a
         streamed generate whose events the caller records) and return the response object, with

@@ -7,7 +7,7 @@ events, unknown and malformed requests, timing, EOF. Each failure names the sect
 docs/engine-protocol.md to read. The checks are listed in run.py's CHECKS.
 """
 
-from strict_gate.gate.check_engine.checklist import Check, Checklist, Status
-from strict_gate.gate.check_engine.run import CHECKS, check_engine, load_engine_arm
+from strict_gate.check_engine.checklist import Check, Checklist, Status
+from strict_gate.check_engine.run import CHECKS, check_engine, load_engine_arm
 
 __all__ = ["CHECKS", "Check", "Checklist", "Status", "check_engine", "load_engine_arm"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.http import generated, prompt_honoured, text_only
-from strict_gate.gate.check_engine.probe import MAX_TOKENS, SAMPLING, TOP_K, Failed, Probe, Skipped, first_difference
+from strict_gate.check_engine.checklist import Status
+from strict_gate.check_engine.http import generated, prompt_honoured, text_only
+from strict_gate.check_engine.probe import MAX_TOKENS, SAMPLING, TOP_K, Failed, Probe, Skipped, first_difference
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, greedy_violation
 from strict_gate.runs.records import Record, Sampling
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from strict_gate.check_engine.checklist import Status
+from strict_gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.engines.base import Engine
-from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.runs.records import Record
 
 Verdict = tuple[Status, str]

@@ -19,10 +19,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from strict_gate.check_engine.checklist import Status
+from strict_gate.check_engine.probe import SAMPLING, Failed, Probe, Skipped, first_difference
 from strict_gate.engines.base import DumpRequest, Serving
 from strict_gate.errors import EngineError
-from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe, Skipped, first_difference
 from strict_gate.runs.records import Record
 
 Verdict = tuple[Status, str]

@@ -14,13 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from strict_gate.core.engine_log import engine_log
-from strict_gate.core.redact import scrub
-from strict_gate.engines import engine_class
-from strict_gate.errors import ConfigError, EngineError
-from strict_gate.gate.check_engine.capabilities import dump, dump_decode, graft, graft_ops, in_flight, prefill_chunk
-from strict_gate.gate.check_engine.checklist import Check, Checklist, Status, clip
-from strict_gate.gate.check_engine.generation import (
+from strict_gate.check_engine.capabilities import dump, dump_decode, graft, graft_ops, in_flight, prefill_chunk
+from strict_gate.check_engine.checklist import Check, Checklist, Status, clip
+from strict_gate.check_engine.generation import (
     determinism,
     eos,
     greedy,
@@ -30,11 +26,15 @@ from strict_gate.gate.check_engine.generation import (
     timing,
     top_logprobs,
 )
-from strict_gate.gate.check_engine.http import http_stream, not_protocol
-from strict_gate.gate.check_engine.numerics import Tolerance
-from strict_gate.gate.check_engine.probe import Failed, Probe, Skipped, prompt_inputs
-from strict_gate.gate.check_engine.protocol import eof, hello, malformed, stream, unknown_op
-from strict_gate.gate.check_engine.scoring import prefill_decode, score
+from strict_gate.check_engine.http import http_stream, not_protocol
+from strict_gate.check_engine.numerics import Tolerance
+from strict_gate.check_engine.probe import Failed, Probe, Skipped, prompt_inputs
+from strict_gate.check_engine.protocol import eof, hello, malformed, stream, unknown_op
+from strict_gate.check_engine.scoring import prefill_decode, score
+from strict_gate.core.engine_log import engine_log
+from strict_gate.core.redact import scrub
+from strict_gate.engines import engine_class
+from strict_gate.errors import ConfigError, EngineError
 from strict_gate.gate.config import ArmConfig, load_arm_config, load_gate_config
 from strict_gate.runs.prompts import PromptSet
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 
+from strict_gate.check_engine.checklist import Status
+from strict_gate.check_engine.numerics import dtype_bits, vocabulary
+from strict_gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.engines.command.engine import CommandEngine
 from strict_gate.engines.command.process import SHUTDOWN_GRACE_S
 from strict_gate.engines.command.replies import ReplyError, generate_record
 from strict_gate.engines.command.speed import HELLO_SETTINGS, TokenEvents, speed_fields
-from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.numerics import dtype_bits, vocabulary
-from strict_gate.gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.runs.records import Record
 
 Verdict = tuple[Status, str]

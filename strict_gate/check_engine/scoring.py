@@ -9,8 +9,8 @@ by a prefill in another reduction order), not a protocol error.
 
 from __future__ import annotations
 
-from strict_gate.gate.check_engine.checklist import Status
-from strict_gate.gate.check_engine.probe import TOP_K, Failed, Probe, Skipped
+from strict_gate.check_engine.checklist import Status
+from strict_gate.check_engine.probe import TOP_K, Failed, Probe, Skipped
 from strict_gate.runs.records import Record, ScoredStep
 
 Verdict = tuple[Status, str]

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strict_gate.check_engine.numerics import Tolerance
 from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.command.engine import CommandEngine
 from strict_gate.engines.eos import eos_token_ids
 from strict_gate.errors import ConfigError, MissingExtraError
-from strict_gate.gate.check_engine.numerics import Tolerance
 from strict_gate.runs.audit import audit_record, vocab_size
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Record, Sampling, ScoredStep

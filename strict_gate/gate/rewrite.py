@@ -1,0 +1,91 @@
+"""The one way a command rewrites a finished gate's reports: `strict-gate diagnose`,
+`strict-gate localize`, and any later command that redoes part of a gate.
+
+A command redoes what it is for (diagnose: the token verdict, re-scored; localize: the
+localisation) and hands its new result here with the names of the sections it redid. Every other
+section of the old report is read back through its feature's own loader (core/features.py) and
+kept as the gate wrote it, with its verdict and exit contribution: a section this version cannot
+read back, or whose figures no longer give the exit code it states, is refused (exit 2) instead of
+dropped. So no rewrite loses a verdict, and the exit code can improve only through what was
+judged again (the tokens, re-judged by every caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import replace
+from pathlib import Path
+
+from strict_gate.core.features import entry, resolve
+from strict_gate.core.redact import scrub_tree
+from strict_gate.errors import InputError
+from strict_gate.gate.outcome import GateOutcome
+from strict_gate.gate.state import read_gate_state, record_verdicts, verdicts
+from strict_gate.judge.localization import Localization
+from strict_gate.judge.result import FeatureResult, GateResult
+from strict_gate.judge.stored import StoredReport, StoredSection
+from strict_gate.runs.layout import ReportDir
+
+
+def _load(name: str, stored: StoredSection, where: str) -> FeatureResult:
+    """A section of the old report, rebuilt by its feature's loader and checked against the verdict
+    and exit code the report states for it."""
+    feature = entry(name)
+    if feature is None or feature.load is None:
+        raise InputError(f"field features.{name}: a section this strict-gate cannot read back; rewriting the "
+                         "report would lose it (use the strict-gate that wrote it)", path=where)
+    try:
+        section: FeatureResult = resolve(feature.load)(stored.section)
+    except InputError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"field features.{name}.section: cannot be read back ({type(e).__name__}: {e})",
+                         path=where) from None
+    if stored.exit_code is not None and int(section.exit_code) != stored.exit_code:
+        raise InputError(f"field features.{name}: it states exit code {stored.exit_code}, its figures give "
+                         f"{int(section.exit_code)}: edited, or written by another version", path=where)
+    return section
+
+
+def _old_localization(old: StoredReport, where: str) -> dict[str, Localization]:
+    try:
+        return {p.id: Localization.from_json(p.localization) for p in old.prompts if p.localization}
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"a prompt's localization cannot be read back ({type(e).__name__}: {e})",
+                         path=where) from None
+
+
+def keep_sections(result: GateResult, old: StoredReport, *, redone: Collection[str], where: str) -> GateResult:
+    """`result` with every section of `old` it did not redo: each feature's section, each prompt's
+    localisation (unless localize redid them; a prompt localised now replaces its old one) and the
+    trend. `where` names report.json in every error."""
+    features = dict(result.features)
+    for name, stored in old.features.items():
+        if name not in redone and name not in features:
+            features[name] = _load(name, stored, where)
+    localization = dict(result.localization)
+    if "localize" not in redone:
+        localization = {**_old_localization(old, where), **localization}
+    return replace(result, features=features, localization=localization,
+                   history=result.history or tuple(old.history))
+
+
+def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
+                    redone: Collection[str] = ()) -> GateOutcome:
+    """Keep what the command did not redo, scrub what the engines wrote, write every report format
+    (report.json last) and, where the gate left its state, seal the new verdicts and exit code into
+    it, so `gate --resume` of the finished gate says what the reports say."""
+    from strict_gate.report import write_reports
+    from strict_gate.report.text import gate_decoder
+
+    report = ReportDir(report_dir)
+    result = keep_sections(result, old, redone=redone, where=str(report.report_json))
+    scrub_tree(report_dir)  # what the engines logged, before the reports say the set is whole
+    dec = gate_decoder(result)
+    write_reports(result, report_dir, dec=dec)
+    if report.state.exists():
+        record_verdicts(report, read_gate_state(report), verdicts(result), result.exit_code)
+    return GateOutcome(result, report_dir, dec)
+
+
+__all__ = ["keep_sections", "rewrite_reports"]

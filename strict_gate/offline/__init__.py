@@ -1,0 +1,1 @@
+"""What compares stored runs without an engine: `strict-gate compare` (compare.py)."""
