@@ -123,8 +123,9 @@ class VariantResult:
                 "distinct_outputs": self.distinct_outputs, "prompts_distinct": self.prompts_distinct,
                 "near_ties": self.near_ties, "divergences": [m.to_json() for m in self.divergences],
                 "problems": list(self.problems),
-                "seconds": None if self.seconds is None else round(self.seconds, 3),
-                "baseline_seconds": None if self.baseline_seconds is None else round(self.baseline_seconds, 3),
+                # unrounded: the reports print them (and the cost) from these, so a reloaded
+                # variant (load.py) prints the very digits the live one did
+                "seconds": self.seconds, "baseline_seconds": self.baseline_seconds,
                 "cost": None if self.cost is None else round(self.cost, 3), "exact": self.exact,
                 "acceptance": None if self.acceptance is None else self.acceptance.to_json()}
 
