@@ -40,7 +40,7 @@ from strict_gate.invariance.load import load_invariance
 from strict_gate.invariance.phase import run_invariance_gate
 from strict_gate.invariance.verdict import InvarianceResult, VariantVerdict
 from strict_gate.judge.compare import Status
-from strict_gate.judge.result import GateResult
+from strict_gate.judge.result import GateResult, with_feature
 from strict_gate.judge.result import to_json as report_json
 from strict_gate.judge.stored import report_of
 from strict_gate.noise import render as noise_render
@@ -115,9 +115,9 @@ def assert_reloads(x, load, section: Section, field: str, base: GateResult) -> N
     again = load(written)
     assert as_written(again) == written
     assert load(as_written(again)).to_json() == again.to_json()
-    original = replace(base, **{field: x})
+    original = with_feature(base, field, x)
     for y in (back, again):
-        reloaded = replace(base, **{field: y})
+        reloaded = with_feature(base, field, y)
         assert slots(section, reloaded) == slots(section, original)
         assert formats(reloaded) == formats(original)
 
@@ -169,7 +169,7 @@ def timed(tmp_path_factory) -> GateResult:
     path = speed_gate_file(tmp, ref, cand, {"warmup": 0, "runs": 4, "rungs": ["8/5", "gate"],
                                             "min_speed_ratio": {"decode": 1.2}}, policy="strict")
     result = run_gate(load_gate_config(path)).result
-    assert result.speed is not None and result.speed.mismatches
+    assert result.feature("speed") is not None and result.feature("speed").mismatches
     return result
 
 
@@ -191,7 +191,7 @@ def rejudged(s: SpeedResult, bars: dict[str, float]) -> SpeedResult:
 
 
 def real_speeds(timed: GateResult, incomplete: SpeedResult) -> dict[str, SpeedResult]:
-    s = timed.speed
+    s = timed.feature("speed")
     assert s is not None
     out = {"not comparable": s, "pass": rejudged(s, {"decode": 1.2}), "fail": rejudged(s, {"decode": 5.0}),
            "not separable": rejudged(s, {"decode": 1.2, "ttft": 1.0}), "informational": rejudged(s, {}),
@@ -203,7 +203,7 @@ def real_speeds(timed: GateResult, incomplete: SpeedResult) -> dict[str, SpeedRe
 
 
 def test_a_real_timed_speed_result_reloads_and_renders_the_same(timed, incomplete):
-    s = timed.speed
+    s = timed.feature("speed")
     assert s is not None and any(r.token_check.checked for r in s.rungs)  # the timed tokens were checked
     assert any(r.candidate and r.candidate.decode_tok_s.samples for r in s.rungs)
     for case, x in real_speeds(timed, incomplete).items():
@@ -218,7 +218,7 @@ def test_each_speed_verdict_reloads_and_renders_the_same(case):
 def test_reloaded_figures_keep_what_report_json_says_not_a_recomputation(timed):
     """report.json rounds the samples; the medians, spreads and ratios written from the unrounded
     ones are what the reloaded result holds (recomputed from rounded samples they could drift)."""
-    s = timed.speed
+    s = timed.feature("speed")
     assert s is not None
     back = load_speed(as_written(s))
     for a, b in zip(s.rungs, back.rungs, strict=True):
@@ -408,15 +408,15 @@ def judged(tmp_path_factory) -> dict[str, GateResult]:
 
 
 def test_every_placement_of_a_flip_is_covered(judged):
-    wheres = {f.where for r in judged.values() if isinstance(r.noise, NoiseJudgement) for f in r.noise.flips}
+    wheres = {f.where for r in judged.values() if isinstance(r.feature("noise"), NoiseJudgement) for f in r.feature("noise").flips}
     assert {Where.WITHIN, Where.BEYOND_NOISE, Where.BEYOND_BAND} <= wheres, wheres
-    assert any(r.noise.band_rule for r in judged.values())  # type: ignore[union-attr]
-    assert any(not r.noise.band_rule for r in judged.values())  # type: ignore[union-attr]
+    assert any(r.feature("noise").band_rule for r in judged.values())  # type: ignore[union-attr]
+    assert any(not r.feature("noise").band_rule for r in judged.values())  # type: ignore[union-attr]
 
 
 def test_a_real_noise_judgement_reloads_and_renders_the_same(judged):
     for case, r in judged.items():
-        nz = r.noise
+        nz = r.feature("noise")
         assert isinstance(nz, NoiseJudgement)
         assert_reloads(nz, load_noise, noise_render.SECTION, "noise", r), case
         assert load_noise(as_written(nz)) == nz, case
@@ -434,12 +434,12 @@ NOISE_HOSTILE = [
 
 @pytest.mark.parametrize(("path", "value", "field"), NOISE_HOSTILE)
 def test_a_hostile_noise_body_is_an_input_error_naming_the_field(judged, path, value, field):
-    body = as_written(judged["measured"].noise)
+    body = as_written(judged["measured"].feature("noise"))
     refuses(load_noise, changed(body, path, value), "report.json's noise", f"field {field}")
 
 
 def test_a_noise_body_missing_a_key_or_with_a_stray_one_is_refused(judged):
-    body = as_written(judged["measured"].noise)
+    body = as_written(judged["measured"].feature("noise"))
     for path, field in ((("flips", 0, "id"), "id"), (("band_rule",), "band_rule"),
                         (("rates", 0, "largest_gap"), "largest_gap")):
         refuses(load_noise, changed(body, path, drop=True), "report.json's noise", f"`{field}`")

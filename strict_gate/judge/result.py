@@ -128,6 +128,24 @@ def overall_exit_code(token_exit: ExitCode, sections: Iterable[FeatureResult]) -
     return next((c for c in SECTION_PRECEDENCE if c in codes), ExitCode.PASS)
 
 
+def overall_verdict(r: GateResult) -> tuple[str, str | None]:
+    """(the gate's verdict word, the section that sets it): from the same rule as its exit code, so
+    every format heads with what the exit code says. The token verdict when the tokens fail or the
+    gate passes; else "fail" (or "incomplete", exit 3) and the name of the section whose code the
+    gate exits with."""
+    code = r.exit_code
+    if code == ExitCode.PASS or r.verdict.exit_code != ExitCode.PASS:
+        return str(r.verdict.verdict), None
+    name = next(n for n in sorted(r.features) if ExitCode(r.features[n].exit_code) == code)
+    return ("incomplete" if code == ExitCode.ENGINE_FAILURE else "fail"), name
+
+
+def verdict_heading(r: GateResult) -> str:
+    """ "PASS", "FAIL", "INCOMPLETE", or "FAIL (invariance)" when a section sets the exit code."""
+    word, section = overall_verdict(r)
+    return word.upper() + (f" ({section})" if section else "")
+
+
 def with_feature(r: GateResult, name: str, section: FeatureResult | None) -> GateResult:
     """The result with the named feature's section set (None: left as it was)."""
     return r if section is None else replace(r, features={**r.features, name: section})
@@ -217,6 +235,7 @@ def to_json(r: GateResult) -> dict:
         "created": r.created,
         "verdict": r.verdict.verdict,
         "exit_code": int(r.exit_code),  # overall_exit_code: the tokens' and every section's
+        "overall": verdict_heading(r).lower(),  # what that exit code says, in words
         "policy": r.verdict.policy,
         "band": r.verdict.band,
         "reasons": list(r.verdict.reasons),

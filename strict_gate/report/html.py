@@ -12,7 +12,7 @@ from dataclasses import replace
 from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import Diagnosis, without_later
-from strict_gate.judge.result import GateResult, status_label
+from strict_gate.judge.result import GateResult, overall_verdict, status_label, verdict_heading
 from strict_gate.report import later_view
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.html_prompt import anchor, detail, escape, strip
@@ -137,12 +137,12 @@ def render(r: GateResult, dec: Decoder | None = None) -> str:
         why += f"<li class='none'>{len(v.reasons) - REASONS_CAP} more, per prompt in the table below</li>"
     why += "".join(f"<li class='none'>note: {escape(x)}</li>" for x in (*v.notes, *r.notes))
     why += "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
-    headline = (f"{v.verdict.upper()}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
+    headline = (f"{verdict_heading(r)}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
                 f"policy {escape(v.policy_words)}, band {v.band} nats")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>strict-gate: {escape(r.name)}</title>
 <style>{CSS}</style></head><body>
-<div class="banner" style="background:{VERDICT_COLOR[v.verdict]}">{headline}</div>
+<div class="banner" style="background:{VERDICT_COLOR[overall_verdict(r)[0]]}">{headline}</div>
 <main>
 {_slot("html_banner", r)}
 {_figures(r)}

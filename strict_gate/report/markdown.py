@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from strict_gate.judge.compare import Status
 from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, HALF_PRECISION_MAX, DriftScale
-from strict_gate.judge.result import GateResult, arm_wall_clock, matched_drift, status_label
+from strict_gate.judge.result import GateResult, arm_wall_clock, matched_drift, status_label, verdict_heading
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.sections import in_order
 from strict_gate.report.text import Decoder, around, gate_decoder, md, show_token
 from strict_gate.runs.records import TopK
-
-_ICON = {"pass": "PASS", "fail": "FAIL", "incomplete": "INCOMPLETE"}
 
 
 def _gap(x: float | None) -> str:
@@ -78,7 +76,7 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     caveat = v.rule.caveat
     out: list[str] = []
     out.append(
-        f"# {_ICON[v.verdict]}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
+        f"# {verdict_heading(r)}: {md(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
         f"{s.positions_matched}/{s.positions_total} positions, policy `{v.policy}`" + (" (one-sided, weaker)" if v.rule.one_sided else "")
     )
     out.append("")
