@@ -6,7 +6,8 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Every exit code the CLI gives (README, "Exit codes"); a caller branches on these values."""
+    """Every exit code the CLI gives (docs/reading-a-report.md, "Exit codes and their precedence");
+    a caller branches on these values."""
 
     PASS = 0  # every prompt passes the policy
     FAIL = 1  # a prompt fails the policy, or the nightly diff found a regression

@@ -161,7 +161,8 @@ class InvarianceResult:
     @property
     def lead(self) -> VariantVerdict:
         """What the headline leads with: a measured move before anything that could not be run
-        (the verdict, and the exit code, stay incomplete then: README, "Exit codes")."""
+        (the verdict, and the exit code, stay incomplete then:
+        docs/reading-a-report.md, "Exit codes and their precedence")."""
         return VariantVerdict.FAIL if any(v.verdict == VariantVerdict.FAIL for v in self.variants) else self.verdict
 
     def _names(self, verdict: VariantVerdict) -> str:
