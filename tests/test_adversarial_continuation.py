@@ -68,3 +68,65 @@ def test_a_batch_variant_that_flips_then_stops_is_never_invariant(tmp_path, monk
     assert any(stopped in p and "where the batch-1 run may have gone on" in p for p in variant["problems"]), \
         variant["problems"]
     assert "INVARIANT," not in out.replace("NOT INVARIANT", "")
+
+
+# ---------------------------------------------------------------------------- speed
+
+
+def _speed_gate(tmp_path: Path, monkeypatch, reference: str, candidate: str, speed: dict) -> None:
+    """Two arms of hostile_speed_engine.py whose gate requests are honest (the token verdict
+    passes); `reference` and `candidate` are their tricks on the timed requests."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ENGINES / "hostile_speed_engine.py", "engine.py")
+    Path("two.jsonl").write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
+
+    def arm(trick: str) -> dict:
+        return {"kind": "command", "command": ["python", "engine.py", "--trick", trick, "--per-token", "0.01"],
+                "tokenizer": "bundled:tiny-llama"}
+
+    write_gate(Path("."), name="cont", prompts="two.jsonl", max_tokens=4, policy="strict", output_dir="out",
+               reference=arm(reference), candidate=arm(candidate), speed={"warmup": 0, "runs": 1} | speed)
+
+
+@pytest.mark.parametrize("speed", [{"rungs": ["8/8"]}, {"rungs": ["8/8"], "min_speed_ratio": {"e2e": 0.1}}],
+                         ids=["no-bar", "bar"])
+def test_a_flip_on_timed_requests_then_garbage_fails_the_gate(tmp_path, monkeypatch, speed):
+    """The candidate answers the gate's own requests honestly; on the timed ones it flips a
+    0.01-nat near-tie at position 1, then emits zeros the model ranks nowhere. Timed tokens that
+    do not verify fail the gate, exit 1, bar or no bar."""
+    _speed_gate(tmp_path, monkeypatch, "tie", "tie-garbage", speed)
+    code, out, report = _gate()
+    assert code == 1, out  # before: exit 0 without a bar (informational), 4 with one (not comparable)
+    assert report["verdict"] == "pass"  # the gate's own tokens
+    assert report["speed"]["verdict"] == "tokens_not_verified"
+    reasons = report["speed"]["speed_verdict"]["reasons"]
+    assert reasons[0].startswith("timed tokens not verified: rung 8/8:") and "near_tie at position 1" in reasons[0]
+    said = " ".join(out.split())
+    assert "speed: tokens not verified" in said and "timed tokens: not verified on rung 8/8" in said
+
+
+def test_a_flip_on_timed_requests_then_a_stop_is_not_verified(tmp_path, monkeypatch):
+    """On the timed requests the candidate flips the near-tie at position 1, then emits the EOS
+    and stops (told to ignore it), where the reference's reply went on to 8 tokens: what follows
+    the flip is unjudged (the speed arm does not re-score), so its timed tokens do not verify
+    (exit 1), and no format words them "all verified"."""
+    rung = "8/8"
+    _speed_gate(tmp_path, monkeypatch, "tie", "tie-stop", {"rungs": [rung]})
+    code, out, report = _gate()
+    assert code == 1, out  # before: exit 0, "timed tokens: ... all verified"
+    (checked,) = report["speed"]["rungs"]
+    assert checked["token_check"]["verified"] is False
+    problem = checked["token_check"]["problems"][0]
+    assert "near_tie at position 1" in problem and "after the flip not judged" in problem, problem
+    (report_dir,) = (p.parent for p in Path("out").glob("*/report.json"))
+    shown = runner.invoke(app, ["show", str(report_dir)], terminal_width=200).output
+    for words in (out, shown, *(p.read_text() for p in Path("out").glob("*/report.md"))):
+        assert "all verified" not in words and f"timed tokens: not verified on rung {rung}" in " ".join(words.split())
+
+
+def test_timed_tokens_that_agree_still_pass_without_a_bar(tmp_path, monkeypatch):
+    """The control: the same tie on both arms, neither flips it: verified, informational, exit 0."""
+    _speed_gate(tmp_path, monkeypatch, "tie", "tie", {"rungs": ["8/8"]})
+    code, out, report = _gate()
+    assert code == 0, out
+    assert report["speed"]["verdict"] == "informational" and "all verified" in " ".join(out.split())
