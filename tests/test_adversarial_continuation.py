@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from engines.fake_openai_server import Mode
 from helpers import write_gate
 from typer.testing import CliRunner
 
@@ -23,6 +24,8 @@ from strict_gate.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = Path(__file__).parent / "engines"
+BASELINE = ROOT / "baselines" / "tiny-llama-vllm-fp32"
+MODEL = ROOT / "strict_gate" / "models" / "tiny-llama"
 runner = CliRunner()
 
 
@@ -130,3 +133,33 @@ def test_timed_tokens_that_agree_still_pass_without_a_bar(tmp_path, monkeypatch)
     code, out, report = _gate()
     assert code == 0, out
     assert report["speed"]["verdict"] == "informational" and "all verified" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------------------- text-only
+
+
+def test_a_text_only_flip_then_a_stop_is_never_a_pass(tmp_path, monkeypatch, fake_openai):
+    """prose-001's baseline has a 0.024-nat near-tie at position 5 (352 over 202). A text-only
+    server answers its text with 202 there and stops (finish "stop", no EOS): the one-sided flip
+    is within the band and nothing follows it, but the 10 positions it never generated are
+    unjudged (cascade.stop_problem, as for any candidate): unverified, exit 3."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "prompts" / "battery-128.jsonl", "prompts.jsonl")
+    shutil.copytree(BASELINE, "baseline")
+    Path("tokenizer").mkdir()
+    shutil.copy(MODEL / "tokenizer.json", "tokenizer/tokenizer.json")
+    srv = fake_openai(Mode.TEXT_ONLY, tokenizer=MODEL / "tokenizer.json", replay=BASELINE / "records.jsonl",
+                      tokenize=True, flip_stop=(5, 352, 202))
+    write_gate(Path("."), name="text-only", prompts="prompts.jsonl", max_tokens=16, top_logprobs=5,
+               policy="near-tie-reference-only", band=0.5, output_dir="out",
+               reference={"kind": "recorded", "path": "baseline", "model": "bundled:tiny-llama"},
+               candidate={"kind": "openai", "base_url": srv.url, "text_only": True, "tokenizer": "tokenizer",
+                          "retries": 0},
+               rescorer={"kind": "hf", "model": "bundled:tiny-llama", "dtype": "float32"})
+    code, out, report = _gate()
+    assert code == 3, out
+    flipped = [p for p in report["prompts"] if not p["passed"]]
+    assert [p["id"] for p in flipped] == ["prose-001"]
+    (p,) = flipped
+    assert p["outcome"] == "unverified", p
+    assert "one-sided near-tie at position 5" in p["reason"] and "stopped after 6 of 16 tokens" in p["reason"]
