@@ -10,7 +10,7 @@ class ExitCode(IntEnum):
     a caller branches on these values."""
 
     PASS = 0  # every prompt passes the policy
-    FAIL = 1  # a prompt fails the policy, or the nightly diff found a regression
+    FAIL = 1  # a prompt fails the policy, a speed arm's timed tokens do not verify, or the nightly diff found a regression
     BAD_INPUT = 2  # bad input or config: the message names the file (and line)
     ENGINE_FAILURE = 3  # an engine failed, the run is incomplete, or a speed ratio is not separable (never a pass)
     SLOWER = 4  # the tokens pass, the candidate is below `min_speed_ratio` (or not comparable)

@@ -75,11 +75,13 @@ def test_token_events_must_carry_the_replys_token_ids(tmp_path):
 # ---------------------------------------------------------------------------- item 3: timed tokens
 
 
-def test_zeros_answered_instantly_to_timed_requests_are_not_comparable(tmp_path):
+def test_zeros_answered_instantly_to_timed_requests_fail(tmp_path):
     code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "zeros", "--stream"),
                             'rungs = ["8/8"]\nmin_speed_ratio = { decode = 1.0, e2e = 1.0 }')
     assert data["method"] == "stream"
-    assert code == 4 and data["verdict"] == "not_comparable", out  # was: decode and e2e in the thousands, a pass
+    # was: decode and e2e in the thousands, a pass; then not comparable (exit 4); timed tokens that
+    # do not verify fail (exit 1, issue 49)
+    assert code == 1 and data["verdict"] == "tokens_not_verified", out
     check = data["rungs"][0]["token_check"]
     assert check["verified"] is False and check["unverified"] == check["checked"] == 2  # the TTFT and the full reply
     reason = data["speed_verdict"]["reasons"][0]
@@ -92,10 +94,10 @@ def test_zeros_on_the_gate_rung_disagree_with_the_arms_own_gate_tokens(tmp_path)
     path = config(tmp_path, arm(HONEST, "--per-token", "0.01"), arm(HOSTILE, "--trick", "zeros", "--per-token", "0.01"),
                   'rungs = ["gate"]\nmin_speed_ratio = { decode = 1.0 }')
     result = runner.invoke(app, ["gate", str(path)], terminal_width=200)
-    assert result.exit_code == 4, result.output  # the tokens pass (the gate's own requests were honest)
+    assert result.exit_code == 1, result.output  # the gate's own tokens pass; the timed ones fail it
     (report,) = (tmp_path / "out").glob("hostile-*/report.json")
     rep = json.loads(report.read_text())
-    assert rep["verdict"] == "pass" and section(rep, "speed")["verdict"] == "not_comparable"
+    assert rep["verdict"] == "pass" and section(rep, "speed")["verdict"] == "tokens_not_verified"
     assert "against its own gate record (as reference)" in section(rep, "speed")["speed_verdict"]["reasons"][0]
 
 
@@ -228,11 +230,11 @@ def test_all_equal_samples_are_not_certainty():
 def test_timed_tokens_after_a_near_tie_flip_are_not_verified(tmp_path):
     """Both arms see a 0.01-nat tie at position 1 of every timed reply; the candidate takes the
     runner-up, then answers zeros to the end. The first divergence alone is a near-tie; the six
-    tokens after it nobody judged, so the rung is not verified and the speed not comparable."""
+    tokens after it nobody judged, so the rung is not verified, which fails the gate (exit 1)."""
     code, out, data = bench(tmp_path, arm(HOSTILE, "--trick", "tie", "--per-token", "0.01"),
                             arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
                             'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
-    assert code == 4 and data["verdict"] == "not_comparable", out  # before: verified, a speed pass
+    assert code == 1 and data["verdict"] == "tokens_not_verified", out  # before: verified, a speed pass
     check = data["rungs"][0]["token_check"]
     assert check["verified"] is False
     assert "near_tie at position 1" in data["speed_verdict"]["reasons"][0]
@@ -268,4 +270,4 @@ def test_an_eos_the_reply_was_not_told_to_ignore_still_counts(tmp_path):
     code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01"),
                             arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
                             'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
-    assert code == 4 and data["rungs"][0]["token_check"]["verified"] is False, out
+    assert code == 1 and data["rungs"][0]["token_check"]["verified"] is False, out

@@ -394,10 +394,13 @@ def test_timed_replies_verify_at_a_near_tie_and_not_past_one():
     tie = (confident(5), step((9, -0.69), (6, -0.70)), confident(9), confident(8))  # 6 and 9 0.01 nats apart
     near = rec("p", [5, 9, 9, 8], tops=tie)
     ref_tie = rec("p", [5, 6, 7, 8], tops=(confident(5), step((6, -0.69), (9, -0.70)), confident(7), confident(8)))
-    # the tie flipped at its last token verifies; with tokens after it, those are not judged
-    assert check_tokens(LADDER_RUNG, {"reference": timed(rec("p", [5, 6], tops=ref_tie.top_logprobs[:2])),
-                                      "candidate": timed(rec("p", [5, 9], tops=tie[:2]))}, {}, RULES) \
-        == TokenCheck(checked=1)
+    # the tie flipped at the last token both replies were asked for verifies; with tokens after it,
+    # or stopped (finish "stop", no EOS) short of max_tokens after it, those are not judged
+    last = {"reference": timed(rec("p", [5, 6], tops=ref_tie.top_logprobs[:2])),
+            "candidate": timed(rec("p", [5, 9], tops=tie[:2]))}
+    assert check_tokens(Rung("8/2", 8, 2), last, {}, RULES) == TokenCheck(checked=1)
+    stopped = check_tokens(LADDER_RUNG, last, {}, RULES)
+    assert stopped.verified is False and "stopped after 2 of 4 tokens" in stopped.problems[0]
     after = check_tokens(LADDER_RUNG, {"reference": timed(ref_tie), "candidate": timed(near)}, {}, RULES)
     assert after.verified is False and "positions 2-3 after the flip not judged" in after.problems[0]
     check = check_tokens(LADDER_RUNG, {"reference": timed(ref), "candidate": timed(rec("p", [5, 0, 0, 0]))}, {}, RULES)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.errors import ConfigError
+from strict_gate.runs.records import Run
 
 
 def _read(path: Path) -> dict:
@@ -67,3 +69,23 @@ def eos_token_ids(tokenizer_json: Path) -> tuple[int, ...] | None:
                 break
     ids += [i for i in _tokenizer_eos(tokenizer_json) if i not in ids]
     return tuple(ids) or None
+
+
+def run_stop_ids(*runs: Run) -> frozenset[int] | None:
+    """The ids known to end a sequence in runs compared with each other: an arm's eos_token_ids
+    option, else those of the model directory holding its tokenizer, the first run's first; None
+    when none names any (a stop after a flip is then unjudged: judge/cascade.py's stop_problem).
+    The gate and the invariance verdict both read them here, so both judge a stop alike."""
+    for run in runs:
+        engine = run.manifest.engine
+        ids = engine.options.get("eos_token_ids")
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return frozenset(ids)
+        path = find_tokenizer_json(engine.tokenizer, Path(run.path)) if engine.tokenizer else None
+        try:
+            found = eos_token_ids(path) if path is not None else None
+        except ConfigError:
+            found = None
+        if found:
+            return frozenset(found)
+    return None

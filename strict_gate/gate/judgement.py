@@ -11,10 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
-from strict_gate.core.model_files import find_tokenizer_json
 from strict_gate.engines.base import Engine
-from strict_gate.engines.eos import eos_token_ids
-from strict_gate.errors import ConfigError, InputError
+from strict_gate.engines.eos import run_stop_ids
+from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.cascade import Cascade, stop_problem
@@ -64,28 +63,9 @@ def _unfinished(ref: Run, cand: Run, problems: Sequence[str]) -> list[str]:
 NOT_SCORED = "no candidate engine re-scored it"
 
 
-def stop_ids(ref: Run, cand: Run) -> frozenset[int] | None:
-    """The ids known to end a sequence: an arm's eos_token_ids option, else those of the model
-    directory holding its tokenizer (engines/eos.py), the reference's first; None when neither
-    arm names any (a stop after a flip is then unjudged)."""
-    for run in (ref, cand):
-        engine = run.manifest.engine
-        ids = engine.options.get("eos_token_ids")
-        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-            return frozenset(ids)
-        path = find_tokenizer_json(engine.tokenizer, Path(run.path)) if engine.tokenizer else None
-        try:
-            found = eos_token_ids(path) if path is not None else None
-        except ConfigError:
-            found = None
-        if found:
-            return frozenset(found)
-    return None
-
-
 def stops_of(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison) -> dict[str, str]:
     """Why each diverged prompt's early stop is not judged (cascade.stop_problem), by prompt."""
-    eos = stop_ids(ref, cand)
+    eos = run_stop_ids(ref, cand)
     out = {}
     for pc in comparison.prompts:
         rec = cand.records.get(pc.id) if pc.status in DIVERGED else None

@@ -7,7 +7,8 @@ is started once more, as it serves the batch-1 run, to teacher-force each such c
 judge/diagnose.py's diagnose and cross_check, the gate's own path (the first divergence
 classified again with its re-scored gap, every later position judged, the variant's side its
 decode top-k). An engine that cannot score, or fails to, leaves them unjudged: the variant is
-incomplete, never a pass.
+incomplete, never a pass. A variant that stopped early after its flip is judged in verdict.py,
+by the gate's own cascade.stop_problem: what it never emitted is unjudged.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ repeats. A variant whose run failed, that could not exercise what it names on th
 pass. Under the informational policy (the default) the figures are reported and the exit code
 stays the token verdict's.
 
-Under policy near-tie a near-tie flip passes only with every later token judged on the
-variant's own prefix (continuation.py): a later divergence fails the variant, positions left
-unjudged make it incomplete.
+Under policy near-tie a near-tie flip passes only by the gate's own rule for what follows a
+flip (judge/cascade.py): every later token judged on the variant's own prefix (continuation.py),
+and a variant that stopped early after it, on an id not known to end a sequence, leaves the
+positions it never emitted unjudged (cascade.stop_problem, as a stopped candidate does in the
+gate). A later divergence fails the variant, positions left unjudged make it incomplete.
 
 A speculative variant is exact: under a strict or near-tie policy any token it changes fails it,
 a flipped near-tie too (verification recomputes the very logits the plain run chose from; a
@@ -27,11 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from strict_gate.engines.eos import run_stop_ids
 from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import ExitCode
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
 from strict_gate.invariance.continuation import Judged, compared, needs_later
-from strict_gate.judge.cascade import Later
+from strict_gate.judge.cascade import Later, stop_problem, unjudged
 from strict_gate.judge.compare import UNCOMPARED, PromptComparison, Status
 from strict_gate.runs.records import Run
 
@@ -221,28 +224,39 @@ def _acceptance_problem(name: str, acc: Acceptance | None) -> str | None:
             "was not exercised, so the run proves nothing about it")
 
 
-def _after_flip(p: PromptComparison, j: Judged, policy: InvariancePolicy, exact: bool,
-                where: str) -> tuple[PromptComparison, str | None]:
-    """A near-tie that the policy would pass, with what follows its flip: divergent when a later
-    position is (its reason says where), unverified (the second value: why) when not all were
-    judged, else the near-tie with its later positions counted in its reason."""
-    if policy != InvariancePolicy.NEAR_TIE or exact or not needs_later(p):
+def _after_flip(p: PromptComparison, j: Judged, policy: InvariancePolicy, exact: bool, where: str,
+                stop: str | None) -> tuple[PromptComparison, str | None]:
+    """A near-tie that the policy would pass, judged by the gate's own rule for what follows a
+    flip (judge/cascade.py): divergent when a later position is (its reason says where),
+    unverified (the second value: why) when a position is unjudged, not re-scored or never
+    emitted because the variant stopped early (`stop`, cascade.stop_problem), else the near-tie
+    with its later positions counted in its reason."""
+    if policy != InvariancePolicy.NEAR_TIE or exact or p.status != Status.NEAR_TIE:
         return p, None
     d = p.first_divergence
-    assert d is not None  # needs_later
-    c = j.later.get(p.id)
-    if c is None:
-        span = f"position {d.position + 1}" if p.candidate_length == d.position + 2 \
-            else f"positions {d.position + 1}-{p.candidate_length - 1}"
-        return p, f"{where}: {p.id}: a near-tie at position {d.position}; {span} after the flip not judged: {j.unjudged}"
-    if c.outcome == Later.DIVERGENT:
+    assert d is not None  # a near-tie has its divergence
+    c = (j.later.get(p.id) or unjudged(d.position, p.candidate_length, j.unjudged)) if needs_later(p) else None
+    if c is not None and c.outcome == Later.DIVERGENT:
         x = c.divergent[0]
         why = (f"divergent after a near-tie: later position {x.position}, token {x.token} vs the batch-1 argmax "
                f"{x.reference_argmax}: {x.reason} (near-tie at position {d.position}; {c.counts()})")
         return replace(p, status=Status.DIVERGENT, first_divergence=replace(d, reason=why)), None
-    if c.outcome == Later.UNVERIFIED:
-        return p, f"{where}: {p.id}: a near-tie at position {d.position}; {c.unverified}"
-    return replace(p, first_divergence=replace(d, reason=f"{d.reason}; {c.summary()}")), None
+    head = f"{where}: {p.id}: a near-tie at position {d.position}"
+    if c is not None and c.outcome == Later.UNVERIFIED:
+        return p, f"{head}; {c.unverified}"
+    if stop is not None:
+        return p, f"{head}; {stop}"
+    return (p if c is None else replace(p, first_divergence=replace(d, reason=f"{d.reason}; {c.summary()}"))), None
+
+
+def _stop(run: Run, pid: str, eos: frozenset[int] | None) -> str | None:
+    """Why the variant's early stop on this prompt leaves positions unjudged (cascade.stop_problem,
+    the gate's own), or None."""
+    rec = run.records.get(pid)
+    if rec is None or rec.error is not None:
+        return None
+    return stop_problem(rec.token_ids, rec.finish_reason, run.manifest.sampling.max_tokens, eos,
+                        who="the variant", other="the batch-1 run")
 
 
 def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, policy: InvariancePolicy,
@@ -254,13 +268,14 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
     it the runs are compared here, and a near-tie with tokens after it is unjudged."""
     ids = list(baseline.manifest.prompt_ids or baseline.records)
     judged = judged if judged is not None else [compared(baseline, r, band) for r in runs]
+    eos = run_stop_ids(baseline, *runs)
     worst: dict[str, tuple[PromptComparison, int]] = {}
     matched: dict[str, int] = {}
     width: dict[str, int] = {}
     unverified: list[str] = []
     for k, j in enumerate(judged, start=1):
         for p in j.comparison.prompts:
-            p, why = _after_flip(p, j, policy, exact, f"{name} run {k}")
+            p, why = _after_flip(p, j, policy, exact, f"{name} run {k}", _stop(runs[k - 1], p.id, eos))
             unverified += [why] if why else []
             if p.id not in worst or _RANK[p.status] > _RANK[worst[p.id][0].status]:
                 worst[p.id] = (p, k)

@@ -168,18 +168,21 @@ class Cascade:
                    prefill_decode=tuple(d.get("prefill_decode") or ()))
 
 
-def stop_problem(tokens: Sequence[int], finish: str | None, max_tokens: int, eos: frozenset[int] | None) -> str | None:
+def stop_problem(tokens: Sequence[int], finish: str | None, max_tokens: int, eos: frozenset[int] | None, *,
+                 who: str = "the candidate", other: str = "the reference") -> str | None:
     """Why a candidate's stop after a flip is not judged, or None: it ran to max_tokens, or it
     ended on an id known to end a sequence (that token's own judgement is the stop's). Any other
-    early stop leaves unjudged the positions the reference may have gone on to."""
+    early stop leaves unjudged the positions the reference may have gone on to. Every arm that
+    judges what follows a flip asks here (the gate, an invariance variant against its batch-1
+    run: `who` and `other` name the two sides)."""
     n = len(tokens)
     if finish != "stop" or not tokens or n >= max_tokens or (eos is not None and tokens[-1] in eos):
         return None
     span = f"position {n}" if n == max_tokens - 1 else f"positions {n}-{max_tokens - 1}"
     what = (f"which is not an end-of-sequence id {sorted(eos)}" if eos is not None else
             "and the gate knows no end-of-sequence id (no eos_token_ids, no tokenizer) to tell that it is one")
-    return (f'the candidate stopped after {n} of {max_tokens} tokens (finish "stop") on token {tokens[-1]}, {what}: '
-            f"{span}, where the reference may have gone on, not judged")
+    return (f'{who} stopped after {n} of {max_tokens} tokens (finish "stop") on token {tokens[-1]}, {what}: '
+            f"{span}, where {other} may have gone on, not judged")
 
 
 def unjudged(first: int, end: int, why: str) -> Cascade:

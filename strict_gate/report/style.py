@@ -3,7 +3,7 @@ verdict colours, shared by the console table and the speed section (its own modu
 writer imports another for them)."""
 
 CONSOLE_STYLE = {"pass": "bold green", "fail": "bold red", "incomplete": "bold yellow", "informational": "bold",
-                 "not_comparable": "bold red"}
+                 "not_comparable": "bold red", "tokens_not_verified": "bold red"}
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1f2328;font-size:14px}
@@ -34,6 +34,6 @@ pre{background:#f6f8fa;padding:6px;white-space:pre-wrap;word-break:break-all;mar
 svg.trend text{font-size:11px;fill:#57606a}svg.trend .grid{stroke:#d0d7de}
 svg.trend polyline{fill:none;stroke-width:2}svg .exact,.legend .exact{stroke:#0969da;color:#0969da}
 svg .pos,.legend .pos{stroke:#8250df;color:#8250df}
-.speedv{font-weight:600}.speedv.pass{color:#1a7f37}.speedv.fail,.speedv.not_comparable{color:#cf222e}.speedv.incomplete{color:#9a6700}
+.speedv{font-weight:600}.speedv.pass{color:#1a7f37}.speedv.fail,.speedv.not_comparable,.speedv.tokens_not_verified{color:#cf222e}.speedv.incomplete{color:#9a6700}
 .flat{color:#cf222e;font-weight:600}td.ns{background:#fff8c5}
 """

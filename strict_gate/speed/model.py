@@ -40,7 +40,8 @@ class SpeedVerdictKind(StrEnum):
     FAIL = "fail"  # a check does not hold
     INCOMPLETE = "incomplete"  # a rung could not be measured on an arm: never a pass
     NOT_SEPARABLE = "not_separable"  # a bar inside an interval: more runs needed, never a pass
-    NOT_COMPARABLE = "not_comparable"  # a flattering mismatch, or timed tokens not verified: never a pass
+    NOT_COMPARABLE = "not_comparable"  # a flattering mismatch, or no timed reply checked: never a pass
+    TOKENS_NOT_VERIFIED = "tokens_not_verified"  # a timed reply's tokens did not verify: the gate fails, bar or no bar
     INFORMATIONAL = "informational"  # no min_speed_ratio: figures only, no second verdict
 
 
@@ -245,10 +246,13 @@ class SpeedVerdict:
 
     @property
     def exit_code(self) -> ExitCode:
-        """Pass or informational; slower below the bar or not comparable (established); engine
+        """Pass or informational; a fail (1) when timed tokens did not verify: the candidate
+        emitted tokens nobody judged on the requests it was timed on, a token failure whether
+        or not a bar was set; slower below the bar or not comparable (established); engine
         failure when not measured, or not separable (not established either way: more runs would
         say; never a pass)."""
-        return {SpeedVerdictKind.FAIL: ExitCode.SLOWER, SpeedVerdictKind.NOT_COMPARABLE: ExitCode.SLOWER,
+        return {SpeedVerdictKind.TOKENS_NOT_VERIFIED: ExitCode.FAIL,
+                SpeedVerdictKind.FAIL: ExitCode.SLOWER, SpeedVerdictKind.NOT_COMPARABLE: ExitCode.SLOWER,
                 SpeedVerdictKind.INCOMPLETE: ExitCode.ENGINE_FAILURE,
                 SpeedVerdictKind.NOT_SEPARABLE: ExitCode.ENGINE_FAILURE}.get(self.kind, ExitCode.PASS)
 

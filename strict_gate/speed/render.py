@@ -106,11 +106,11 @@ def print_speed(view: SpeedView, console: Console) -> None:
 
 
 def junit_case(case: ET.Element, view: SpeedView) -> None:
-    """Failed below the bar or not comparable (exit 4 both); an error when a bar is set and a rung
-    went unmeasured (never a pass); passed, figures in system-out, when it holds or when no
-    min_speed_ratio makes it a verdict."""
+    """Failed when timed tokens did not verify (exit 1), below the bar or not comparable (exit 4
+    both); an error when a bar is set and a rung went unmeasured (never a pass); passed, figures
+    in system-out, when it holds or when no min_speed_ratio makes it a verdict."""
     why = _junit_text("\n".join(view.reasons) or view.verdict_line)
-    if view.verdict in ("fail", "not_comparable"):
+    if view.verdict in ("tokens_not_verified", "fail", "not_comparable"):
         ET.SubElement(case, "failure", message=visible(view.verdict_line)).text = why
     elif view.verdict not in ("pass", "informational"):
         ET.SubElement(case, "error", message=visible(view.verdict_line)).text = why

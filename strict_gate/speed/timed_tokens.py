@@ -14,18 +14,20 @@ greedy tolerance, so that no figure is the speed of tokens nobody verified:
 Both are compared up to the first EOS either emitted, with the EOS ids the timed requests told
 the engines to ignore dropped from the top-k where they were not emitted (a masked EOS listed
 above the emitted token is no greedy violation). A reply verifies when it matches, or first
-diverges at a near-tie at its last compared token;
-a near-tie with tokens after it leaves those unjudged (the speed arm does not re-score, as the
-gate does), and so does anything else (a choice that is not its own argmax, a divergence beyond
-a near-tie, other prompt ids): the rung is unverified, and the speed verdict not comparable
-(speed.verdict.judge_speed).
+diverges at a near-tie that is the last token of both replies. What follows a flip is judged by
+the gate's rule (judge/cascade.py): every position after it, in either reply (compared or past
+an EOS), is unjudged, since the speed arm does not re-score as the gate does, and so are the
+positions a reply that stopped early never emitted (cascade.stop_problem). Those, and anything
+else (a choice that is not its own argmax, a divergence beyond a near-tie, other prompt ids),
+leave the rung unverified, and the speed verdict fails the gate (speed.verdict.judge_speed).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from strict_gate.judge.compare import Status, compare_prompt
+from strict_gate.judge.cascade import stop_problem, unjudged
+from strict_gate.judge.compare import Divergence, Status, compare_prompt
 from strict_gate.judge.text_only import Decode
 from strict_gate.runs.records import Record
 from strict_gate.speed.config import TokenRules
@@ -34,6 +36,7 @@ from strict_gate.speed.measure import ArmRung, TimedKey
 from strict_gate.speed.model import Rung, TokenCheck
 
 SHOWN = 3  # problems written out per rung; the count says how many more
+NOT_RESCORED = "the speed arm does not re-score, so the tokens it timed after a flip are unverified"
 AGREE = (Status.MATCH, Status.NEAR_TIE)
 GateRecords = dict[str, dict[str, Record]]  # role -> the arm's gate records by prompt id
 
@@ -64,9 +67,11 @@ def _compared_length(first: Record, second: Record, eos: frozenset[int]) -> int:
     return next((i for i in range(n) if first.token_ids[i] in eos or second.token_ids[i] in eos), n)
 
 
-def _disagreement(first: Record, second: Record, rules: TokenRules, decode: Decode | None = None) -> str | None:
-    """Why `second` does not verify against `first` (over their common length before an EOS), or
-    None. A text-only reply (its ids a re-tokenization) verifies when its text is the other reply's."""
+def _disagreement(first: Record, second: Record, rules: TokenRules, max_tokens: int,
+                  decode: Decode | None = None) -> str | None:
+    """Why `second` (asked for max_tokens) does not verify against `first` (over their common
+    length before an EOS), or None. A text-only reply (its ids a re-tokenization) verifies when
+    its text is the other reply's."""
     if decode is not None and _same_text(first, second, decode):
         return None
     n = _compared_length(first, second, rules.eos_ids)
@@ -76,13 +81,23 @@ def _disagreement(first: Record, second: Record, rules: TokenRules, decode: Deco
     a, b = (_past_eos(_head(r, n), rules.eos_ids) for r in (first, second))
     c = compare_prompt(first.id, a, b, rules.band, rules.greedy_tolerance)
     d = c.first_divergence
-    if c.status == Status.NEAR_TIE and d is not None and d.position + 1 < n:
-        span = f"position {n - 1}" if d.position + 2 == n else f"positions {d.position + 1}-{n - 1}"
-        return (f"near_tie at position {d.position} ({d.reason}); {span} after the flip not judged: the speed arm "
-                "does not re-score, so the tokens it timed after a flip are unverified")
+    if c.status == Status.NEAR_TIE and d is not None:
+        return _after_flip(d, first, second, rules, max_tokens)
     if c.status in AGREE:
         return None
     return f"{c.status} at position {d.position} ({d.reason})" if d is not None else f"{c.status} ({c.detail})"
+
+
+def _after_flip(d: Divergence, first: Record, second: Record, rules: TokenRules, max_tokens: int) -> str | None:
+    """A near-tie flip, by the gate's rule for what follows one (judge/cascade.py): the positions
+    after it that either reply went on to are unjudged, and so are those `second` never emitted
+    when it stopped early (stop_problem); None only for a flip that ended both replies."""
+    end = max(len(first.token_ids), len(second.token_ids))
+    after = unjudged(d.position, end, NOT_RESCORED).unverified
+    stop = stop_problem(second.token_ids, second.finish_reason, max_tokens, rules.eos_ids or None,
+                        who="the timed reply", other="the reply it is checked against")
+    why = "; ".join(x for x in (after, stop) if x)
+    return f"near_tie at position {d.position} ({d.reason}); {why}" if why else None
 
 
 def _same_text(a: Record, b: Record, decode: Decode) -> bool:
@@ -96,6 +111,11 @@ def _same_text(a: Record, b: Record, decode: Decode) -> bool:
 def _where(role: str, key: TimedKey) -> str:
     rep, request, pid = key
     return f"the {role}'s {request} reply to {pid!r} (repetition {rep})"
+
+
+def _asked(rung: Rung, key: TimedKey) -> int:
+    """The max_tokens a timed request asked for: the rung's, or 1 (the two-request TTFT)."""
+    return rung.max_tokens if key[1] is Request.FULL else 1
 
 
 def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: GateRecords,
@@ -115,7 +135,7 @@ def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: Gate
                 cross.add(key)
                 continue
             checked += 1
-            why = _disagreement(gate_rec, rec, rules, decode)
+            why = _disagreement(gate_rec, rec, rules, _asked(rung, key), decode)
             if why:
                 problems.append(f"{_where(role, key)} against its own gate record (as reference): {why}")
     ref, cand = arms.get("reference"), arms.get("candidate")
@@ -125,7 +145,7 @@ def check_tokens(rung: Rung, arms: dict[str, ArmRung | None], gate_records: Gate
             if key not in cross or other is None:
                 continue
             checked += 1
-            why = _disagreement(rec, other, rules, decode)
+            why = _disagreement(rec, other, rules, _asked(rung, key), decode)
             if why:
                 problems.append(f"{_where('candidate', key)} against the reference's: {why}")
     return TokenCheck(checked, tuple(problems[:SHOWN]), len(problems))

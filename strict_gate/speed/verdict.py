@@ -38,18 +38,25 @@ NAMES = {"decode": FigureName.DECODE, "ttft": FigureName.TTFT, "e2e": FigureName
 
 def blockers(rungs: Sequence[RungResult], mismatches: Sequence[Mismatch]) -> list[str]:
     """Why the ratios cannot be compared at all: a flattering mismatch (the denominator is not
-    a matched run), or a rung whose timed tokens are not the ones the gate verified."""
+    a matched run), or a rung measured on both arms whose timed replies none could be checked."""
     out = [f"not comparable: {m.field} ({m.message or 'flattering'}; reference {m.reference!r}, "
            f"candidate {m.candidate!r})" for m in mismatches if m.flattering]
+    out += [f"not comparable: rung {r.rung.name}: no timed reply could be checked" for r in rungs
+            if r.reference is not None and r.candidate is not None and r.token_check.verified is None]
+    return out
+
+
+def unverified_tokens(rungs: Sequence[RungResult]) -> list[str]:
+    """Every rung whose timed replies did not all verify (speed/timed_tokens.py): tokens nobody
+    judged, emitted on the requests that were timed, fail the gate whatever the figures say."""
+    out = []
     for r in rungs:
         check = r.token_check
         if check.unverified:
             more = len(check.problems) < check.unverified
-            out.append(f"not comparable: rung {r.rung.name}: {check.unverified} timed repl"
-                       f"{'ies' if check.unverified != 1 else 'y'} not verified: " + "; ".join(check.problems)
+            out.append(f"timed tokens not verified: rung {r.rung.name}: {check.unverified} timed repl"
+                       f"{'ies' if check.unverified != 1 else 'y'} did not verify: " + "; ".join(check.problems)
                        + ("; ..." if more else ""))
-        elif r.reference is not None and r.candidate is not None and check.verified is None:
-            out.append(f"not comparable: rung {r.rung.name}: no timed reply could be checked")
     return out
 
 
@@ -107,18 +114,22 @@ def judge_speed(rungs: Sequence[RungResult], min_speed_ratio: dict[str, float], 
                 mismatches: Sequence[Mismatch] = ()) -> SpeedVerdict:
     """The second verdict: every rung's speed interval wholly at or above each bar; one wholly
     below fails; a bar inside an interval is not separable; unmeasured is incomplete; a
-    flattering mismatch or unverified timed tokens make it not comparable. Without a bar there
-    is no verdict, but what blocks one is still said."""
-    blocked = blockers(rungs, mismatches)
+    flattering mismatch makes it not comparable. Timed tokens that did not verify come first,
+    bar or no bar: they fail (exit 1). Without a bar there is no verdict on the figures, but
+    what blocks one is still said."""
+    failed = unverified_tokens(rungs)
+    blocked = failed + blockers(rungs, mismatches)
     void = _unmeasured_arms(rungs) + differences(mismatches)
     if not min_speed_ratio:
-        kind = SpeedVerdictKind.INCOMPLETE if _unmeasured_arms(rungs) else SpeedVerdictKind.INFORMATIONAL
+        kind = (SpeedVerdictKind.TOKENS_NOT_VERIFIED if failed
+                else SpeedVerdictKind.INCOMPLETE if _unmeasured_arms(rungs) else SpeedVerdictKind.INFORMATIONAL)
         return SpeedVerdict(kind, {}, reasons=tuple(blocked + void))
     checks = [c for rung in rungs for key, bar in min_speed_ratio.items() for c in _checks(rung, key, bar, method)]
     by_name = {r.rung.name: r for r in rungs}
     reasons = list(dict.fromkeys(blocked + [_reason(c, by_name[c.rung]) for c in checks if not c.passed] + void))
     outcomes = {c.outcome for c in checks}
-    kind = (SpeedVerdictKind.NOT_COMPARABLE if blocked
+    kind = (SpeedVerdictKind.TOKENS_NOT_VERIFIED if failed
+            else SpeedVerdictKind.NOT_COMPARABLE if blocked
             else SpeedVerdictKind.INCOMPLETE if _unmeasured_arms(rungs) or CheckOutcome.NOT_MEASURED in outcomes
             else SpeedVerdictKind.FAIL if CheckOutcome.BELOW in outcomes
             else SpeedVerdictKind.NOT_SEPARABLE if CheckOutcome.NOT_SEPARABLE in outcomes

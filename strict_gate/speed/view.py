@@ -85,7 +85,7 @@ class SpeedView:
 
     reference: str  # the reference engine's name: "vLLM"
     candidate: str  # the candidate engine's kind: "command"
-    verdict: str  # pass | fail | incomplete | informational
+    verdict: str  # pass | fail | incomplete | not_separable | not_comparable | tokens_not_verified | informational
     verdict_line: str  # "speed: fail (min_speed_ratio decode 0.95x)"
     reasons: tuple[str, ...]
     setup: str  # method, runs/warmup, machine

@@ -15,7 +15,8 @@ its top-k alternatives the next ids with falling logprobs. What a server does is
               /tokenize with `tokenize`. Its faults: ignore_prompt (completes the empty prompt, as
               vllm.cpp does with ids: usage.prompt_tokens 1), double_bos (a second BOS before the
               prompt), wrong_at (every token from that position on is
-              another one, in the first wrong_prompts prompts served)
+              another one, in the first wrong_prompts prompts served), flip_stop ((J, A, B): a
+              reply whose token J is A has B there instead, and stops there: finish "stop", no EOS)
 plus delay (seconds before each answer), pace ((ttft, per_token): a server of known speed),
 prompt_logprobs (off: a server that cannot score) and events (a file that gets a line per request).
 
@@ -74,6 +75,7 @@ class Behaviour:
     usage: bool = True  # TEXT_ONLY: the answer states usage
     overrun: int = 0  # TEXT_ONLY: generates max_tokens + overrun tokens
     usage_lie: int = 0  # TEXT_ONLY: a reply that stopped (EOS) states this many more completion tokens
+    flip_stop: tuple[int, int, int] | None = None  # TEXT_ONLY: (J, A, B): token J, where it is A, is B and the last
 
 
 def fake_token(prompt, i: int) -> int:
@@ -178,6 +180,9 @@ class _TextModel:
         if self.b.wrong_at is not None and (len(self.spoiled) < self.b.wrong_prompts or tuple(prompt) in self.spoiled):
             self.spoiled.add(tuple(prompt))
             gen = [t if i < self.b.wrong_at else (t + 17) % 900 + 50 for i, t in enumerate(gen)]
+        j, was, flipped = self.b.flip_stop or (-1, None, None)
+        if 0 <= j < len(gen) and gen[j] == was:
+            gen = [*gen[:j], flipped]
         return gen, self.text(prompt, gen)
 
     def text(self, prompt: list[int], gen: list[int]) -> str:
@@ -195,7 +200,9 @@ def _text_completion(model: _TextModel, body: dict[str, Any], n_request: int) ->
     eos = 2  # the tiny Llama's </s>: generation stops on it, as a server does
     if eos in gen:
         gen = gen[: gen.index(eos) + 1]
-    finish = "stop" if gen and gen[-1] == eos else "length"
+    stopped = model.b.flip_stop is not None and len(gen) == model.b.flip_stop[0] + 1 \
+        and gen[-1] == model.b.flip_stop[2]
+    finish = "stop" if gen and (gen[-1] == eos or stopped) else "length"
     text = model.text(prompt, gen)
     deltas = [model.text(prompt, gen[: i + 1])[len(model.text(prompt, gen[:i])):] for i in range(len(gen))]
     told = len(gen) + (model.b.usage_lie if finish == "stop" else 0)

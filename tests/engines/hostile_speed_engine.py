@@ -20,6 +20,8 @@ each later one), except where its trick says otherwise:
               position 1 0.01 nats above a runner-up (token + 500): a near-tie
   tie-garbage the same tie, flipped: position 1 is the runner-up, then zeros to the end, each
               claimed as its own top-1
+  tie-stop    the same tie, flipped: position 1 is the runner-up, then the EOS (2), where the
+              reply stops (finish "stop", 3 tokens), ignore_eos or not
   eos-masked  honours ignore_eos as transformers does (min_new_tokens): at position 1 the model's
               argmax is the EOS (2), masked, so it emits its runner-up (the honest token) and lists
               the EOS above it (its logprobs are read before the mask)
@@ -45,13 +47,13 @@ def tokens_for(req: dict) -> list[int]:
     return [(base + i + 1) % 1000 for i in range(req["max_tokens"])]
 
 
-def reply(req: dict, toks: list[int], tie: int | None = None) -> dict:
+def reply(req: dict, toks: list[int], tie: int | None = None, finish: str = "length") -> dict:
     """`tie`: the other token of a 0.01-nat tie at position 1 (listed second there)."""
     k = max(1, req.get("top_logprobs", 1))
     tops = [[[t, -0.1]] + [[(t + 1 + j) % 1000, -5.0 - j] for j in range(k - 1)] for t in toks]
     if tie is not None and len(toks) > 1:
         tops[1] = [[toks[1], -0.1], [tie, -0.11]] + tops[1][1:k - 1]
-    return {"id": req["id"], "token_ids": toks, "finish_reason": "length", "top_logprobs": tops}
+    return {"id": req["id"], "token_ids": toks, "finish_reason": finish, "top_logprobs": tops}
 
 
 def event(req: dict, t: int) -> None:
@@ -67,13 +69,16 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
             event(req, t)
         send(reply(req, toks))
         return
-    if args.trick in ("tie", "tie-garbage") and req.get("ignore_eos") and len(toks) > 1:
+    if args.trick in ("tie", "tie-garbage", "tie-stop") and req.get("ignore_eos") and len(toks) > 1:
         honest, alt = toks[1], (toks[1] + 500) % 1000
         if args.trick == "tie-garbage":
             toks = [toks[0], alt] + [0] * (len(toks) - 2)
+        elif args.trick == "tie-stop":
+            toks = [toks[0], alt, 2]
         for t in toks if streaming else ():
             event(req, t)
-        send(reply(req, toks, tie=alt if args.trick == "tie" else honest))
+        finish = "stop" if len(toks) < req["max_tokens"] else "length"
+        send(reply(req, toks, tie=alt if args.trick == "tie" else honest, finish=finish))
         return
     if args.trick in ("eos-masked", "eos-emitted") and req.get("ignore_eos") and len(toks) > 1:
         out = reply(req, toks)
@@ -110,7 +115,7 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trick", required=True, choices=["burst", "event-ids", "zeros", "slow-first", "cache", "tie", "tie-garbage",
-                                                      "eos-masked", "eos-emitted"])
+                                                      "tie-stop", "eos-masked", "eos-emitted"])
     ap.add_argument("--ttft", type=float, default=0.2)
     ap.add_argument("--per-token", type=float, default=0.05)
     ap.add_argument("--slow", type=float, default=1.5)

@@ -2,7 +2,7 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
-                             [--score] [--garbage] [--delay S]
+                             [--score] [--garbage] [--stop J] [--delay S]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -14,6 +14,8 @@ is answered S seconds after it is read (a test signals the gate meanwhile).
 --score declares the score op: teacher-forced, position i's top-2 are the batch-1 token and its
 runner-up G nats below, whatever the prefix (the model above). --garbage: where token 2 moved,
 every later token is one that model ranks nowhere (token + 500), claimed as the engine's own top-1.
+--stop J: where token 2 moved, the reply stops after position J (finish "stop", J + 1 tokens, the
+last an ordinary token, no end-of-sequence id) where the batch-1 run went on to max_tokens.
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
@@ -57,7 +59,7 @@ def score(req: dict, gap: float, shift: int) -> dict:
     return {"id": req["id"], "steps": steps}
 
 
-def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False) -> dict:
+def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False, stop: int | None = None) -> dict:
     ids = req["prompt_token_ids"]
     k = max(1, req.get("top_logprobs", 1))
     toks, tops = [], []
@@ -69,7 +71,10 @@ def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = F
         top = [[chosen, -0.1], [other, -0.1 - gap]] + [[VOCAB + 10 + j, -9.0 - j] for j in range(max(0, k - 2))]
         toks.append(chosen)
         tops.append(top[:k] if k >= 2 else top[:1])
-    return {"id": req["id"], "token_ids": toks, "finish_reason": "length", "top_logprobs": tops}
+        if moved and i == stop:
+            break
+    finish = "stop" if len(toks) < req["max_tokens"] else "length"
+    return {"id": req["id"], "token_ids": toks, "finish_reason": finish, "top_logprobs": tops}
 
 
 class Lines:
@@ -115,6 +120,7 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--score", action="store_true")
     ap.add_argument("--garbage", action="store_true")
+    ap.add_argument("--stop", type=int, default=None)
     args = ap.parse_args()
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
@@ -143,7 +149,7 @@ def main() -> int:
                      "chunk": bool(chunk) and chunk < len(ids),
                      "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
             seen.add(ids)
-            reply = tokens(req, moved, args.gap, args.shift, args.garbage)
+            reply = tokens(req, moved, args.gap, args.shift, args.garbage, args.stop)
             if args.mode == "stray_id" and n == 1:
                 reply["id"] = "never-sent"
             replies.append(reply)
