@@ -231,6 +231,7 @@ class StoredReport(_Struct, frozen=True):
     created: str | None = None
     verdict: VerdictKind | None = None
     exit_code: Count | None = None  # the gate's overall exit code (report@3)
+    overall: str | None = None  # that exit code in words (report@3: "pass", "fail (invariance)", ...)
     policy: Policy | None = None
     band: float | None = None
     problems: list[str] = []

@@ -137,6 +137,12 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     return Group(*parts)
 
 
+def _heading(r: StoredReport) -> str:
+    """The verdict the gate's exit code says (report@3's `overall`), else the token verdict."""
+    word, sep, rest = (r.overall or str(r.verdict)).partition(" (")
+    return word.upper() + sep + rest
+
+
 def show(report_dir: str | Path, prompt: str | None = None, console: Console | None = None,
          limit: int = SHOWN) -> None:
     """Print one prompt (any status), or the non-matching ones, `limit` at most, with a count, then
@@ -145,7 +151,10 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     gate = load_gate(report_dir)
     r = gate.report
     prompts = r.prompts
-    console.print(Text(visible(f"{str(r.verdict).upper()}: {r.name} (policy {policy_words(r.policy)})"), style="bold"))
+    console.print(Text(visible(f"{_heading(r)}: {r.name} (policy {policy_words(r.policy)})"), style="bold"))
+    for name, s in sorted(r.features.items()):
+        if s.exit_code:  # the section that sets (or joins) the exit code, beside the token verdict
+            console.print(Text(visible(f"{name}: {s.verdict} (exit {s.exit_code})")))
     if prompt is not None:
         entry = next((p for p in prompts if p.id == prompt), None)
         if entry is None:
