@@ -265,6 +265,20 @@ def test_the_registries_reach_the_faces_by_name():
             assert wing_of(module) == f"{feature}.face", spec
 
 
+def test_every_part_of_the_one_registry_resolves_in_its_own_folder():
+    """core/features.py names each feature's hooks, config parser, section and loader: each resolves,
+    and each lives in the folder of its feature (a feature owns all of it)."""
+    from strict_gate.core.features import FEATURES, resolve
+
+    assert len({f.name for f in FEATURES}) == len(FEATURES)
+    for f in FEATURES:
+        for spec in (f.hooks, f.config, f.section, f.load):
+            if spec is None:
+                continue
+            assert resolve(spec) is not None, spec
+            assert spec.split(".")[1] == f.name, f"{f.name}: {spec} is outside its folder"
+
+
 def test_a_cycle_is_caught(tmp_path):
     copy = tmp_path / "strict_gate"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("models", "__pycache__"))
