@@ -20,7 +20,7 @@ from strict_gate.core.features import entry, resolve
 from strict_gate.core.redact import scrub_tree
 from strict_gate.errors import InputError
 from strict_gate.gate.outcome import GateOutcome
-from strict_gate.gate.state import read_gate_state, record_verdicts, verdicts
+from strict_gate.gate.state import GateState, read_gate_state, record_verdicts, verdicts
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import FeatureResult, GateResult
 from strict_gate.judge.stored import StoredReport, StoredSection
@@ -70,6 +70,24 @@ def keep_sections(result: GateResult, old: StoredReport, *, redone: Collection[s
                    history=result.history or tuple(old.history))
 
 
+def _sealed(report: ReportDir, old: StoredReport, redone: Collection[str]) -> GateState | None:
+    """The gate state, when the gate left one, checked against report.json: every section whose
+    verdict the gate sealed there is still in the report (a deleted section is not a kept pass),
+    and the report states the exit code the gate recorded."""
+    if not report.state.exists():
+        return None
+    state = read_gate_state(report)
+    lost = sorted(n for n in state.verdicts if n != "tokens" and n not in old.features and n not in redone)
+    if lost:
+        raise InputError(f"report.json has no {', '.join(lost)} section, though the gate recorded its verdict in "
+                         f"{report.state.name} ({', '.join(f'{n} {state.verdicts[n]}' for n in lost)}): edited or "
+                         "truncated; a rewrite would drop that verdict", path=str(report.report_json))
+    if old.exit_code is not None and state.exit_code is not None and old.exit_code != state.exit_code:
+        raise InputError(f"report.json states exit code {old.exit_code}, {report.state.name} recorded "
+                         f"{state.exit_code}: edited, or from another run", path=str(report.report_json))
+    return state
+
+
 def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
                     redone: Collection[str] = ()) -> GateOutcome:
     """Keep what the command did not redo, scrub what the engines wrote, write every report format
@@ -79,12 +97,13 @@ def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
     from strict_gate.report.text import gate_decoder
 
     report = ReportDir(report_dir)
+    state = _sealed(report, old, redone)
     result = keep_sections(result, old, redone=redone, where=str(report.report_json))
     scrub_tree(report_dir)  # what the engines logged, before the reports say the set is whole
     dec = gate_decoder(result)
     write_reports(result, report_dir, dec=dec)
-    if report.state.exists():
-        record_verdicts(report, read_gate_state(report), verdicts(result), result.exit_code)
+    if state is not None:
+        record_verdicts(report, state, verdicts(result), result.exit_code)
     return GateOutcome(result, report_dir, dec)
 
 
