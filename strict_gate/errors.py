@@ -62,10 +62,16 @@ class IncompleteRunError(StrictGateError):
 
 
 class GateInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM, SIGHUP) during a gate, after its arms' runs were closed: where it
-    stopped, so the CLI can name the runs marked failed and say how to continue."""
+    """Ctrl-C (or SIGTERM, SIGHUP) during a gate (or `strict-gate invariance`), after its runs
+    were closed: where it stopped (`where`: the phase, the run and its records), the runs marked
+    failed, what `--resume` will keep, continue and run again (`plan`, one line each) and the
+    command that continues it."""
 
-    def __init__(self, report_dir: str, failed: tuple[str, ...]):
+    def __init__(self, report_dir: str, failed: tuple[str, ...], where: str = "", plan: tuple[str, ...] = (),
+                 command: str = "gate"):
         super().__init__(report_dir)
         self.report_dir = report_dir
         self.failed = failed
+        self.where = where
+        self.plan = plan
+        self.command = command

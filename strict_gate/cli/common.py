@@ -75,16 +75,22 @@ def fail_cleanly(fn):
 
 
 def say_interrupted(e: KeyboardInterrupt) -> None:
-    """Which runs were closed as failed and, for a gate, the command that continues it."""
+    """For a gate (or `strict-gate invariance`): where it stopped, which runs were closed as failed,
+    what `--resume` will keep, continue and run again, and the command that continues it."""
     from strict_gate.errors import GateInterrupted
     from strict_gate.report.text import visible
 
     if not isinstance(e, GateInterrupted):
         err.print("interrupted: the run directories written so far are marked failed")
         return
-    failed = ", ".join(visible(f) for f in e.failed) or "none (no arm had started)"
-    err.print(f"interrupted: runs marked failed: {failed}", soft_wrap=True)
-    err.print(f"continue with: strict-gate gate --resume {shlex.quote(visible(e.report_dir))}", soft_wrap=True)
+    if e.where:
+        err.print(f"interrupted: {visible(e.where)}", soft_wrap=True)
+    failed = ", ".join(visible(f) for f in e.failed) or "none (no run was open)"
+    err.print(f"runs marked failed: {failed}", soft_wrap=True)
+    for line in e.plan:
+        err.print(visible(line), soft_wrap=True)
+    err.print(f"continue with: strict-gate {e.command} --resume {shlex.quote(visible(e.report_dir))}",
+              soft_wrap=True)
 
 
 def progress_bars():

@@ -113,21 +113,34 @@ def bench(
 
 @fail_cleanly
 def invariance(
-    config: Annotated[Path, typer.Argument(help="gate TOML with an [invariance] table")],
+    config: Annotated[Path | None, typer.Argument(help="gate TOML with an [invariance] table")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where reports go")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", metavar="REPORT_DIR", help="continue an interrupted `strict-gate invariance`, keeping the runs "
+                                               "it finished")] = None,
 ) -> None:
     """Only the [invariance] variants: each arm's batch-1 run, then batches, requests in flight,
     prefill chunks, the prefix cache, needles. Exit 0, 5 a variant moved (policy strict or
     near-tie), 3 a variant not run (strict or near-tie), 2 bad input."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.invariance.phase import run_invariance_gate
+    from strict_gate.invariance.phase import resume_invariance_gate, run_invariance_gate
     from strict_gate.invariance.render import print_invariance
     from strict_gate.report.text import visible
 
-    cfg = load_gate_config(config)
+    if (config is None) == (resume is None):
+        raise StrictGateError("give a CONFIG, or --resume REPORT_DIR (which runs under its own gate.toml), not both")
+    if resume is not None and output_dir is not None:
+        raise StrictGateError("--resume writes into REPORT_DIR: give no -o with it")
     progress, hook = progress_bars()
     with progress:
-        outcome = run_invariance_gate(cfg, output_dir=output_dir, progress=hook)
+        if resume is not None:
+            outcome = resume_invariance_gate(resume, progress=hook)
+        else:
+            assert config is not None
+            outcome = run_invariance_gate(load_gate_config(config), output_dir=output_dir, progress=hook)
+    if outcome.finished_already:
+        err.print(f"nothing to resume: {visible(str(outcome.report_dir))} had finished; its reports are left as "
+                  "they were")
     print_invariance(outcome.result, console)
     console.print(f"  report: {visible(str(outcome.report_dir))}/invariance.md")
     raise typer.Exit(int(outcome.result.exit_code))

@@ -27,6 +27,7 @@ from strict_gate.core.features import resolve
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.gate.arm import finished_run
 from strict_gate.gate.config import GateConfig
+from strict_gate.gate.kept import Planned, Runs, Where
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.outcome import ProgressHook
 from strict_gate.gate.state import GateState
@@ -66,6 +67,7 @@ class Gate:
     candidate: Engine
     owned: frozenset[str]  # the roles whose engines the gate closes (not handed in by a caller)
     built: dict[str, Engine] = field(default_factory=dict)  # the [rescorer], once built
+    where: Where = field(default_factory=Where)  # how far it got, for an interrupt's message
 
     def engine(self, role: str) -> Engine:
         return self.reference if role == "reference" else self.candidate
@@ -75,6 +77,11 @@ class Gate:
         with an error reply, or a prompt missing, is continued: those prompts are generated again."""
         run = self.prior.get(role)
         return run if run is not None and finished_run(run, self.ps.ids) else None
+
+    def runs(self) -> Runs:
+        """What a phase makes its runs through (gate/kept.py): sealed with the gate's key, a
+        finished one kept and an unfinished one continued when the gate is resumed."""
+        return Runs(self.report, self.state, self.ps, self.spec.sampling, self.progress, self.where)
 
     def rescorer(self) -> Engine:
         """The [rescorer] arm, built once per gate: diagnosis and the speed arm's stand-in for a
@@ -100,6 +107,12 @@ class Feature:
     def for_gate(cls, g: Gate) -> Feature | None:
         """This feature's part in gate `g`, None when it is off."""
         return cls(g) if cls.settings(g.cfg) is not None else None
+
+    def planned(self) -> tuple[Planned, ...]:
+        """The run directories this feature's phase writes, in the order it writes them: a feature
+        that runs engines makes them through `self.gate.runs()`, so `--resume` keeps the finished
+        ones and continues the rest, and an interrupt names them (gate/interrupt.py)."""
+        return ()
 
     def after_candidate(self, engines: Lifetimes, run: Run) -> None:
         """The candidate's run is done and its engine still loaded; it is stopped after."""

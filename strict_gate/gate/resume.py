@@ -5,7 +5,7 @@ The resume re-reads REPORT_DIR/gate.toml (relative paths resolved as the origina
 resolved them, from gate-state.json), refuses it if it or the prompt set changed, keeps
 every valid record the arms already wrote, generates only the rest into the same run
 directories, and judges and reports exactly as an uninterrupted gate would. An arm that
-had finished is not run again; a finished gate is re-judged and left as it is, and exits
+had finished is not run again, nor a feature's run that had (invariance's: gate/kept.py); a finished gate is re-judged and left as it is, and exits
 with the verdicts it stored (tokens, speed, ...). Nothing is trusted that the gate did not
 seal: gate-state.json's digest, gate.toml's hash and every record line's seal are checked
 before a record is kept, and the model files' digest once the engine is built.
@@ -13,7 +13,7 @@ before a record is kept, and the model files' digest once the engine is built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
@@ -21,17 +21,26 @@ from strict_gate.errors import ExitCode, InputError
 from strict_gate.gate.arm import finished_run, prompt_inputs
 from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
 from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
+from strict_gate.gate.kept import sealed
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook
 from strict_gate.gate.rewrite import keep_sections
 from strict_gate.gate.run import play_gate
-from strict_gate.gate.state import GateState, check_config_file, check_unchanged, read_gate_state, report_lock, verdicts
+from strict_gate.gate.state import (
+    GATE,
+    GateState,
+    check_command,
+    check_config_file,
+    check_unchanged,
+    read_gate_state,
+    report_lock,
+    verdicts,
+)
 from strict_gate.judge.stored import load_report
 from strict_gate.report.text import gate_decoder
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.prompts import PromptSet, load_prompts
 from strict_gate.runs.reader import load_run
-from strict_gate.runs.records import Run, RunStatus, Sampling
-from strict_gate.runs.seal import check_seal
+from strict_gate.runs.records import Run, Sampling
 
 
 @dataclass(frozen=True)
@@ -79,19 +88,6 @@ def _check_run_fits(run: Run, role: str, arm: ArmConfig, ps: PromptSet, sampling
             )
 
 
-def _sealed(run: Run, report: ReportDir, role: str, state: GateState) -> Run:
-    """The run with only the records its gate sealed: a line that does not match its seal is
-    refused (exit 2); an unsealed tail (a kill between the record and its seal) is dropped,
-    to be generated again, and in a complete run refused."""
-    d = report.arm(role)
-    running = run.manifest.status == RunStatus.RUNNING and d.partial.exists()
-    n = check_seal(d.partial if running else d.records, d.seal, state.arm_key(role), whole=run.complete)
-    if n == len(run.records):
-        return run
-    ids = list(run.records)[:n]  # records are read in file order
-    return replace(run, records={i: run.records[i] for i in ids})
-
-
 def _stored_runs(report: ReportDir, state: GateState, cfg: GateConfig, ps: PromptSet,
                  sampling: Sampling) -> dict[str, Run]:
     """The arms' runs as far as they got, re-validated (a torn last line is dropped) and
@@ -102,7 +98,7 @@ def _stored_runs(report: ReportDir, state: GateState, cfg: GateConfig, ps: Promp
         if d.manifest.exists():
             run = load_run(d.path, allow_incomplete=True)
             _check_run_fits(run, role, getattr(cfg, role), ps, sampling)
-            runs[role] = _sealed(run, report, role, state)
+            runs[role] = sealed(run, d, state.arm_key(role))
     return runs
 
 
@@ -121,6 +117,7 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
 
 def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     state = read_gate_state(report)
+    check_command(report, state, GATE)
     cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
     ps = load_prompts(cfg.prompts)
     check_unchanged(state, cfg, ps)

@@ -21,11 +21,13 @@ from strict_gate.errors import EngineError, GateInterrupted, IncompleteRunError
 from strict_gate.gate.arm import prompt_inputs, run_arm
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.feature import Feature, Gate, enabled
+from strict_gate.gate.interrupt import interrupted
 from strict_gate.gate.judgement import compare, cross_judge, gate_spec, judge
+from strict_gate.gate.kept import Planned
 from strict_gate.gate.lifetimes import Lifetimes
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook, new_report_dir
 from strict_gate.gate.rescorer_identity import check_rescorer
-from strict_gate.gate.state import GateState, interrupted, record_verdicts, report_lock, verdicts, write_gate_state
+from strict_gate.gate.state import GateState, record_verdicts, report_lock, verdicts, write_gate_state
 from strict_gate.judge.compare import Comparison, Status
 from strict_gate.judge.devices import device_notes
 from strict_gate.judge.history import append_history, with_history
@@ -103,11 +105,13 @@ def play_gate(
     try:
         result = _play(g, features)
         for f in features:
+            g.where.phase = f.name
             result = f.last(result)
     except GateInterrupted:
         raise
     except KeyboardInterrupt:
-        raise interrupted(report) from None
+        arms = tuple(Planned(f"{role} arm", "", report.arm(role).path) for role in ROLES)
+        raise interrupted(g.runs(), arms + tuple(p for f in features for p in f.planned())) from None
     return _write_phase(result, g, features)
 
 
@@ -121,22 +125,28 @@ def _play(g: Gate, features: tuple[Feature, ...]) -> GateResult:
                 engines.own(role, g.engine(role))
         cand_run = _arm_phase(g, "candidate", problems)
         for f in features:
+            g.where.phase = f.name
             f.after_candidate(engines, cand_run)
         engines.close(g.candidate)
         ref_run = _arm_phase(g, "reference", problems)
+        g.where.phase = "verdict"
         comparison = compare(spec, ref_run, cand_run)  # once: the rescorer is chosen on it too
         rescorer = _rescorer(g, ref_run, comparison)
         extras = [e for e in (rescorer, *g.built.values()) if e is not None and e is not reference]  # the gate built them
         engines.own("reference", *extras)
         result = _rescore_phase(g, ref_run, cand_run, comparison, rescorer, problems)
         for f in features:
+            g.where.phase = f.name
             result = f.after_verdict(ref_run, result)
         engines.close(*extras)
+        g.where.phase = "cross-scoring"
         result = _cross_phase(g, engines, ref_run, cand_run, result)
         for f in features:
+            g.where.phase = f.name
             result = f.after_cross(engines, ref_run, result)
         engines.close(g.candidate)
         for f in features:
+            g.where.phase = f.name
             result = f.after_diagnosis(result)
     return result
 
@@ -144,23 +154,27 @@ def _play(g: Gate, features: tuple[Feature, ...]) -> GateResult:
 def _arm_phase(g: Gate, role: str, problems: list[str]) -> Run:
     """An arm's run: kept when an interrupted gate had finished it, else run (or continued
     where it stopped). An engine failure keeps the prompts done and becomes a stated problem."""
+    g.where.phase = f"{role} arm"
     done = g.done(role)
     if done is not None:
         return done
     prior = g.prior.get(role)
     out = g.report.arm(role).path
+    g.where.run = out  # an interrupt leaves it naming this run
     on_record = None
     if g.progress:
         kept = {r.id for r in prior.records.values() if r.error is None} if prior else set()
         left = sum(1 for p in g.inputs if p.id not in kept)
         on_record = g.progress(f"{role} (resumed, {len(g.inputs) - left} kept)" if prior else role, left)
     try:
-        return run_arm(g.engine(role), g.inputs, g.spec.sampling, out, prompt_set=g.ps,
-                       runs=g.cfg.reference.runs if role == "reference" else 1, on_record=on_record, resume_from=prior,
-                       seal_key=g.state.arm_key(role))
+        run = run_arm(g.engine(role), g.inputs, g.spec.sampling, out, prompt_set=g.ps,
+                      runs=g.cfg.reference.runs if role == "reference" else 1, on_record=on_record, resume_from=prior,
+                      seal_key=g.state.arm_key(role))
     except (EngineError, IncompleteRunError) as e:
         problems.append(f"{role} engine failed: {e}")
-        return load_run(out, allow_incomplete=True)
+        run = load_run(out, allow_incomplete=True)
+    g.where.run, g.where.last = None, out
+    return run
 
 
 def _rescorer(g: Gate, ref_run: Run, comparison: Comparison) -> Engine | None:

@@ -27,18 +27,18 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from strict_gate.core.redact import is_secret_name
-from strict_gate.errors import ConfigError, GateInterrupted, InputError
+from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import GateConfig
 from strict_gate.judge.policy import Policy, check_policy
 from strict_gate.judge.spec import ConfigRef, GateSpec
 from strict_gate.report import GateResult
 from strict_gate.runs.layout import ReportDir, ReportFile
 from strict_gate.runs.prompts import PromptSet
-from strict_gate.runs.reader import read_manifest
-from strict_gate.runs.records import RunStatus, now_iso, write_json_atomic
+from strict_gate.runs.records import now_iso, write_json_atomic
 
 STATE_SCHEMA = "strict-gate/gate-state@2"
 PROMPT_SHA = "prompt set sha256"
+GATE = "gate"
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class GateState:
     seal_key: str  # starts each arm's record seal (runs/seal.py)
     verdicts: dict[str, str] = field(default_factory=dict)  # a finished gate's: "tokens", "speed", ...
     exit_code: int | None = None  # a finished gate's
+    command: str = GATE  # what made the directory: a gate, or `strict-gate invariance` alone (its --resume)
 
     def arm_key(self, role: str) -> str:
         return f"{self.seal_key}:{role}"
@@ -69,6 +70,8 @@ class GateState:
             "prompt_set": {"sha256": self.prompt_sha256},
             "fingerprint": self.fingerprint,
         }
+        if self.command != GATE:  # a gate's state is written as it was before `command` existed
+            out["command"] = self.command
         if self.exit_code is not None:
             out["finished"] = {"verdicts": self.verdicts, "exit_code": self.exit_code}
         return out
@@ -101,9 +104,11 @@ def fingerprint(cfg: GateConfig, ps: PromptSet) -> dict[str, str]:
     return {name: _digest(v) for name, v in values.items()}
 
 
-def write_gate_state(report: ReportDir, cfg: GateConfig, ps: PromptSet, spec: GateSpec) -> GateState:
+def write_gate_state(report: ReportDir, cfg: GateConfig, ps: PromptSet, spec: GateSpec,
+                     command: str = GATE) -> GateState:
     """The spec the gate runs under, and the fingerprint of the config it was built from
-    (call after REPORT_DIR/gate.toml is written: its hash is sealed in)."""
+    (call after REPORT_DIR/gate.toml is written: its hash is sealed in). `command` is the one
+    that continues it: `strict-gate gate --resume`, or `strict-gate invariance --resume`."""
     if spec.config is None:
         raise TypeError("a gate's spec names the config it came from")
     state = GateState(
@@ -115,6 +120,7 @@ def write_gate_state(report: ReportDir, cfg: GateConfig, ps: PromptSet, spec: Ga
         started=now_iso(),
         config_sha256=_file_sha256(report),
         seal_key=secrets.token_hex(16),
+        command=command,
     )
     write_json_atomic(report.state, state.to_json())
     return state
@@ -158,6 +164,7 @@ def read_gate_state(report: ReportDir) -> GateState:
             seal_key=str(d["seal_key"]),
             verdicts={str(k): str(v) for k, v in dict(finished["verdicts"]).items()} if finished else {},
             exit_code=int(finished["exit_code"]) if finished else None,
+            command=str(d.get("command", GATE)),
         )
         digest = d["digest"]
     except json.JSONDecodeError as e:
@@ -218,15 +225,9 @@ def verdicts(result: GateResult) -> dict[str, str]:
         name: result.features[name].section_verdict for name in sorted(result.features)}
 
 
-def interrupted(report: ReportDir) -> GateInterrupted:
-    """What a Ctrl-C left: the report directory and the arms' runs it closed as failed."""
-    failed = []
-    for role in ("candidate", "reference"):
-        d = report.arm(role)
-        try:
-            status = read_manifest(d.path).status if d.manifest.exists() else None
-        except InputError:
-            status = None
-        if status == RunStatus.FAILED:
-            failed.append(str(d.path))
-    return GateInterrupted(str(report.path), tuple(failed))
+def check_command(report: ReportDir, state: GateState, command: str) -> None:
+    """A directory is continued by the command that made it: a gate's arms are never run into a
+    `strict-gate invariance` directory, nor a gate's arms skipped by `invariance --resume`."""
+    if state.command != command:
+        raise InputError(f"this report directory was made by `strict-gate {state.command}`: continue it with "
+                         f"`strict-gate {state.command} --resume`", path=str(report.path))

@@ -5,10 +5,16 @@ serves as it is (batches, requests in flight, needles, the prefix cache when it 
 each prefill chunk size gets an engine of its own (for vLLM a new engine; for a command
 engine the same binary, started afresh), and so does a prefix cache the arm had turned off.
 Engine start-up is timed apart, so a variant's cost is its serving time over the batch-1
-run's. Runs go through the gate's own runner (`run`, gate/arm.py's run_arm): same run format,
-same audit; a run that fails keeps its prompts and makes its variant incomplete. A speculative
-variant gets an engine of its own too (engine.with_speculative), and its acceptance counts are
-the engine's counters read before and after its runs.
+run's. Runs go through the gate's own runner (`Runner`, gate/kept.py's Runs over gate/arm.py's
+run_arm): same run format, same audit, same seals; a run that fails keeps its prompts and makes
+its variant incomplete. A speculative variant gets an engine of its own too
+(engine.with_speculative), and its acceptance counts are the engine's counters read before and
+after its runs.
+
+A resumed gate keeps every run an interrupted attempt finished (an engine whose runs were all
+kept is not started) and continues an unfinished one where its kind allows (`restarts`); a
+variant with a run kept or continued is timed by its records' own timings, the wall clock of
+each prompt as the gate measured it then.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
@@ -29,8 +36,31 @@ from strict_gate.invariance.verdict import CAUSES, InvarianceResult, VariantResu
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run
 
-# run an engine over the prompts into a run directory: (engine, prompts, out dir, progress label)
-RunArm = Callable[[Engine, Sequence[PromptInput], Path, str], Run]
+# the variants whose prompts are served one at a time, each on its own: a run continues from its last record
+ON_THEIR_OWN = (VariantKind.BASELINE, VariantKind.CHUNKED_PREFILL, VariantKind.PREFIX_CACHE)
+
+
+class Runner(Protocol):
+    """Runs an engine over the prompts into a run directory (a gate's: gate/kept.py's Runs)."""
+
+    def kept(self, out: Path) -> Run | None:
+        """The run an interrupted attempt finished in `out`; None: it is run."""
+
+    def run(self, engine: Engine, prompts: Sequence[PromptInput], out: Path, label: str, *,
+            continues: bool = True) -> Run:
+        """The run, an unfinished one in `out` continued from its last record when `continues`."""
+
+
+def restarts(v: Variant) -> str:
+    """Why an unfinished run of `v` starts over on a resume ("": it continues from its last record).
+    Batches, requests in flight and needles are drawn over the whole prompt set, so a run cut
+    short cannot be continued as the same variant; a speculative run's acceptance counts are the
+    engine's counters over the whole run, on no disk, so even a finished one is run again."""
+    if v.kind in ON_THEIR_OWN:
+        return ""
+    if v.exact:
+        return "its acceptance counts are the engine's counters over the whole run, not on disk"
+    return "it serves prompts together, drawn over the whole prompt set"
 
 
 def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
@@ -39,19 +69,40 @@ def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
     return [out / f"{v.name}.r{k}" for k in range(1, repeats + 1)]
 
 
+def planned(inv: InvarianceConfig, inputs: Sequence[PromptInput], out_dir: Path) -> list[tuple[str, Variant, Path]]:
+    """(arm, variant, run directory) of every run `run_invariance` may make, arm by arm."""
+    variants = [BASELINE, *(v for v in inv.variants if unexercised(v, inputs) is None)]
+    return [(arm, v, d) for arm in inv.arms for v in variants for d in _dirs(out_dir / arm, v, inv.repeats)]
+
+
+def _timed_by_records(runs: Sequence[Run]) -> float:
+    """The runs' serving time as their records say it (each prompt's wall clock, as measured then)."""
+    return sum(r.timing.total_s for run in runs for r in run.records.values() if r.timing and r.timing.total_s)
+
+
 class _Arm:
     """One arm's variants: its engines in turn, its batch-1 run, the runs of each variant."""
 
-    def __init__(self, arm: str, inv: InvarianceConfig, inputs: Sequence[PromptInput], out: Path, run: RunArm,
+    def __init__(self, arm: str, inv: InvarianceConfig, inputs: Sequence[PromptInput], out: Path, runner: Runner,
                  band: float):
-        self.arm, self.inv, self.inputs, self.out, self.run, self.band = arm, inv, inputs, out, run, band
+        self.arm, self.inv, self.inputs, self.out, self.runner, self.band = arm, inv, inputs, out, runner, band
         self.baseline: Run | None = None
         self.baseline_s: float | None = None
         self.results: list[VariantResult] = []
         self.pending: list[_Ran] = []
 
+    def _all_kept(self, v: Variant) -> bool:
+        """An interrupted attempt finished every run of `v` (a speculative variant's are never kept:
+        its acceptance counts are not on disk)."""
+        return not v.exact and all(self.runner.kept(out) is not None for out in _dirs(self.out, v, self.inv.repeats))
+
     def serve(self, engine: Engine, variants: Sequence[Variant]) -> None:
-        """Start `engine`, run the variants on it, stop it; a start failure leaves them not run."""
+        """Start `engine`, run the variants on it, stop it; a start failure leaves them not run.
+        Variants whose runs were all kept need no engine: it is not started for them alone."""
+        if all(self._all_kept(v) for v in variants):
+            for v in variants:
+                self._variant(engine, v)  # every run kept: the engine is not asked for anything
+            return
         first = _dirs(self.out, variants[0], self.inv.repeats)[0]
         first.mkdir(parents=True, exist_ok=True)
         if engine.writes_log:
@@ -75,19 +126,25 @@ class _Arm:
     def _variant(self, engine: Engine, v: Variant) -> None:
         if v is not BASELINE and self.baseline is None:
             return  # the batch-1 run failed: the variant was marked not run
-        runs, problems = [], []
+        runs, problems, fresh = [], [], True
         before = engine.acceptance() if v.exact else None
         t0 = time.perf_counter()
         for k, out in enumerate(_dirs(self.out, v, self.inv.repeats), start=1):
             label = f"{self.arm} {v.name}" + (f" ({k}/{self.inv.repeats})" if self.inv.repeats > 1 and v is not BASELINE
                                              else "")
+            kept = None if v.exact else self.runner.kept(out)
+            if kept is not None:
+                runs.append(kept)
+                fresh = False
+                continue
             variant = VariantEngine(engine, v, needle_max=self.inv.needle_max, seed=self.inv.seed)
             try:
-                runs.append(self.run(variant, self.inputs, out, label))
+                runs.append(self.runner.run(variant, self.inputs, out, label, continues=not restarts(v)))
             except (EngineError, IncompleteRunError) as e:
                 problems.append(f"{self.arm} {v.name} engine failed: {e}")
                 runs.append(load_run(out, allow_incomplete=True))
-        seconds = time.perf_counter() - t0
+            fresh = fresh and not runs[-1].manifest.resumed
+        seconds = time.perf_counter() - t0 if fresh else _timed_by_records(runs)
         after = engine.acceptance() if v.exact else None
         accepted = after.since(before) if after is not None and before is not None else after
         if v is BASELINE:
@@ -142,13 +199,13 @@ def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, li
 
 
 def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engine]], inputs: Sequence[PromptInput],
-                   out_dir: Path, run: RunArm, *, band: float) -> InvarianceResult:
+                   out_dir: Path, runner: Runner, *, band: float) -> InvarianceResult:
     """Every arm of `inv.arms`: its batch-1 run, then its variants, each judged against it."""
     results: list[VariantResult] = []
     baselines = {}
     skipped = {v: why for v in inv.variants if (why := unexercised(v, inputs)) is not None}
     for arm in inv.arms:
-        a = _Arm(arm, inv, inputs, out_dir / arm, run, band)
+        a = _Arm(arm, inv, inputs, out_dir / arm, runner, band)
         base = builders[arm]()
         for engine, variants in _engines(base, [v for v in inv.variants if v not in skipped]):
             if a.baseline is None and BASELINE not in variants:

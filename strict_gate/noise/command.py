@@ -51,6 +51,15 @@ class _Runner:
         on_record: OnRecord | None = self.progress(label, len(prompts)) if self.progress else None
         return run_arm(engine, prompts, self.sampling, out, prompt_set=self.ps, runs=runs, on_record=on_record)
 
+    def kept(self, out: Path) -> Run | None:
+        """`strict-gate noise` has no resume: every run is made afresh in its own directory."""
+        return None
+
+    def run(self, engine: Engine, prompts: Sequence[PromptInput], out: Path, label: str, *,
+            continues: bool = True) -> Run:
+        """The invariance runner's call (invariance/run.py's Runner): nothing to continue here."""
+        return self(engine, prompts, out, label)
+
 
 def _live_arm(cfg: GateConfig) -> ArmConfig | None:
     """The live engine of the reference's build: the reference, or a recorded one's [rescorer]

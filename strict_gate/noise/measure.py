@@ -21,7 +21,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput, Serving
 from strict_gate.errors import EngineError, IncompleteRunError
 from strict_gate.invariance.config import InvarianceConfig, Variant, VariantKind
-from strict_gate.invariance.run import run_invariance
+from strict_gate.invariance.run import Runner, run_invariance
 from strict_gate.noise.flips import (
     FlipSite,
     Tally,
@@ -34,8 +34,6 @@ from strict_gate.noise.flips import (
 from strict_gate.noise.profile import K_RUNS, SelfFlip, Variation
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run, ScoredStep
-
-RunArm = Callable[[Engine, Sequence[PromptInput], Path, str], Run]
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,7 @@ def k_runs(m: Measured, base: Run, k: int, source: str) -> None:
 
 
 def live_variations(m: Measured, plan: NoisePlan, build: Callable[[], Engine], inputs: Sequence[PromptInput],
-                    out: Path, run: RunArm, golden: Run | None) -> Run | None:
+                    out: Path, run: Runner, golden: Run | None) -> Run | None:
     """The live engine's batch-1 run and its serving variants; returns the batch-1 run."""
     probe = build()
     servings = probe.servings

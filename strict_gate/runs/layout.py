@@ -6,6 +6,7 @@ A report directory (`<output_dir>/<gate>-<time>/`; `strict-gate bench` writes `<
     gate-state.json         what `gate --resume` needs, written before any arm runs; sealed
     gate.lock               held (flock) by the gate or resume working in the directory
     candidate/ reference/   the arms' run directories
+    invariance/<arm>/<run>/ [invariance]'s run directories, sealed as the arms' are (gate/kept.py)
     rescorer.log            a [rescorer] process's output
     report.md report.html junit.xml
     report.json             written last: its presence means the set is whole

@@ -2,7 +2,7 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
-                             [--score] [--garbage] [--stop J] [--delay S]
+                             [--score] [--garbage] [--stop J] [--delay S] [--tag NAME]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -10,6 +10,13 @@ match replies by id). Token i of a prompt is a function of the prompt alone:
 (sum(ids) * 31 + 7 * i) % 1000 + 1 + S, its logprob -0.1, the runner-up (token + 1) G nats below
 (S: --shift, 0 by default; another S is another engine at batch 1 already). --delay S: each group
 is answered S seconds after it is read (a test signals the gate meanwhile).
+
+A test counts and stops it through its environment (the gate's, which its engines inherit):
+$VARIANT_ENGINE_REQUESTS names a file where each process appends "TAG start" when it starts and
+"TAG generate ID" per generate request as it reads it (TAG: --tag, "engine" by default), and
+$VARIANT_ENGINE_HOLD = "TAG:WHAT:N" (WHAT: start or generate) holds the process that appends
+the Nth such line of its tag (before its hello, or before answering) until its stdin has more to
+read or closes: the gate is then waiting on it at a known point, for the test to signal.
 
 --score declares the score op: teacher-forced, position i's top-2 are the batch-1 token and its
 runner-up G nats below, whatever the prefix (the model above). --garbage: where token 2 moved,
@@ -109,6 +116,19 @@ class Lines:
             self._fill(None)
 
 
+def note(tag: str, what: str, stdin_fd: int, detail: str = "") -> None:
+    """One line in $VARIANT_ENGINE_REQUESTS; at the line $VARIANT_ENGINE_HOLD names, wait for stdin."""
+    path = os.environ.get("VARIANT_ENGINE_REQUESTS")
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{tag} {what} {detail}".rstrip() + "\n")
+    with open(path, encoding="utf-8") as f:
+        n = sum(1 for line in f if line.split()[:2] == [tag, what])
+    if os.environ.get("VARIANT_ENGINE_HOLD") == f"{tag}:{what}:{n}":
+        select.select([stdin_fd], [], [], 60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="invariant")
@@ -121,7 +141,9 @@ def main() -> int:
     ap.add_argument("--score", action="store_true")
     ap.add_argument("--garbage", action="store_true")
     ap.add_argument("--stop", type=int, default=None)
+    ap.add_argument("--tag", default="engine")
     args = ap.parse_args()
+    note(args.tag, "start", sys.stdin.fileno())
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
           "max_in_flight": args.max_in_flight, "prefix_cache": not args.no_cache, "pid": os.getpid()})
@@ -133,6 +155,9 @@ def main() -> int:
             return 0
         if any(r.get("op") == "shutdown" for r in group):
             return 0
+        if group[0].get("op") != "score":
+            for req in group:
+                note(args.tag, "generate", stdin.fd, req["id"])
         time.sleep(args.delay)
         if group[0].get("op") == "score":
             for req in group:
