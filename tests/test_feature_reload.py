@@ -193,13 +193,13 @@ def rejudged(s: SpeedResult, bars: dict[str, float]) -> SpeedResult:
 def real_speeds(timed: GateResult, incomplete: SpeedResult) -> dict[str, SpeedResult]:
     s = timed.feature("speed")
     assert s is not None
-    out = {"not comparable": s, "pass": rejudged(s, {"decode": 1.2}), "fail": rejudged(s, {"decode": 5.0}),
-           "not separable": rejudged(s, {"decode": 1.2, "ttft": 1.0}), "informational": rejudged(s, {}),
-           "incomplete": incomplete}
-    assert {k: v.verdict.kind.value for k, v in out.items()} == {
-        "not comparable": "not_comparable", "pass": "pass", "fail": "fail", "not separable": "not_separable",
-        "informational": "informational", "incomplete": "incomplete"}
-    return out
+    # The same real figures judged against several bars. Which verdict each bar gives depends on the
+    # machine's load (a loaded machine widens the intervals: "not separable"), so none is asserted
+    # here: each reloads and renders the same whatever it is; every verdict kind is covered on fixed
+    # figures by test_each_speed_verdict_reloads_and_renders_the_same.
+    return {"as timed": s, "bar 1.2": rejudged(s, {"decode": 1.2}), "bar 5": rejudged(s, {"decode": 5.0}),
+            "two bars": rejudged(s, {"decode": 1.2, "ttft": 1.0}), "no bar": rejudged(s, {}),
+            "incomplete": incomplete}
 
 
 def test_a_real_timed_speed_result_reloads_and_renders_the_same(timed, incomplete):
