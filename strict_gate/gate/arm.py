@@ -15,7 +15,7 @@ from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError
+from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError, located
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, audit_record, greedy_violation, vocab_size
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
@@ -27,12 +27,16 @@ OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
 
 
 def prompt_inputs(prompts: PromptSet, tokenizer_engine: Engine) -> list[PromptInput]:
-    """Tokenize once, with one engine, so both arms are fed the very same ids."""
-    with tokenizer_engine.scoped_env():
-        return [
-            PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
-            for p in prompts.prompts
-        ]
+    """Tokenize once, with one engine, so both arms are fed the very same ids; an engine that
+    cannot (no tokenizer for text prompts) is named at its config's table."""
+    try:
+        with tokenizer_engine.scoped_env():
+            return [
+                PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
+                for p in prompts.prompts
+            ]
+    except ConfigError as e:
+        raise located(e, *tokenizer_engine.configured_at) from None
 
 
 def determinism_summary(records: Sequence[Record]) -> dict:
