@@ -246,3 +246,19 @@ def test_a_half_character_is_never_re_split_into_bytes_the_server_never_sent():
                                 speller(MODEL / "tokenizer.json"), band=0.5, greedy_tolerance=1e-3)
     assert n == 0 and records["e"].token_ids == cand.token_ids  # before: re-split as ...0xF0 '¿' '½' ...
     assert again.prompts[0].first_divergence.position == 7
+
+
+# ---- issue 50 item 10: check-engine holds a text-only server to what a gate asks of it
+
+
+def test_check_engine_does_not_fail_a_text_only_server_on_streaming_a_gate_never_asks_for(user_dir, fake_openai):
+    """A text-only server that answers a streamed request as a plain one: a gate's token runs
+    never stream it, so check-engine says what it found without failing the server on it."""
+    srv = _server(fake_openai, no_stream=True, tokenize=True)
+    Path("engine.toml").write_text(f'kind = "openai"\nbase_url = "{srv.url}"\ntext_only = true\n'
+                                   'tokenizer = "tokenizer"\nretries = 0\n')
+    r = runner.invoke(app, ["check-engine", "engine.toml"], terminal_width=200)
+    assert r.exit_code == 0, r.output  # before: exit 1, "FAIL stream"
+    line = next(x for x in r.output.splitlines() if " stream " in x)
+    assert line.split()[0] == "n/a" and "a gate's token runs never stream a text-only server" in line, line
+    assert "only [speed] would" in line and "the stream ended without a finish_reason" in line, line
