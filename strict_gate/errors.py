@@ -39,6 +39,14 @@ class ConfigError(StrictGateError):
     """A gate or engine config that is invalid."""
 
 
+def located(error: ConfigError, path: str | None, line: int | None) -> ConfigError:
+    """`error` placed at `path`:`line` where it names no file: an engine's own refusal raised after
+    its config was read (a tokenizer it lacks) is named at the table that configured it."""
+    if error.path is not None or path is None:
+        return error
+    return ConfigError(str(error), path=path, line=line)
+
+
 class MissingExtraError(StrictGateError):
     """An engine needs a package that is not installed."""
 

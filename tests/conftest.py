@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,16 @@ def fake_openai():
     yield make
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture
+def virtual_clock(tmp_path) -> Iterator[Path]:
+    """The speed measurement's clock made virtual (tests/virtual_clock.py): the file to hand the
+    test engines as `--clock FILE`, whose pauses are then all the time the gate measures."""
+    from virtual_clock import virtual_time
+
+    with virtual_time(tmp_path / "virtual-clock") as path:
+        yield path
 
 
 @pytest.fixture(autouse=True)

@@ -334,3 +334,36 @@ def test_compare_refuses_a_measured_band_without_a_profile_and_an_edited_one(her
     r = cli("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band", "measured", "--noise",
             f"baselines/{FP32}/noise.json")
     assert r.exit_code == 2 and "edited after it was measured" in r.output, r.output
+
+
+# ---- issue 50 item 2: a profile or a [noise] key that cannot be read names the file (and line), exit 2
+
+
+def test_a_profile_holding_a_number_out_of_a_floats_range_is_refused_naming_it(here):
+    """`1e999` is valid JSON that reads as inf: the seal's canonical JSON cannot hold it."""
+    path = _profiled(here)
+    path.write_text(path.read_text().replace('"largest_magnitude": null', '"largest_magnitude": 1e999'))
+    assert "1e999" in path.read_text()
+    gate(here, band="measured")
+    for args in (("gate", "gates/gate.toml"), ("compare", f"baselines/{FP32}", f"baselines/{BF16}", "--band",
+                                               "measured", "--noise", f"baselines/{FP32}/noise.json")):
+        r = cli(*args)  # before: ValueError traceback, exit 1
+        assert r.exit_code == 2, r.output
+        assert "noise.json" in r.output and "1e999" in r.output and "out of a float's range" in r.output
+
+
+def test_a_noise_key_of_the_wrong_type_names_the_config_file_and_line(here):
+    gate(here, band="measured", noise={"profile": 5})
+    line = next(i for i, s in enumerate((here / "gates" / "gate.toml").read_text().splitlines(), 1)
+                if s.startswith("profile"))
+    r = cli("gate", "gates/gate.toml")
+    assert r.exit_code == 2, r.output
+    assert f"gates/gate.toml:{line}: [noise] profile = 5 has the wrong type" in r.output  # before: no file, no line
+
+
+def test_a_profile_nested_too_deep_to_read_is_refused_naming_it(here):
+    path = _profiled(here)
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    gate(here, band="measured")
+    r = cli("gate", "gates/gate.toml")  # before: RecursionError traceback, exit 1
+    assert r.exit_code == 2 and "noise.json" in r.output and "is not JSON" in r.output, r.output

@@ -178,3 +178,42 @@ def test_a_run_that_omits_or_contradicts_its_device_is_never_said_to_match(tmp_p
         assert "alone" not in md and "devices differ" not in md and words in " ".join(console.split())
         shutil.rmtree(tmp_path / "cpu")
         shutil.rmtree(tmp_path / "out")
+
+
+# ---- issue 50 item 10: a replayed arm's wall clock is no speed
+
+
+def test_a_replayed_arm_shows_no_speed_on_the_console(tmp_path, monkeypatch):
+    """Two stored runs gated from the user's directory: reading a run back takes microseconds a
+    prompt, which the progress bar showed as ~71,000 tok/s. It says the arm was replayed instead."""
+    import subprocess
+
+    from noise_fixtures import gate, layout
+
+    monkeypatch.chdir(layout(tmp_path))
+    gate(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "strict_gate.cli", "gate", "gates/gate.toml"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode in (0, 1, 3), r.stderr[-2000:]
+    bars = [line for line in r.stderr.splitlines() if line.startswith(("reference", "candidate"))]
+    assert len(bars) >= 2 and all("replayed (no speed)" in b for b in bars), bars  # before: "71234.5 tok/s"
+    assert "tok/s" not in r.stderr
+
+
+def test_a_replayed_run_without_timings_gets_no_wall_clock_in_report_md(tmp_path, monkeypatch):
+    """A stored reference whose records carry no timing: the replay's file reads were written
+    into its records as their wall clock, and report.md showed them as the capture's speed."""
+    from noise_fixtures import FP32, gate, layout, records, rewrite
+
+    monkeypatch.chdir(layout(tmp_path))
+    base = tmp_path / "baselines" / FP32
+    rewrite(base, [{k: v for k, v in r.items() if k != "timing"} for r in records(base)])
+    gate(tmp_path)
+    r = CliRunner().invoke(app, ["gate", "gates/gate.toml"], catch_exceptions=False)
+    assert r.exit_code in (0, 1, 3), r.output
+    mds = list(tmp_path.rglob("report.md"))
+    assert len(mds) == 1, r.output
+    md = mds[0]
+    wall = md.read_text().split("Wall clock in this gate")[1].splitlines()
+    row = next(line for line in wall if line.startswith("| reference"))
+    assert row == "| reference (recorded at capture) | – | – | – | – | – |", row  # before: a replay's tok/s

@@ -155,13 +155,15 @@ def test_item6_runs_declaring_three_prompts_holding_two_are_incomplete(tmp_path)
 # ---------------------------------------------------------------- item 1: every stored verdict
 
 
-def speed_gate(tmp_path: Path, reference_flags: tuple[str, ...], bar: float) -> Path:
+def speed_gate(tmp_path: Path, reference_flags: tuple[str, ...], bar: float, clock: Path) -> Path:
+    """Both arms in virtual time (`clock`: the virtual_clock fixture's file), so that the speed
+    verdict does not depend on the machine's load."""
     prompts = tmp_path / "two.jsonl"
     prompts.write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
 
     def arm(*flags):
-        return {"kind": "command", "command": [sys.executable, str(SPEED), "--per-token", "0.01", *flags],
-                "tokenizer": "bundled:tiny-llama"}
+        return {"kind": "command", "command": [sys.executable, str(SPEED), "--per-token", "0.01", *flags,
+                                               "--clock", str(clock)], "tokenizer": "bundled:tiny-llama"}
 
     return write_gate(tmp_path, name="speed", prompts=prompts, max_tokens=4, output_dir=tmp_path / "out",
                       policy="strict", reference=arm(*reference_flags), candidate=arm(),
@@ -172,8 +174,9 @@ def speed_gate(tmp_path: Path, reference_flags: tuple[str, ...], bar: float) -> 
     ((), 10.0, 4, "speed fail"),  # decode ~1x against a 10x bar
     (("--die-after", "2"), 0.5, 3, "speed incomplete"),  # the reference dies on its first timed request
 ])
-def test_item1_resume_of_a_finished_gate_exits_with_its_speed_verdict(tmp_path, flags, bar, code, said):
-    config = speed_gate(tmp_path, flags, bar)
+def test_item1_resume_of_a_finished_gate_exits_with_its_speed_verdict(tmp_path, flags, bar, code, said,
+                                                                      virtual_clock):
+    config = speed_gate(tmp_path, flags, bar, virtual_clock)
     first = runner.invoke(app, ["gate", str(config)])
     assert first.exit_code == code, first.output
     d = report_dir(tmp_path / "out")

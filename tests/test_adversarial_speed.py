@@ -3,10 +3,13 @@
 what it times.
 
 The engines are real processes over the command protocol: tests/engines/hostile_speed_engine.py
-(one trick each) against tests/engines/speed_engine.py (honest). Their sleeps (0.2 s before the
-first token, 0.05 s per later one, 1.5 s for a slow first request) are chosen so that every
-trick moves a ratio by 1.5x or more, far beyond a busy 2-core machine's jitter; the tests
-assert verdicts and exit codes, not timings.
+(one trick each) against tests/engines/speed_engine.py (honest). Their pauses (0.2 s before the
+first token, 0.05 s per later one, 1.5 s for a slow first request) move a ratio by 1.5x or
+more; a test whose verdict rests on a ratio runs them in virtual time (the `virtual_clock`
+fixture, tests/virtual_clock.py: the engines add their pauses to the clock the measurement
+reads), so that its verdict does not depend on the machine's load (issue 50, item 9: a loaded
+2-core CI machine made a pass "not separable"). The tests assert verdicts and exit codes, not
+timings.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ HONEST = ENGINES / "speed_engine.py"
 runner = CliRunner()
 
 
-def arm(script: Path, *flags: str) -> str:
-    argv = json.dumps(["python", str(script), *flags])
+def arm(script: Path, *flags: str, clock: Path | None = None) -> str:
+    """A command arm; with `clock`, in virtual time (the virtual_clock fixture's file)."""
+    argv = json.dumps(["python", str(script), *flags, *(("--clock", str(clock)) if clock else ())])
     return f'kind = "command"\ncommand = {argv}\ntokenizer = "bundled:tiny-llama"\n'
 
 
@@ -57,8 +61,9 @@ def bench(tmp_path: Path, reference: str, candidate: str, speed: str, runs: int 
 # ---------------------------------------------------------------------------- item 2: stream events
 
 
-def test_events_written_at_once_before_a_slow_reply_get_no_fast_decode(tmp_path):
-    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "burst", "--stream"),
+def test_events_written_at_once_before_a_slow_reply_get_no_fast_decode(tmp_path, virtual_clock):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream", clock=virtual_clock),
+                            arm(HOSTILE, "--trick", "burst", "--stream", clock=virtual_clock),
                             'rungs = ["8/8"]\nmin_speed_ratio = { decode = 3.0 }', runs=4)
     assert data["method"] == "stream"
     assert code == 4 and data["verdict"] == "fail", out  # was: decode in the thousands, a pass
@@ -104,10 +109,11 @@ def test_zeros_on_the_gate_rung_disagree_with_the_arms_own_gate_tokens(tmp_path)
 # ---------------------------------------------------------------------------- item 4: the two-request method
 
 
-def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_path):
+def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_path, virtual_clock):
     # the full request takes 1.5 s to its first token, then 0.03 s per token: derived decode
     # (n - 1) / (t_full - TTFT) is 1.7x the honest reference's while e2e is 0.5x
-    code, out, data = bench(tmp_path, arm(HONEST), arm(HOSTILE, "--trick", "slow-first", "--per-token", "0.03"),
+    code, out, data = bench(tmp_path, arm(HONEST, clock=virtual_clock),
+                            arm(HOSTILE, "--trick", "slow-first", "--per-token", "0.03", clock=virtual_clock),
                             'rungs = ["8/16"]\nmin_speed_ratio = { decode = 1.3 }', runs=4)
     assert data["method"] == "two-request"
     assert code == 4 and data["verdict"] == "fail", out  # was: a pass on decode alone
@@ -116,8 +122,9 @@ def test_a_slow_max_tokens_1_request_does_not_flatter_two_request_decode(tmp_pat
     assert "held against e2e" in out and "biased" in out  # the method states its bias
 
 
-def test_the_gate_rung_ttft_request_shares_no_cached_prompt_with_the_full_request(tmp_path):
-    code, out, data = bench(tmp_path, arm(HONEST, "--stream"), arm(HOSTILE, "--trick", "cache", "--stream"),
+def test_the_gate_rung_ttft_request_shares_no_cached_prompt_with_the_full_request(tmp_path, virtual_clock):
+    code, out, data = bench(tmp_path, arm(HONEST, "--stream", clock=virtual_clock),
+                            arm(HOSTILE, "--trick", "cache", "--stream", clock=virtual_clock),
                             'rungs = ["gate"]\nmin_speed_ratio = { ttft = 2.0 }', runs=4)
     assert data["method"] == "stream"
     assert code == 4 and data["verdict"] == "fail", out  # was: TTFT read from a cached prompt, 4x, a pass
@@ -254,14 +261,15 @@ def test_a_masked_eos_is_not_a_greedy_violation_when_eos_was_ignored(tmp_path, r
     EOS and lists it above the token it emits (its logprobs are read before the mask). That EOS
     was banned, so it is not the reply's top-1 to be greedy against; and where the other arm
     emitted the EOS as an ordinary token (vLLM), the replies are compared before it (which an EOS
-    met on the way does is not compared). Both verify."""
+    met on the way does is not compared). Both verify. No bar: the verdict is the tokens', and a
+    bar over these replies (answered at once) would be judged on the machine's load alone."""
     ref = arm(HONEST, "--per-token", "0.01") if reference == "honest" else \
         arm(HOSTILE, "--trick", "eos-emitted", "--per-token", "0.01")
     code, out, data = bench(tmp_path, ref, arm(HOSTILE, "--trick", "eos-masked", "--per-token", "0.01"),
-                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
+                            'rungs = ["8/8"]', runs=4)
     check = data["rungs"][0]["token_check"]
     assert check["verified"] is True, (check, out)  # before: "not_greedy ... below its own top-1 2"
-    assert code == 0 and data["verdict"] == "pass", out
+    assert code == 0 and data["verdict"] == "informational", out  # nothing blocks the figures
 
 
 def test_an_eos_the_reply_was_not_told_to_ignore_still_counts(tmp_path):
@@ -271,3 +279,31 @@ def test_an_eos_the_reply_was_not_told_to_ignore_still_counts(tmp_path):
                             arm(HOSTILE, "--trick", "tie-garbage", "--per-token", "0.01"),
                             'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.1 }', runs=4)
     assert code == 1 and data["rungs"][0]["token_check"]["verified"] is False, out
+
+
+# ---------------------------------------------------------------------------- issue 50, item 9: no verdict on the load
+
+
+def test_a_loaded_machine_does_not_move_a_speed_verdict(tmp_path, virtual_clock, monkeypatch):
+    """Two honest engines of the same speed against an e2e bar of 0.5x: a pass. The gate's own
+    process is stalled 0.3 s on every third request, as a loaded CI machine stalls it (in wall
+    time that alone makes the ratio "not separable", as on the 2-core CI run of issue 50); the
+    measurement reads the virtual clock the engines advance, so the verdict stays a pass."""
+    import time
+
+    from strict_gate.engines.command.engine import CommandEngine
+
+    calls, generate = [], CommandEngine.generate
+
+    def stalled(self, prompts, sampling):
+        calls.append(1)
+        if len(calls) % 3 == 0:
+            time.sleep(0.3)
+        return generate(self, prompts, sampling)
+
+    monkeypatch.setattr(CommandEngine, "generate", stalled)
+    code, out, data = bench(tmp_path, arm(HONEST, "--per-token", "0.01", clock=virtual_clock),
+                            arm(HONEST, "--per-token", "0.01", clock=virtual_clock),
+                            'rungs = ["8/8"]\nmin_speed_ratio = { e2e = 0.5 }', runs=4)
+    assert len(calls) >= 16, calls  # the stalls happened
+    assert code == 0 and data["verdict"] == "pass", out  # before: no clock to inject (AttributeError)

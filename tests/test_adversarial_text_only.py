@@ -205,3 +205,60 @@ def test_the_one_sided_policy_is_named_in_every_format_of_a_passing_gate(user_di
     rep = _report(user_dir)
     assert rep["policy"] == "near-tie-reference-only" and any(said in n for n in rep["notes"])
     assert said in " ".join(runner.invoke(app, ["show", str(out)], terminal_width=200).output.split())
+
+
+# ---- issue 50 item 7: a re-split is accepted only where it spells the reply's very bytes
+
+
+def test_a_half_character_is_never_re_split_into_bytes_the_server_never_sent():
+    """The reference ends " 👌" with a lone 0xF0 (a character it never finished); the server's text
+    holds U+FFFD there (bytes EF BF BD), so the reply tokenizes to 'ï' '¿' '½'. Both "...👌" + 0xF0
+    and "...👌" + 0xEF decode to " ok 👌�": walked along the reference's 0xF0 by text alone, the
+    re-split glued the reply's '¿' '½' after it and a divergence was found at a token ('¿') the
+    engine never emitted. Bytes decide: the reply keeps its in-context ids, diverging where its
+    bytes do (position 7)."""
+    from tokenizers import Tokenizer
+
+    from strict_gate.engines.openai.text_only import in_context
+    from strict_gate.judge.compare_runs import compare_runs
+    from strict_gate.judge.resplit import resplit
+    from strict_gate.judge.text_only import decoder, speller
+    from strict_gate.runs.records import Record, ScoredStep, TextReply
+
+    tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
+    enc = lambda s: list(tok.encode(s, add_special_tokens=False).ids)  # noqa: E731
+    half = tok.token_to_id("ð")  # the byte 0xF0 alone: a 4-byte character begun, never finished
+    prompt, text = "Reply with an emoji:", " ok 👌\ufffd the end"
+    placed = in_context(tok, prompt, text)
+    ref = Record(id="e", prompt_token_ids=placed.prompt_ids, token_ids=(*enc(" ok 👌"), half, *enc(" a start")),
+                 finish_reason="length")
+    cand = Record(id="e", prompt_token_ids=placed.prompt_ids, token_ids=placed.continuation, finish_reason="length",
+                  text_only=TextReply(text, len(placed.prompt_ids), 11))
+    decode = decoder(MODEL / "tokenizer.json")
+    assert decode(ref.prompt_token_ids, ref.token_ids[:8]) == decode(cand.prompt_token_ids, cand.token_ids[:8])
+    comparison = compare_runs({"e": ref}, {"e": cand}, band=0.5, decode=decode)
+    assert comparison.prompts[0].first_divergence.position == 7
+
+    def score(prompt_ids, ids, k):  # the reference: 0xF0 first, then 0x9F (the emoji it meant)
+        return [ScoredStep(t, None, ((half, -0.1), (tok.token_to_id("Ł"), -2.5))) for t in ids]
+
+    again, records, n = resplit(comparison, {"e": ref}, {"e": cand}, score, 5, decode,
+                                speller(MODEL / "tokenizer.json"), band=0.5, greedy_tolerance=1e-3)
+    assert n == 0 and records["e"].token_ids == cand.token_ids  # before: re-split as ...0xF0 '¿' '½' ...
+    assert again.prompts[0].first_divergence.position == 7
+
+
+# ---- issue 50 item 10: check-engine holds a text-only server to what a gate asks of it
+
+
+def test_check_engine_does_not_fail_a_text_only_server_on_streaming_a_gate_never_asks_for(user_dir, fake_openai):
+    """A text-only server that answers a streamed request as a plain one: a gate's token runs
+    never stream it, so check-engine says what it found without failing the server on it."""
+    srv = _server(fake_openai, no_stream=True, tokenize=True)
+    Path("engine.toml").write_text(f'kind = "openai"\nbase_url = "{srv.url}"\ntext_only = true\n'
+                                   'tokenizer = "tokenizer"\nretries = 0\n')
+    r = runner.invoke(app, ["check-engine", "engine.toml"], terminal_width=200)
+    assert r.exit_code == 0, r.output  # before: exit 1, "FAIL stream"
+    line = next(x for x in r.output.splitlines() if " stream " in x)
+    assert line.split()[0] == "n/a" and "a gate's token runs never stream a text-only server" in line, line
+    assert "only [speed] would" in line and "the stream ended without a finish_reason" in line, line

@@ -161,14 +161,19 @@ def timed(tmp_path_factory) -> GateResult:
     """A real gate with [speed]: both arms timed on the engines their token runs used (the timed
     tokens checked against the gate's records), the candidate twice as fast at decoding, and a
     dtype the arms declare differently (a flattering mismatch: not comparable)."""
+    from virtual_clock import virtual_time
+
     from strict_gate.gate.run import run_gate
 
     tmp = tmp_path_factory.mktemp("timed")
-    ref = command_arm("--stream", "--ttft", "0.01", "--per-token", "0.006", "--hello-json", '{"dtype": "float32"}')
-    cand = command_arm("--stream", "--ttft", "0.01", "--per-token", "0.003", "--hello-json", '{"dtype": "bfloat16"}')
-    path = speed_gate_file(tmp, ref, cand, {"warmup": 0, "runs": 4, "rungs": ["8/5", "gate"],
-                                            "min_speed_ratio": {"decode": 1.2}}, policy="strict")
-    result = run_gate(load_gate_config(path)).result
+    with virtual_time(tmp / "virtual-clock") as clock:  # the verdicts below rest on ratios: none on the load
+        ref = command_arm("--stream", "--ttft", "0.01", "--per-token", "0.006", "--hello-json", '{"dtype": "float32"}',
+                          "--clock", str(clock))
+        cand = command_arm("--stream", "--ttft", "0.01", "--per-token", "0.003", "--hello-json",
+                           '{"dtype": "bfloat16"}', "--clock", str(clock))
+        path = speed_gate_file(tmp, ref, cand, {"warmup": 0, "runs": 4, "rungs": ["8/5", "gate"],
+                                                "min_speed_ratio": {"decode": 1.2}}, policy="strict")
+        result = run_gate(load_gate_config(path)).result
     assert result.feature("speed") is not None and result.feature("speed").mismatches
     return result
 

@@ -237,7 +237,7 @@ def test_a_text_only_reply_is_split_as_the_reference_would_before_it_is_re_score
     difference is found where the text differs."""
     from strict_gate.engines.hf import HFEngine, HFOptions
     from strict_gate.judge.resplit import resplit
-    from strict_gate.judge.text_only import decoder
+    from strict_gate.judge.text_only import decoder, speller
 
     ref = load_run(BASELINE).records["list-009"]
     decode = decoder(MODEL / "tokenizer.json")
@@ -257,7 +257,7 @@ def test_a_text_only_reply_is_split_as_the_reference_would_before_it_is_re_score
     try:
         hf.start()
         again, records, n = resplit(comparison, {"list-009": ref}, {"list-009": cand}, hf.score, 5, decode,
-                                    band=0.5, greedy_tolerance=1e-3)
+                                    speller(MODEL / "tokenizer.json"), band=0.5, greedy_tolerance=1e-3)
     finally:
         hf.close()
     walked = records["list-009"]

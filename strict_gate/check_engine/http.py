@@ -3,8 +3,10 @@
 A text-only server (`text_only = true`) returns text, usage and nothing else, so what can be
 checked is what it states: that it read each prompt as the gate tokenized it (usage.prompt_tokens,
 and its /tokenize where it has one), and that a streamed reply is the same text as the plain one,
-its first delta inside the request. Greedy decoding, logprobs and ties cannot be seen in text;
-the generate checks say so instead of passing on nothing (generation.py asks `text_only`).
+its first delta inside the request. A gate's token runs never stream a text-only server (only
+`[speed]` does), so a stream that does not hold is said, not failed. Greedy decoding, logprobs
+and ties cannot be seen in text; the generate checks say so instead of passing on nothing
+(generation.py asks `text_only`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from strict_gate.check_engine.checklist import Status
 from strict_gate.check_engine.probe import SAMPLING, Failed, Probe
 from strict_gate.engines.base import Engine
+from strict_gate.errors import StrictGateError
 from strict_gate.runs.records import Record
 
 Verdict = tuple[Status, str]
@@ -51,11 +54,24 @@ def prompt_honoured(runs: Mapping[str, Record]) -> str:
 
 
 def http_stream(probe: Probe) -> Verdict:
+    """A streamed reply against the plain one; for a text-only server, whose token runs a gate
+    never streams, what went wrong is said as not applicable instead of failing the server."""
     engine = probe.engine
     if probe.command is not None:
         return Status.NOT_APPLICABLE, "a command engine's token events are the stream check's"
     if not engine.streams:
         return Status.NOT_APPLICABLE, f"the {engine.kind} engine does not stream"
+    if not text_only(engine):
+        return _streamed(probe)
+    try:
+        return _streamed(probe)
+    except (Failed, StrictGateError) as e:
+        return Status.NOT_APPLICABLE, (f"a gate's token runs never stream a text-only server; only [speed] would, "
+                                       f"and its rungs would not be measured: {e}")
+
+
+def _streamed(probe: Probe) -> Verdict:
+    engine = probe.engine
     runs = probe.need_runs()
     p = probe.prompts[0]
     deltas: list[int] = []

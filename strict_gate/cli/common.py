@@ -116,7 +116,10 @@ def progress_bars():
         task = progress.add_task(label, total=total, tps="")
         state = {"tokens": 0, "seconds": 0.0}
 
-        def on_record(record, seconds: float) -> None:
+        def on_record(record, seconds: float | None) -> None:
+            if seconds is None:  # a replayed run: its wall clock is a file read, not a speed
+                progress.update(task, advance=1, tps="replayed (no speed)")
+                return
             state["tokens"] += len(record.token_ids)
             state["seconds"] += seconds
             tps = state["tokens"] / state["seconds"] if state["seconds"] > 0 else 0.0

@@ -114,6 +114,9 @@ class Engine(ABC):
         register_env(self.env)  # from now on, secret-looking values are scrubbed from what is written
         self.base_dir = Path(base_dir)
         self.log_path: str | Path | None = None  # where a writes_log engine logs; None: a temp file
+        # the config file and line of the table that built it (gate/config.py's ArmConfig.build):
+        # a ConfigError it raises later (no tokenizer for text prompts) is named there
+        self.configured_at: tuple[str | None, int | None] = (None, None)
 
     @classmethod
     def could_dump(cls, info: EngineInfo) -> bool:

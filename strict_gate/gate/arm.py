@@ -15,7 +15,7 @@ from pathlib import Path
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
-from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError
+from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError, located
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, audit_record, greedy_violation, vocab_size
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
@@ -23,16 +23,21 @@ from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo, Manifest, Record, Run, Sampling, Timing, now_iso
 from strict_gate.runs.writer import RunWriter
 
-OnRecord = Callable[[Record, float], None]  # (record, seconds it took)
+# (record, seconds it took; None for a replayed run: reading it back is no engine's speed)
+OnRecord = Callable[[Record, float | None], None]
 
 
 def prompt_inputs(prompts: PromptSet, tokenizer_engine: Engine) -> list[PromptInput]:
-    """Tokenize once, with one engine, so both arms are fed the very same ids."""
-    with tokenizer_engine.scoped_env():
-        return [
-            PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
-            for p in prompts.prompts
-        ]
+    """Tokenize once, with one engine, so both arms are fed the very same ids; an engine that
+    cannot (no tokenizer for text prompts) is named at its config's table."""
+    try:
+        with tokenizer_engine.scoped_env():
+            return [
+                PromptInput(id=p.id, token_ids=tokenizer_engine.prompt_token_ids(p), text=p.text)
+                for p in prompts.prompts
+            ]
+    except ConfigError as e:
+        raise located(e, *tokenizer_engine.configured_at) from None
 
 
 def determinism_summary(records: Sequence[Record]) -> dict:
@@ -61,9 +66,10 @@ def determinism_summary(records: Sequence[Record]) -> dict:
     }
 
 
-def _timed(rec: Record, seconds: float) -> Record:
-    """Fill in the wall clock the gate measured when the engine reported none."""
-    if rec.timing is not None and rec.timing.total_s is not None:
+def _timed(rec: Record, seconds: float, engine: Engine) -> Record:
+    """Fill in the wall clock the gate measured when the engine reported none; never for a replayed
+    run, whose wall clock is reading a file (report.md would show it as the capture's speed)."""
+    if engine.replays_run or (rec.timing is not None and rec.timing.total_s is not None):
         return rec
     return replace(rec, timing=Timing(ttft_s=rec.timing.ttft_s if rec.timing else None, total_s=seconds))
 
@@ -75,7 +81,7 @@ def _generate(engine: Engine, inputs: Sequence[PromptInput], sampling: Sampling,
         t0 = time.perf_counter()
         for rec in engine.generate(inputs, sampling):
             dt, t0 = time.perf_counter() - t0, time.perf_counter()
-            yield (rec if rec.error else _timed(rec, dt)), dt
+            yield (rec if rec.error else _timed(rec, dt, engine)), dt
         return
     for p in inputs:
         samples: list[tuple[int, ...]] = []
@@ -92,7 +98,7 @@ def _generate(engine: Engine, inputs: Sequence[PromptInput], sampling: Sampling,
                 break
             samples.append(rec.token_ids)
             if first is None:
-                first = _timed(rec, dt)
+                first = _timed(rec, dt, engine)
         if first is None:
             continue
         seconds = first.timing.total_s if first.timing and first.timing.total_s else 0.0
@@ -225,7 +231,7 @@ def run_arm(
                     current = pending[0] if pending else None
                     writer.add(rec)
                     if on_record is not None:
-                        on_record(rec, seconds)
+                        on_record(rec, None if engine.replays_run else seconds)
     except StrictGateError as e:
         if isinstance(e, EngineError) and not started:
             raise _never_started(writer, engine, e) from None

@@ -19,7 +19,7 @@ from strict_gate.core.features import FEATURES, BandSource, TableContext, resolv
 from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
 from strict_gate.core.redact import restore_env
 from strict_gate.engines import Engine, engine_class
-from strict_gate.errors import ConfigError, StrictGateError
+from strict_gate.errors import ConfigError, StrictGateError, located
 from strict_gate.judge.compare import DEFAULT_BAND, check_gate_band
 from strict_gate.judge.policy import DEFAULT_POLICY, Policy, check_policy
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
@@ -71,6 +71,8 @@ class ArmConfig:
     env: dict[str, str] = field(default_factory=dict)
     runs: int = 1
     base_dir: Path = Path(".")
+    path: str | None = None  # the config file, and the line of this arm's table in it
+    line: int | None = None
 
     @property
     def engine_type(self) -> type[Engine]:
@@ -78,8 +80,14 @@ class ArmConfig:
         return engine_class(self.kind)
 
     def build(self) -> Engine:
-        """The engine, constructed but not started (no model loaded yet)."""
-        return self.engine_type(self.options, self.env, self.base_dir)
+        """The engine, constructed but not started (no model loaded yet); a refusal of its own
+        (a tokenizer that is not there) names this arm's file and line, as a config error does."""
+        try:
+            engine = self.engine_type(self.options, self.env, self.base_dir)
+        except ConfigError as e:
+            raise located(e, self.path, self.line) from None
+        engine.configured_at = (self.path, self.line)
+        return engine
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,8 @@ def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
     options = parse_options(cls.Options, opts, where=role, line_of=line_of, siblings=ARM_KEYS)
     cls.check_options(options, where=role, line_of=line_of)
     env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in keys.env.items()})
-    return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir)
+    return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir, lines.path,
+                     lines.header(role) or lines.find("kind", role))
 
 
 def parse_gate_config(

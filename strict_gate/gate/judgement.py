@@ -24,7 +24,7 @@ from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
-from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, text_only_notes
+from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, run_speller, text_only_notes
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Record, Run, Sampling, now_iso
@@ -85,8 +85,8 @@ def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescor
              notes: tuple[str, ...]) -> tuple[Comparison, Mapping[str, Record], tuple[str, ...]]:
     """A text-only candidate's diverged replies split into tokens as the reference would
     (judge/resplit.py) before they are re-scored; a failure leaves them as stored, said so."""
-    decode = run_decoder(cand)
-    if decode is None or not any(p.status in DIVERGED for p in comparison.prompts):
+    decode, spell = run_decoder(cand), run_speller(cand)
+    if decode is None or spell is None or not any(p.status in DIVERGED for p in comparison.prompts):
         return comparison, cand.records, notes
 
     def score(prompt, ids, k):
@@ -96,7 +96,7 @@ def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescor
 
     try:
         comparison, records, n = resplit(comparison, ref.records, cand.records, score, spec.sampling.top_logprobs,
-                                         decode, band=spec.band, greedy_tolerance=spec.greedy_tolerance)
+                                         decode, spell, band=spec.band, greedy_tolerance=spec.greedy_tolerance)
     except Exception as e:  # the stored split is judged instead: stricter, never looser
         return comparison, cand.records, (*notes, f"re-splitting the text-only replies failed: {type(e).__name__}: {e}")
     said = (f"{n} diverged text-only repl(ies) split into tokens as the reference would (teacher forcing along "

@@ -17,7 +17,10 @@ and it carries no logprobs. What the judge can still say:
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +28,8 @@ from strict_gate.runs.records import Record, Run
 
 TEXT_ONLY = "text-only server"  # why a text-only candidate's own gap is unknown
 Decode = Callable[[Sequence[int], Sequence[int]], str | None]  # (prompt ids, continuation ids) -> text
+Spell = Callable[[Sequence[int]], bytes]  # ids -> the bytes they stand for, token by token (a special token: none)
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token (sentencepiece)
 
 
 def prompt_problem(rec: Record) -> str | None:
@@ -69,8 +74,17 @@ def run_decoder(run: Run) -> Decode | None:
     """Decoding in context with the text-only arm's tokenizer (named in its manifest), or None
     when the run is not text-only or the tokenizer is not on this machine (then only equal ids
     are a match)."""
+    return decoder(_tokenizer_path(run))
+
+
+def run_speller(run: Run) -> Spell | None:
+    """The bytes of the text-only arm's ids (its tokenizer's), or None as run_decoder."""
+    return speller(_tokenizer_path(run))
+
+
+def _tokenizer_path(run: Run) -> Path | None:
     path = run.manifest.engine.tokenizer
-    return decoder(Path(path)) if is_text_only(run) and path else None
+    return Path(path) if is_text_only(run) and path else None
 
 
 def decoder(path: Path | None) -> Decode | None:
@@ -87,6 +101,43 @@ def decoder(path: Path | None) -> Decode | None:
         return full[len(head):] if full.startswith(head) else None
 
     return decode
+
+
+def speller(path: Path | None) -> Spell | None:
+    """The bytes ids stand for, with the tokenizer.json at `path`; None when there is none. Decoded
+    text cannot tell splits of a half character apart (0xF0 and 0xEF 0xBF both decode to U+FFFD),
+    so a re-split is held to the reply's bytes, never to its text alone."""
+    if path is None or not Path(path).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    byte_level = '"ByteLevel"' in json.dumps(json.loads(tok.to_str()).get("decoder"))
+    specials = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    chars = _byte_level_chars()
+
+    @cache
+    def one(i: int) -> bytes:
+        piece = tok.id_to_token(i)
+        if i in specials or piece is None:
+            return b""
+        if m := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        if byte_level and all(c in chars for c in piece):
+            return bytes(chars[c] for c in piece)
+        return piece.replace("\u2581", " ").encode()  # sentencepiece's word marker is a space
+
+    return lambda ids: b"".join(one(i) for i in ids)
+
+
+@cache
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, char -> byte: printable bytes stand for themselves, the rest
+    are moved to 256 + n in order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + n): b for n, b in enumerate(moved)}
 
 
 class Judged(Protocol):

@@ -148,8 +148,8 @@ def load_profile(path: Path) -> NoiseProfile:
     if path.stat().st_size > MAX_PROFILE_BYTES:
         raise InputError(f"the noise profile is over {MAX_PROFILE_BYTES >> 20} MiB", path=where)
     try:
-        raw = json.loads(path.read_bytes(), parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError) as e:
+        raw = json.loads(path.read_bytes(), parse_constant=_refuse_constant, parse_float=_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise InputError(f"the noise profile is not JSON: {e}", path=where) from None
     if not isinstance(raw, dict) or raw.get("schema") != NOISE_SCHEMA:
         got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
@@ -167,6 +167,15 @@ def load_profile(path: Path) -> NoiseProfile:
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a profile may hold")
+
+
+def _finite(text: str) -> float:
+    """A float as the JSON spells it, refused where it overflows (`1e999` reads as inf, which
+    neither the seal's canonical JSON nor a band can hold)."""
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"{text} is out of a float's range: not a number a profile may hold")
+    return x
 
 
 SECOND_BUILD = "second_build"  # the one kind of variation that is another oracle, not the reference's own noise

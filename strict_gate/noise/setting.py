@@ -192,8 +192,18 @@ def from_gate(ctx: TableContext) -> NoiseSetting | None:
     """The gate config's `[noise]` and band = "measured" (core/features.py's registry calls it)."""
     noise = ctx.data.get("noise")
     return noise_setting(ctx.band, noise if isinstance(noise, dict) else None, ctx.arms["reference"], ctx.prompts,
-                         path=ctx.path, line_of=lambda k: ctx.lines.find(k, "noise") or ctx.lines.find(k),
-                         max_tokens=ctx.max_tokens)
+                         path=ctx.path, line_of=_line_of(ctx), max_tokens=ctx.max_tokens)
+
+
+def _line_of(ctx: TableContext):
+    """A key's line in [noise] (else the top level's `band`), carrying the file as `line_of.path`:
+    parse_options names the file only through it, so a wrong-typed key names file and line."""
+
+    def line_of(key: str) -> int | None:
+        return ctx.lines.find(key, "noise") or ctx.lines.find(key)
+
+    line_of.path = ctx.path  # type: ignore[attr-defined]
+    return line_of
 
 
 def of(cfg: Any) -> NoiseSetting | None:

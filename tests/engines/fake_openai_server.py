@@ -76,6 +76,7 @@ class Behaviour:
     overrun: int = 0  # TEXT_ONLY: generates max_tokens + overrun tokens
     usage_lie: int = 0  # TEXT_ONLY: a reply that stopped (EOS) states this many more completion tokens
     flip_stop: tuple[int, int, int] | None = None  # TEXT_ONLY: (J, A, B): token J, where it is A, is B and the last
+    no_stream: bool = False  # TEXT_ONLY: a request asking to stream is answered as a plain one (no events)
 
 
 def fake_token(prompt, i: int) -> int:
@@ -282,7 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _text_only(self, body: dict[str, Any]) -> None:
         choice, deltas = _text_completion(self.server.text_model(), body, len(self.server.posts))
         usage = choice.pop("usage")
-        if not body.get("stream"):
+        if not body.get("stream") or self.server.behaviour.no_stream:
             self._send(200, {"object": "text_completion", "model": MODEL, "choices": [choice], "usage": usage})
             return
         self._events([{"choices": [{"index": 0, "text": d, "finish_reason": None}]} for d in deltas]

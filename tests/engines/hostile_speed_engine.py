@@ -2,10 +2,11 @@
 """A command engine that tries to talk the speed arm into a pass (tests/test_adversarial_speed.py).
 
     python hostile_speed_engine.py --trick TRICK [--ttft S] [--per-token S] [--stream] [--hello-json JSON]
+                                   [--clock FILE]
 
 It answers like tests/engines/speed_engine.py (token i of a reply is (last prompt id + i + 1)
 % 1000, chosen with logprob -0.1; --ttft seconds before the first token, --per-token before
-each later one), except where its trick says otherwise:
+each later one; --clock FILE: in virtual time, virtual_time.py), except where its trick says otherwise:
 
   burst       (with --stream) writes every token event at once, straight away, then takes the
               honest time (ttft + per-token each) before it replies
@@ -34,8 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from virtual_time import VirtualTime
+
+VT = VirtualTime(None)  # main() sets --clock
 
 def send(obj) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
@@ -57,7 +60,9 @@ def reply(req: dict, toks: list[int], tie: int | None = None, finish: str = "len
 
 
 def event(req: dict, t: int) -> None:
+    before = VT.reads()
     send({"event": "token", "id": req["id"], "token_id": t})
+    VT.stamped(before)
 
 
 def serve(args, req: dict, previous: list[int] | None) -> None:
@@ -97,7 +102,7 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
     if args.trick == "burst" and streaming:
         for t in toks:
             event(req, t)
-        time.sleep(args.ttft + args.per_token * (len(toks) - 1))
+        VT.pause(args.ttft + args.per_token * (len(toks) - 1))
         send(reply(req, toks))
         return
     first = args.ttft
@@ -106,7 +111,7 @@ def serve(args, req: dict, previous: list[int] | None) -> None:
     elif args.trick == "cache" and req["prompt_token_ids"] == previous:
         first = args.per_token  # the prefill is cached: only the first decode step is left
     for i, t in enumerate(toks):
-        time.sleep(first if i == 0 else args.per_token)
+        VT.pause(first if i == 0 else args.per_token)
         if streaming:
             event(req, 999 if args.trick == "event-ids" else t)
     send(reply(req, toks))
@@ -121,7 +126,10 @@ def main() -> None:
     ap.add_argument("--slow", type=float, default=1.5)
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--hello-json", default="{}")
+    ap.add_argument("--clock", default="")
     args = ap.parse_args()
+    global VT
+    VT = VirtualTime(args.clock)
     caps = ["generate", "stream"] if args.stream else ["generate"]
     send({"hello": "strict-gate/engine@1", "name": "hostile-speed-engine", "version": "1", "capabilities": caps,
           **json.loads(args.hello_json)})

@@ -15,6 +15,8 @@ from a generator seeded with --seed: a known spread, wide enough to dwarf the ma
 noise, whose scale factors have median 1, so two such engines' true speed ratio is the ratio
 of their sleeps.
 --log FILE appends the --tag to FILE as each request arrives (which arm ran when).
+--clock FILE: virtual time (virtual_time.py): each sleep is added to FILE instead, which the
+gate reads through tests/virtual_clock.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import math
 import random
 import sys
 import time
+
+from virtual_time import VirtualTime
 
 
 def send(obj) -> None:
@@ -44,7 +48,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log", default="")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--clock", default="")
     args = ap.parse_args()
+    vt = VirtualTime(args.clock)
     rng = random.Random(args.seed)
     caps = ["generate", "stream"] if args.stream else ["generate"]
     send({"hello": "strict-gate/engine@1", "name": "speed-engine", "version": "1", "capabilities": caps,
@@ -65,10 +71,12 @@ def main() -> None:
         toks, t0 = [], time.perf_counter()
         scale = math.exp(rng.uniform(-args.jitter, args.jitter)) if args.jitter else 1.0
         for i in range(n):
-            time.sleep(scale * (args.ttft if i == 0 else args.per_token))
+            vt.pause(scale * (args.ttft if i == 0 else args.per_token))
             toks.append((base + i + 1) % 1000)
             if args.stream and req.get("stream"):
+                before = vt.reads()
                 send({"event": "token", "id": req["id"], "token_id": toks[-1]})
+                vt.stamped(before)
         k = max(1, req.get("top_logprobs", 1))
         send({
             "id": req["id"],
