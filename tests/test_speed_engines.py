@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from strict_gate.gate.config import load_gate_config
 from strict_gate.speed.bench import SpeedSession
 from strict_gate.speed.config import SpeedConfig, TokenRules, parse_rung
+from strict_gate.speed.config import of as speed_of
 from strict_gate.speed.matched import check_matched
 from strict_gate.speed.measure import ArmMeasurement
 from strict_gate.speed.model import FigureName, Method
@@ -114,7 +115,7 @@ def test_bench_cli_on_the_shipped_speed_gate(tmp_path):
     (written,) = tmp_path.glob("speed-hf-vs-vllm-*/speed.json")  # a fresh, timestamped directory
     data = json.loads(written.read_text())
     cfg = load_gate_config(gate)
-    assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == cfg.speed.runs
+    assert data["method"] == "two-request" and data["matched"] is True and data["runs"] == speed_of(cfg).runs
     assert [r["name"] for r in data["rungs"]] == ["128/32", "128/32@4", "384/32", "384/32@4", "gate"]
     assert all(r["error"] is None and r["candidate"]["tokens"] == r["max_tokens"] for r in data["rungs"])
     assert all(r["token_check"]["verified"] is True for r in data["rungs"])  # hf's timed tokens are vLLM's
