@@ -354,8 +354,23 @@ def parse_report(data: bytes, where: str) -> StoredReport:
     try:
         report = msgspec.json.decode(data, type=StoredReport)
     except msgspec.ValidationError as e:
-        raise InputError(f"cannot read the report: {field_error(e)}", path=where) from None
+        raw = msgspec.json.decode(data, type=_RawFeatures) if "$.features[" in str(e) else None
+        raise InputError(f"cannot read the report: {_section_error(raw) or field_error(e)}", path=where) from None
     return _checked(report, where)
+
+
+class _RawFeatures(msgspec.Struct):
+    features: dict[str, Any] = {}
+
+
+def _section_error(raw: _RawFeatures | None) -> str | None:
+    """msgspec names a mapping's key as [...]: the section that does not read, by its name."""
+    for name, body in (raw.features if raw is not None else {}).items():
+        try:
+            msgspec.convert(body, StoredSection)
+        except msgspec.ValidationError as e:
+            return f"features.{name}: {field_error(e)}"
+    return None
 
 
 def report_of(obj: dict[str, Any], where: str = "report") -> StoredReport:
