@@ -34,15 +34,16 @@ class Rule(enum.Enum):
     """What holds on any x86 CPU where a figure moves with the CPU's bf16 or quantised kernels:
     the count of flips is the CPU's, the kind of every flip is not. A row states its rule, and its
     ranges are the documented spread over the machines measured, never one machine's number."""
-    NEAR_TIES_ONLY = "near-ties-only"  # every prompt exact or a near-tie: none divergent, errored or missing
+    NEAR_TIES_ONLY = "near-ties-only"  # every prompt exact or a near-tie: none divergent, errored or missing,
+    # and no position after a near-tie divergent (report.json's later totals: a first flip alone is not every flip)
     NEAR_TIES_LOCALISED = "near-ties-localised"  # that, and each near-tie localised without an error
 
     def unmet(self, got: dict[str, float]) -> list[str]:
         """The rule's clauses the report's figures break (a figure absent breaks its clause)."""
         g = {k: got.get(k) for k in ("prompts_exact", "prompts_total", "near_tie", "divergent", "error", "missing",
-                                     "localised", "not_localised")}
-        out = [f"rule {self.value}: {k} = {_show(g[k])}, expected 0" for k in ("divergent", "error", "missing")
-               if g[k] != 0]
+                                     "later_divergent", "localised", "not_localised")}
+        out = [f"rule {self.value}: {k} = {_show(g[k])}, expected 0"
+               for k in ("divergent", "error", "missing", "later_divergent") if g[k] != 0]
         if None in (g["prompts_exact"], g["near_tie"], g["prompts_total"]) or \
                 g["prompts_exact"] + g["near_tie"] != g["prompts_total"]:  # type: ignore[operator]
             out.append(f"rule {self.value}: prompts_exact {_show(g['prompts_exact'])} + near_tie "
@@ -226,14 +227,17 @@ def _short(value: object, limit: int = 300) -> str:
 
 
 def figures(report_dir: Path | None) -> dict[str, float]:
-    """The headline figures of a report directory: report.json's summary and its localisation
-    counts; any other figure a row names is read as FILE:dotted.path."""
+    """The headline figures of a report directory: report.json's summary, its later divergent
+    positions (after each prompt's first flip) and its localisation counts; any other figure a
+    row names is read as FILE:dotted.path."""
     doc = _read_json(report_dir, "report.json")
     if not isinstance(doc, dict) or not isinstance(doc.get("summary"), dict):
         return {}
     s, counts = doc["summary"], doc["summary"].get("counts", {})
     out = {"prompts_exact": s.get("prompts_exact"), "prompts_total": s.get("prompts_total"),
            "positions_matched": s.get("positions_matched"), **{k: v for k, v in counts.items()}}
+    later = doc.get("later")
+    out["later_divergent"] = later.get("later_divergent") if isinstance(later, dict) else None
     locs = [p.get("localization") for p in doc.get("prompts", []) if isinstance(p, dict)]
     out["localised"] = sum(1 for x in locs if isinstance(x, dict) and not x.get("error"))
     out["not_localised"] = sum(1 for x in locs if isinstance(x, dict) and x.get("error"))

@@ -246,13 +246,14 @@ def test_the_results_are_written_after_every_step_and_say_when_they_are_whole(tm
     assert "partial: 1 of 2" in (out / "results.md").read_text(encoding="utf-8")
 
 
-def _counted(tmp_path: Path, name: str, exact: int, counts: dict, localised: int = 0, failed: int = 0) -> Path:
+def _counted(tmp_path: Path, name: str, exact: int, counts: dict, localised: int = 0, failed: int = 0,
+             later_divergent: int = 0) -> Path:
     d = tmp_path / "reports" / name
     d.mkdir(parents=True)
     prompts = [{"id": f"p{i}", "localization": {}} for i in range(localised)]
     prompts += [{"id": f"f{i}", "localization": {"error": "x"}} for i in range(failed)]
     (d / "report.json").write_text(json.dumps({
-        "notes": [], "prompts": prompts,
+        "notes": [], "prompts": prompts, "later": {"later_divergent": later_divergent},
         "summary": {"prompts_exact": exact, "prompts_total": 128, "counts": counts}}), encoding="utf-8")
     return d
 

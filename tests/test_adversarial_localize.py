@@ -42,6 +42,8 @@ SCRIPT = textwrap.dedent('''
             os.symlink(target, path)
         elif mode == "nan":
             good["layers.0"][0, 0] = float("nan")
+        elif mode == "zeros":
+            good["layers.0"] = torch.zeros(n, 4)
         elif mode == "shape":
             good["layers.0"] = torch.ones(n + 1, 4)
         elif mode == "float16":
@@ -85,6 +87,7 @@ def request(tmp_path: Path, points=("embed", "layers.0")) -> DumpRequest:
     ("outside", DumpRule.INSIDE),
     ("symlink", DumpRule.INSIDE),
     ("nan", DumpRule.FINITE),
+    ("zeros", DumpRule.NONZERO),  # the CI tier's test of the rule item6's [zeros] gate keeps in the slow tier
     ("shape", DumpRule.SHAPE),
     ("float16", DumpRule.DTYPE),
     ("unasked", DumpRule.ASKED),
@@ -302,6 +305,19 @@ def test_item6_a_dump_of_something_else_is_refused_as_such(tmp_path, monkeypatch
     _, report = gated(tmp_path, monkeypatch, mode=mode)
     locs = localised(report)
     assert locs and all(words in (loc["error"] or "") and loc["first_beyond"] is None for loc in locs.values()), locs
+
+
+def test_item6_embed_rows_of_other_ids_are_refused_as_such():
+    """The CI tier's test of the rule item6's [ids] gate keeps in the slow tier: embed rows that
+    match no row of the reference's are a dump of other ids, never a difference blamed on embed."""
+    import torch
+
+    from strict_gate.localize.compare import refusal
+
+    ref = {"embed": torch.eye(3, 4), "layers.0": torch.ones(3, 4)}
+    cand = {"embed": torch.ones(3, 4), "layers.0": torch.ones(3, 4)}
+    assert "the dump is of other ids" in (refusal(ref, cand) or "")
+    assert refusal(ref, {**cand, "embed": torch.eye(3, 4)}) is None
 
 
 def test_item7_localize_one_prompt_raises_only_its_own_errors(tmp_path, monkeypatch):

@@ -369,6 +369,20 @@ def last_night_all_matching(path: Path, n: int) -> Path:
     return path
 
 
+def test_item20_a_summary_over_the_limit_is_cut_under_it_keeping_its_head(tmp_path, monkeypatch):
+    """The CI tier's test of the size bound item20's 10,000-prompt nightly keeps in the slow tier:
+    both files a job summary goes to stay under GitHub's limit, verdict first, the cut said."""
+    from strict_gate.report.job_summary import write_summary
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "step.md")
+    write_summary("# FAIL: hist — 0/10000 prompts exact\n" + "| p | x |\n" * 300_000, "s.md")
+    for path in (Path("step.md"), Path("s.md")):
+        text = path.read_text()
+        assert len(text.encode()) < GITHUB_SUMMARY_LIMIT, (path, len(text.encode()))
+        assert text.startswith("# FAIL: hist — 0/10000 prompts exact") and "summary cut at" in text
+
+
 def test_item20_the_summary_of_10000_changed_prompts_stays_under_1_mib(tmp_path, monkeypatch):
     n = 10_000
     g = gate_setup(tmp_path, n, cand=lambda i: [5, 6, 8], pid=battery_id)  # every prompt diverges at its last token

@@ -117,7 +117,7 @@ def test_kda_recurrent_gate_names_a_kda_block_for_its_flip(tmp_path):
                 if json.loads(x)["id"] == "multi-006")
     (tmp_path / "one.jsonl").write_text(line + "\n", encoding="utf-8")
     cfg = load_gate_config(ROOT / "gates/kda-recurrent.toml")
-    assert cfg.localize is not None
+    assert cfg.feature("localize") is not None
     cfg = replace(cfg, prompts=tmp_path / "one.jsonl", output_dir=tmp_path / "reports")
     outcome = run_gate(cfg)
     kda_blocks = {"layers.0.attn", "layers.1.attn", "layers.2.attn"}  # layer 3 is the MLA one

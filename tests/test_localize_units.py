@@ -12,6 +12,7 @@ from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import parse_gate_config
 from strict_gate.judge.localization import Localization, PointDiff
 from strict_gate.localize.config import Scope
+from strict_gate.localize.config import of as localize_settings
 from strict_gate.localize.points import OPS, family_of, in_depth_order, is_point, ops_of, parse_points
 from strict_gate.localize.render import svg_curve, text_lines
 
@@ -115,12 +116,17 @@ def config(**top):
                                        candidate={"kind": "hf", "model": "m"}, **top), "g.toml")
 
 
+def localize_of(**top):
+    """The parsed `localize` settings, as the localize folder reads them back from the gate config."""
+    return localize_settings(config(**top))
+
+
 def test_localize_config_forms():
-    assert config().localize is None and config(localize=False).localize is None
-    assert config(localize=True).localize.scope == Scope.DIVERGENT
-    assert config(localize="all").localize.scope == Scope.ALL
-    lc = config(localize={"include": "all", "positions": 3, "tolerance": 1e-6, "points": ["embed", "logits"],
-                          "reference": {"kind": "hf", "model": "other"}}).localize
+    assert localize_of() is None and localize_of(localize=False) is None
+    assert localize_of(localize=True).scope == Scope.DIVERGENT
+    assert localize_of(localize="all").scope == Scope.ALL
+    lc = localize_of(localize={"include": "all", "positions": 3, "tolerance": 1e-6, "points": ["embed", "logits"],
+                               "reference": {"kind": "hf", "model": "other"}})
     assert lc.settings.positions == 3 and lc.settings.points == ("embed", "logits") and lc.reference.kind == "hf"
 
 

@@ -19,7 +19,11 @@ No engine process may outlive the gate, whatever signal arrives when. Hence:
 - a gate that dies without unwinding (SIGKILL, the OOM killer) runs no cleanup at all: each
   group has a watchdog, a tiny process that notices the gate is gone (its parent changes) and
   stops the group, SIGTERM then SIGKILL. A parent-death signal (prctl) would reach only the
-  group's leader, and fires when the thread that forked exits, not the gate.
+  group's leader, and fires when the thread that forked exits, not the gate;
+- a helper that leaves the group (its own session: setsid) is still the engine's: every process
+  spawned here carries a tag in its environment that its descendants inherit, and the stop and
+  the watchdog signal the tagged processes beside the group (engines/descendants.py, with what
+  a tag cannot find).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 
 from strict_gate.core.engine_log import CappedLog
 from strict_gate.core.redact import scrub_bytes
+from strict_gate.engines.descendants import TAG_VAR, WATCHDOG, marker, new_tag, signal_tagged, tagged
 
 POLL_S = 0.05  # how often stop_group looks at the group
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,38 +53,9 @@ PUMP_POLL_S = 0.1  # how often a log pump looks for an end
 PUMP_DRAIN_S = 2.0  # after its group is gone: time to copy what is left in the pipe
 PUMP_LINE_BYTES = 64 * 1024  # an unfinished line held back this long at most (scrubbed whole, then written)
 
-# The watchdog: argv gate-pid pgid grace. While the gate is its parent it waits (and ends when
-# the group is gone); once the gate is gone it stops the group: SIGTERM, `grace` s, SIGKILL.
-WATCHDOG = """
-import os, signal, sys, time
-gate, pgid, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-def alive():
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-while os.getppid() == gate:
-    if not alive():
-        sys.exit(0)
-    time.sleep(0.2)
-try:
-    os.killpg(pgid, signal.SIGTERM)
-except OSError:
-    sys.exit(0)
-end = time.monotonic() + grace
-while alive() and time.monotonic() < end:
-    time.sleep(0.1)
-try:
-    os.killpg(pgid, signal.SIGKILL)
-except OSError:
-    pass
-"""
-
 _live: dict[int, subprocess.Popen] = {}  # pgid -> leader of every group spawned and not yet stopped
 _watchdogs: dict[int, subprocess.Popen] = {}  # pgid -> its watchdog
+_tags: dict[int, str] = {}  # pgid -> the tag in its processes' environment (engines/descendants.py)
 _pumps: dict[int, list[LogPump]] = {}  # pgid -> the pumps copying its output into logs
 _held: list[int] = []  # signals received inside signals_deferred(), in order
 _deferring = False
@@ -268,6 +244,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, object], cwd: str, *, orphan_gr
     """
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in env.items()})
+    tag = full_env[TAG_VAR] = new_tag()  # after env: an engine's own setting cannot hide its helpers
     pipes: list[tuple[int, CappedLog]] = []  # (read end, its log)
     ends: list[int] = []  # the write ends, the child's
     for name in ("stdout", "stderr"):
@@ -291,27 +268,35 @@ def spawn(argv: Sequence[str], env: Mapping[str, object], cwd: str, *, orphan_gr
             for w in ends:
                 os.close(w)
         _live[proc.pid] = proc
+        _tags[proc.pid] = tag
         _pumps[proc.pid] = [LogPump(r, log) for r, log in pipes]
         for pump in _pumps[proc.pid]:
             pump.start()
         _watchdogs[proc.pid] = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WATCHDOG, str(os.getpid()), str(proc.pid), str(orphan_grace_s)],
+            [sys.executable, "-I", "-S", "-c", WATCHDOG, str(os.getpid()), str(proc.pid), str(orphan_grace_s), marker(tag)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
     return proc
 
 
-def _killpg(pgid: int, sig: int) -> bool:
-    """Signal the group; False when it is already gone."""
+def _signal(pgid: int, tag: str | None, sig: int) -> bool:
+    """Signal the group and every process carrying its tag; False when none is left."""
     try:
         os.killpg(pgid, sig)
+        found = True
     except ProcessLookupError:
-        return False
-    return True
+        found = False
+    return (tag is not None and signal_tagged(tag, sig)) or found
+
+
+def _alive(pgid: int, tag: str | None) -> bool:
+    """Whether a member of the group, or a process it started elsewhere (its tag), still runs."""
+    return group_alive(pgid) or (tag is not None and bool(tagged(tag)))
 
 
 def stop_group(proc: subprocess.Popen, pgid: int, term_grace_s: float, kill_wait_s: float) -> None:
-    """Stop the whole group: SIGTERM, term_grace_s to exit, then SIGKILL; reaps the leader.
+    """Stop the whole group and every process it started outside it (their tag): SIGTERM,
+    term_grace_s to exit, then SIGKILL; reaps the leader.
 
     SIGKILL is repeated for up to kill_wait_s, until no member runs: one in uninterruptible
     sleep (a GPU driver call) dies only when it wakes, and the caller must not go on (free a
@@ -320,18 +305,19 @@ def stop_group(proc: subprocess.Popen, pgid: int, term_grace_s: float, kill_wait
     A signal arriving meanwhile ends the SIGTERM grace at once (someone wants out: SIGKILL
     now) and is re-delivered when the group is gone. Safe to call twice.
     """
+    tag = _tags.get(pgid)
     with signals_deferred():
         proc.poll()
-        if group_alive(pgid) and _killpg(pgid, signal.SIGTERM):
+        if _alive(pgid, tag) and _signal(pgid, tag, signal.SIGTERM):
             deadline = time.monotonic() + term_grace_s
             while time.monotonic() < deadline and not interrupted():
                 proc.poll()
-                if not group_alive(pgid):
+                if not _alive(pgid, tag):
                     break
                 time.sleep(POLL_S)
             deadline = time.monotonic() + kill_wait_s
-            while group_alive(pgid) and time.monotonic() < deadline:
-                if not _killpg(pgid, signal.SIGKILL):
+            while _alive(pgid, tag) and time.monotonic() < deadline:
+                if not _signal(pgid, tag, signal.SIGKILL):
                     break
                 time.sleep(POLL_S)
                 proc.poll()
@@ -340,6 +326,7 @@ def stop_group(proc: subprocess.Popen, pgid: int, term_grace_s: float, kill_wait
         except subprocess.TimeoutExpired:  # pragma: no cover - only a leader stuck in the kernel
             pass
         _live.pop(pgid, None)
+        _tags.pop(pgid, None)
         for pump in _pumps.pop(pgid, []):
             pump.stop()
         watchdog = _watchdogs.pop(pgid, None)

@@ -270,7 +270,7 @@ def judge_later(first: int, end: int, reference: Sequence[ScoredPosition], band:
 class LaterTotals:
     """The every-token judgement over a gate: what the report's figures and the closing line say."""
 
-    flipped: int  # prompts that diverged (near-tie or divergent) with a token after the flip
+    flipped: int  # prompts that diverged (near-tie or divergent), a flip at the last position too
     later: int  # candidate positions after those flips
     judged: int
     flips: int  # later near-ties
@@ -302,7 +302,7 @@ def later_totals(prompts: Sequence[PromptComparison], later: Mapping[str, Cascad
         c = later.get(pc.id) or unjudged(d.position, pc.candidate_length, "not re-scored")
         rows.append(c)
     unv = [c.later - c.judged for c in rows]
-    return LaterTotals(flipped=sum(1 for c in rows if c.later), later=sum(c.later for c in rows),
+    return LaterTotals(flipped=len(rows), later=sum(c.later for c in rows),
                        judged=sum(c.judged for c in rows), flips=sum(c.flip_count for c in rows),
                        divergent=sum(c.divergent_count for c in rows),
                        prompts_divergent=sum(1 for c in rows if c.divergent_count), unverified=sum(unv),

@@ -210,18 +210,22 @@ def side_problem(label: str, gap: float | None, top: TopK | None, other: str, ba
     return f"{label} gap unknown: {unknown}{why}"
 
 
+def problems(d: Divergence, band: float) -> list[tuple[str, str]]:
+    """(side, why) for each side that does not make the divergence a near-tie."""
+    tol = d.greedy_tolerance
+    found = (
+        ("reference", side_problem("reference", d.reference_gap, d.reference_top, "candidate's", band,
+                                   d.reference_rescored, tol)),
+        ("candidate", side_problem("candidate", d.candidate_gap, d.candidate_top, "reference's", band,
+                                   d.candidate_rescored, tol)),
+    )
+    return [(side, why) for side, why in found if why is not None]
+
+
 def classify(d: Divergence, band: float) -> tuple[Status, str]:
     """The one classification of a divergence, from both sides and every gap known of each:
     near_tie iff neither side has a problem; otherwise divergent, with every reason."""
-    tol = d.greedy_tolerance
-    reasons = [
-        p
-        for p in (
-            side_problem("reference", d.reference_gap, d.reference_top, "candidate's", band, d.reference_rescored, tol),
-            side_problem("candidate", d.candidate_gap, d.candidate_top, "reference's", band, d.candidate_rescored, tol),
-        )
-        if p is not None
-    ]
+    reasons = [why for _, why in problems(d, band)]
     if reasons:
         return Status.DIVERGENT, "; ".join(reasons)
     return Status.NEAR_TIE, tie_reason(d, band)

@@ -14,6 +14,7 @@ from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.policy import Verdict
 from strict_gate.judge.prefix_drift import PrefixDrift
+from strict_gate.judge.tally import Flips, flip_tally
 from strict_gate.runs.records import EngineInfo, Record, Sampling
 
 REPORT_SCHEMA = "strict-gate/report@3"
@@ -108,6 +109,11 @@ class GateResult:
     def later(self) -> dict[str, Cascade]:
         """Each diagnosed prompt's positions after its first divergence, judged (judge/cascade.py)."""
         return {pid: dg.later for pid, dg in self.diagnoses.items() if dg.later is not None}
+
+    @property
+    def flips(self) -> Flips:
+        """The headline's flips beyond the status counts (judge/tally.py), for every format."""
+        return flip_tally(self.comparison.prompts, self.comparison.band, self.later)
 
 
 # Which section's code the gate exits with when the tokens pass and several sections say no:
@@ -241,7 +247,7 @@ def to_json(r: GateResult) -> dict:
         "reasons": list(r.verdict.reasons),
         "notes": list(r.verdict.notes) + list(r.notes),
         "problems": list(r.problems),
-        "summary": r.comparison.summary.to_json(),
+        "summary": r.comparison.summary.to_json() | {"flips": r.flips.to_json()},
         "prompt_set": r.prompt_set,
         "sampling": r.sampling.to_json(),
         "engines": {"reference": r.reference.to_json(), "candidate": r.candidate.to_json()}

@@ -33,6 +33,7 @@ from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
 from strict_gate.judge.policy import Policy, VerdictKind
 from strict_gate.judge.result import REPORT_SCHEMA
+from strict_gate.judge.tally import Flips
 from strict_gate.runs.layout import ReportDir
 
 REPORT_V1 = "strict-gate/report@1"
@@ -128,6 +129,20 @@ class StoredPrompt(_Struct, frozen=True):
     localization: dict[str, Any] | None = None  # judge/localization.py reads it (Localization.from_json)
 
 
+class StoredFlips(_Struct, frozen=True):
+    """The headline's flips beside the status counts (judge/tally.py); absent before them."""
+
+    divergent: Count = 0
+    gap_unknown: Count = 0
+    later_divergent: Count = 0
+    prompts_later_divergent: Count = 0
+    flipped_positions: Count = 0
+
+    def flips(self) -> Flips:
+        return Flips(self.divergent, self.gap_unknown, self.later_divergent, self.prompts_later_divergent,
+                     self.flipped_positions)
+
+
 class StoredSummary(_Struct, frozen=True):
     prompts_total: Count | None = None
     prompts_exact: Count | None = None
@@ -135,6 +150,7 @@ class StoredSummary(_Struct, frozen=True):
     positions_matched: Count | None = None
     prefix_positions: Count | None = None
     counts: dict[Status, Count] = {}
+    flips: StoredFlips | None = None
 
 
 class StoredPromptSet(_Struct, frozen=True, omit_defaults=True):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from strict_gate.engines.base import DumpRequest, Engine
 from strict_gate.errors import EngineError, InputError
+from strict_gate.judge.cascade import Cascade, LaterPosition
 from strict_gate.judge.compare import Comparison, Status
 from strict_gate.judge.localization import Reproduction
 from strict_gate.localize.capture import Audited, capture, read_back
@@ -75,22 +76,40 @@ class Settings:
         return None if self.every_op else self.points
 
 
-def target(pid: str, ref: Record, divergence: int, n: int, tokens: tuple[int | None, int | None] = (None, None)
+def target(pid: str, rec: Record, divergence: int, n: int, tokens: tuple[int | None, int | None] = (None, None)
            ) -> Target:
-    ids = tuple(ref.prompt_token_ids) + tuple(ref.token_ids[: divergence + 1])
-    at = len(ref.prompt_token_ids) + divergence - 1  # its logits chose token `divergence`
+    """The ids up to `divergence` along `rec`'s tokens (the reference's for a first divergence,
+    the candidate's own prefix for a later one) and the positions kept before it."""
+    ids = tuple(rec.prompt_token_ids) + tuple(rec.token_ids[: divergence + 1])
+    at = len(rec.prompt_token_ids) + divergence - 1  # its logits chose token `divergence`
     return Target(pid, ids, tuple(range(max(0, at - n + 1), at + 1)),
-                  (("reference", tokens[0]), ("candidate", tokens[1])), len(ref.prompt_token_ids))
+                  (("reference", tokens[0]), ("candidate", tokens[1])), len(rec.prompt_token_ids))
+
+
+def later_divergence(status: Status, cascade: Cascade | None) -> LaterPosition | None:
+    """A near-tie's first later divergent position (judge/cascade.py), or None: what fails such a
+    prompt, so what is localised and named, never the near-tie before it."""
+    if status != Status.NEAR_TIE or cascade is None or not cascade.divergent:
+        return None
+    return cascade.divergent[0]
 
 
 def targets(comparison: Comparison, ref_records: Mapping[str, Record], *, n: int, statuses: Sequence[Status],
-            only: str | None = None) -> list[Target]:
+            only: str | None = None, later: Mapping[str, Cascade] | None = None,
+            cand_records: Mapping[str, Record] | None = None) -> list[Target]:
+    """Each prompt to localise: a divergent first flip on the reference's prefix; a near-tie that
+    diverges later (`later`, the gate's cascades) at that later position, on the candidate's own
+    prefix, whatever `statuses` asks (the prompt fails there: it is divergent)."""
     out = []
     for p in comparison.prompts:
         d = p.first_divergence
-        if d is None or (only is not None and p.id != only) or p.status not in statuses:
+        if d is None or (only is not None and p.id != only):
             continue
-        out.append(target(p.id, ref_records[p.id], d.position, n, (d.reference_token, d.candidate_token)))
+        lp = later_divergence(p.status, (later or {}).get(p.id))
+        if lp is not None and cand_records is not None and p.id in cand_records:
+            out.append(target(p.id, cand_records[p.id], lp.position, n, (lp.reference_argmax, lp.token)))
+        elif p.status in statuses:
+            out.append(target(p.id, ref_records[p.id], d.position, n, (d.reference_token, d.candidate_token)))
     return out
 
 

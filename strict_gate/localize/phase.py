@@ -52,9 +52,10 @@ def _work_dir(report_dir: Path) -> Path:
 
 def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engine, report_dir: Path, *,
                     owned: set[str], scope: Scope, settings: Settings, only: str | None = None) -> GateResult:
-    """The gate's localisation phase: every divergent prompt (and near-ties with "all")."""
+    """The gate's localisation phase: every divergent prompt, a near-tie that diverges later at
+    that later position (and the other near-ties with "all")."""
     ts = targets(result.comparison, result.reference_records, n=settings.positions, statuses=scope.statuses,
-                 only=only)
+                 only=only, later=result.later, cand_records=result.candidate_records)
     if not ts:
         return result
     ref_engine, built, note = activation_reference(cfg, reference)
@@ -140,7 +141,8 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
                           problems=list(stored.problems))  # the verdict the gate wrote, near-ties judged as it judged them
     result = _kept(result, old)
     scope = Scope.ALL if prompt is not None else (lc.scope if lc is not None else Scope.DIVERGENT)
-    if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt):
+    if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt,
+                   later=result.later, cand_records=result.candidate_records):
         raise InputError("nothing divergent to localise in this report", path=str(report_dir / "report.json"))
     if cfg.candidate is None:
         raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))

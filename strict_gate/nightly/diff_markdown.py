@@ -41,6 +41,10 @@ def _figures(d: ReportDiff) -> list[str]:
         a, b = so.counts.get(status, 0), sn.counts.get(status, 0)
         if a or b:
             out.append(f"| {status.value.replace('_', ' ')} | {a} | {b} | {_delta(a, b)} |")
+    for key in ("gap_unknown", "later_divergent", "flipped_positions"):  # judge/tally.py's named flips
+        a, b = (getattr(x.flips, key) if x.flips is not None else 0 for x in (so, sn))
+        if a or b:
+            out.append(f"| {key.replace('_', ' ')} | {a} | {b} | {_delta(a, b)} |")
     a, b = d.positions_common
     out.append(f"| positions matched, common prompts | {a} | {b} | {_delta(a, b)} |")
     return out + [""]

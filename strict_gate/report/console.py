@@ -16,6 +16,7 @@ from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
 from strict_gate.judge.devices import device_notes
 from strict_gate.judge.result import GateResult, matched_drift
+from strict_gate.judge.tally import headline_text
 from strict_gate.report.gaps import ARROW, gap_cells
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.sections import in_order
@@ -161,7 +162,7 @@ def print_result(r: GateResult, console: Console | None = None, report_dir: str 
             console.print(Text(visible(line)))
     for line in missing_lines(r.comparison.prompts):
         console.print(Text(_lines(line)))
-    counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s.counts.items() if n and k != Status.MATCH)
+    counts = headline_text(s.counts, r.flips)
     console.print(
         Text.assemble(
             (f"{v.verdict.upper()}", CONSOLE_STYLE[v.verdict]),

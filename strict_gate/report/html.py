@@ -13,6 +13,7 @@ from strict_gate.judge.cascade import later_totals
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import Diagnosis, without_later
 from strict_gate.judge.result import GateResult, overall_verdict, status_label, verdict_heading
+from strict_gate.judge.tally import headline
 from strict_gate.report import later_view
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.html_prompt import anchor, detail, escape, strip
@@ -32,7 +33,7 @@ def _figures(r: GateResult) -> str:
     figs = [("prompts exact", f"{s.prompts_exact}/{s.prompts_total}"),
             ("positions matched", f"{s.positions_matched}/{s.positions_total}"),
             ("prefix positions", f"{s.prefix_positions}/{s.positions_total}")]
-    figs += [(k.replace("_", " "), str(n)) for k, n in s.counts.items() if n and k != Status.MATCH]
+    figs += headline(s.counts, r.flips)
     gaps = [p.first_divergence.reference_gap for p in r.comparison.prompts
             if p.status == Status.NEAR_TIE and p.first_divergence and p.first_divergence.reference_gap is not None]
     if gaps:
@@ -41,7 +42,7 @@ def _figures(r: GateResult) -> str:
         downstream = sum(1 for d in r.diagnoses.values() if d.error is None and d.downstream_only)
         figs.append(("rest downstream of the flip", f"{downstream}/{len(r.diagnoses)}"))
     t = later_totals(r.comparison.prompts, r.later)
-    if t.flipped:
+    if t.later:
         figs += [("later positions judged", f"{t.judged}/{t.later}"), ("later flips", str(t.flips)),
                  ("later divergent", str(t.divergent))]
     return "<div class='figs'>" + "".join(f"<div class='fig'><b>{v}</b>{k}</div>" for k, v in figs) + "</div>"

@@ -12,6 +12,7 @@ from xml.etree import ElementTree as ET
 
 from strict_gate.judge.compare import UNCOMPARED
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.tally import headline_text
 from strict_gate.report.sections import in_order
 from strict_gate.report.text import visible
 
@@ -33,6 +34,7 @@ def render(r: GateResult) -> str:
         *((("policy_note", caveat),) if caveat else ()),
         ("band", str(r.verdict.band)),
         ("prompt_set_sha256", str(r.prompt_set.get("sha256"))),
+        ("counts", headline_text(r.comparison.summary.counts, r.flips)),
         *(prop for section in in_order("junit_properties") for prop in section(r)),
     ):
         ET.SubElement(props, "property", name=k, value=visible(val))

@@ -111,7 +111,7 @@ def prompt_line(r: GateResult, p: PromptComparison) -> str | None:
 
 def junit_properties(r: GateResult) -> list[tuple[str, str]]:
     t = later_totals(r.comparison.prompts, r.later)
-    if not t.flipped:
+    if not t.later:
         return []
     return [("later_positions_judged", f"{t.judged}/{t.later}"), ("later_flips", str(t.flips)),
             ("later_divergent", str(t.divergent)), ("later_unverified", str(t.unverified))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from strict_gate.judge.compare import Status
 from strict_gate.judge.prefix_drift import FLOAT32_ROUNDING_MAX, HALF_PRECISION_MAX, DriftScale
 from strict_gate.judge.result import GateResult, arm_wall_clock, matched_drift, status_label, verdict_heading
+from strict_gate.judge.tally import headline
 from strict_gate.report.gaps import LEGEND, gap_cells
 from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.sections import in_order
@@ -92,9 +93,8 @@ def _head(r: GateResult, dec: Decoder) -> list[str]:
     out.append(f"| prompts exact | {s.prompts_exact}/{s.prompts_total} |")
     out.append(f"| positions matched (positionwise) | {s.positions_matched}/{s.positions_total} |")
     out.append(f"| positions matched (prefix) | {s.prefix_positions}/{s.positions_total} |")
-    for status, n in s.counts.items():
-        if n and status != Status.MATCH:
-            out.append(f"| {status.replace('_', ' ')} | {n} |")
+    for name, value in headline(s.counts, r.flips):
+        out.append(f"| {name} | {value} |")
     for arm, entries in r.resumed.items():
         done = "; ".join(f"at {e.get('at')}, {e.get('kept')} prompts kept" for e in entries)
         out.append(f"| {arm} run resumed | {md(done)} |")

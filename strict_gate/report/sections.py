@@ -56,7 +56,7 @@ def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:
 
 def _later_console(r: GateResult) -> list[str]:
     totals = later_totals(r.comparison.prompts, r.later)
-    return [totals.line()] if totals.flipped else []
+    return [totals.line()] if totals.later else []
 
 
 LATER = Section(

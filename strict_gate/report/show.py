@@ -21,6 +21,7 @@ from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import without_later
 from strict_gate.judge.policy import policy_words
 from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
+from strict_gate.judge.tally import headline_text
 from strict_gate.report.gaps import gap_text
 from strict_gate.report.sections import in_order
 from strict_gate.report.text import Decoder, around, show_token, visible
@@ -152,9 +153,13 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
     r = gate.report
     prompts = r.prompts
     console.print(Text(visible(f"{_heading(r)}: {r.name} (policy {policy_words(r.policy)})"), style="bold"))
-    for name, s in sorted(r.features.items()):
-        if s.exit_code:  # the section that sets (or joins) the exit code, beside the token verdict
-            console.print(Text(visible(f"{name}: {s.verdict} (exit {s.exit_code})")))
+    for name, sec in sorted(r.features.items()):
+        if sec.exit_code:  # the section that sets (or joins) the exit code, beside the token verdict
+            console.print(Text(visible(f"{name}: {sec.verdict} (exit {sec.exit_code})")))
+    s = r.summary
+    flips = s.flips.flips() if s.flips is not None else None
+    if counts := headline_text({str(k): v for k, v in s.counts.items()}, flips):
+        console.print(Text(visible(f"prompts exact {s.prompts_exact}/{s.prompts_total}; {counts}")))
     if prompt is not None:
         entry = next((p for p in prompts if p.id == prompt), None)
         if entry is None:
