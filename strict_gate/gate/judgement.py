@@ -16,6 +16,7 @@ from strict_gate.engines.eos import run_stop_ids
 from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
+from strict_gate.gate.rescorer_proof import prove_rescorer
 from strict_gate.judge.cascade import Cascade, stop_problem
 from strict_gate.judge.compare import Comparison
 from strict_gate.judge.compare_runs import compare_runs
@@ -105,10 +106,14 @@ def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescor
 
 
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
-          comparison: Comparison | None = None) -> GateResult:
+          comparison: Comparison | None = None, recorded_by_rescorer: bool = False) -> GateResult:
     """Judge two runs by the spec: compare them (unless the caller already has), (given a
     scoring engine) diagnose the divergences and classify them again with the re-scored
-    reference side, and apply the policy. cross_judge adds the candidate's side."""
+    reference side, and apply the policy. cross_judge adds the candidate's side.
+
+    The rescorer first proves it is the recorded reference (gate/rescorer_proof.py: exit 3 when
+    not), unless it is the very engine that recorded the whole reference run in this process
+    (`recorded_by_rescorer`: a gate's live reference, started once)."""
     problems = [*problems, *_unfinished(ref, cand, problems)]
     if comparison is None:
         comparison = compare(spec, ref, cand)
@@ -116,6 +121,8 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     cand_records, notes = cand.records, text_only_notes(comparison.prompts, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
+            if not recorded_by_rescorer and any(p.status in DIVERGED for p in comparison.prompts):
+                prove_rescorer(rescorer, ref, comparison, band=spec.band, k=spec.sampling.top_logprobs)
             comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)
             diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
     comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
