@@ -7,6 +7,7 @@ A report directory (`<output_dir>/<gate>-<time>/`; `strict-gate bench` writes `<
     gate.lock               held (flock) by the gate or resume working in the directory
     candidate/ reference/   the arms' run directories
     rescorer.log            a [rescorer] process's output
+    localize-reference.log  a [localize.reference] process's output
     report.md report.html junit.xml
     report.json             written last: its presence means the set is whole
     speed.json              `strict-gate bench`'s figures
@@ -45,6 +46,7 @@ class ReportFile(StrEnum):
     HTML = "report.html"
     JUNIT = "junit.xml"
     RESCORER_LOG = "rescorer.log"
+    LOCALIZE_REFERENCE_LOG = "localize-reference.log"
     SPEED = "speed.json"
     DIFF = "diff.json"
     SUMMARY = "summary.md"
@@ -113,6 +115,10 @@ class ReportDir:
     @property
     def rescorer_log(self) -> Path:
         return self.path / ReportFile.RESCORER_LOG
+
+    @property
+    def localize_reference_log(self) -> Path:
+        return self.path / ReportFile.LOCALIZE_REFERENCE_LOG
 
     @property
     def speed(self) -> Path:
