@@ -59,10 +59,11 @@ def _spread(ids: Sequence[str], n: int) -> list[str]:
     return [ids[i * len(ids) // n] for i in range(n)]
 
 
-def prove_rescorer(engine: Engine, ref: Run, comparison: Comparison, *, band: float, k: int) -> None:
+def prove_rescorer(engine: Engine, ref: Run, comparison: Comparison, *, band: float, k: int) -> Exception | None:
     """Refuse (EngineError, exit 3) a re-scorer whose scoring of the reference's own tokens is not
-    what the reference recorded. An engine that does not start is left to diagnosis, which says
-    so for every prompt (a failed re-score never vouches)."""
+    what the reference recorded. An engine that does not start is no error here: its failure is
+    returned, for diagnosis to state on every prompt without starting it again (a failed
+    re-score never vouches)."""
     records = sample(ref, comparison)
     who = f"the re-scorer ({engine.kind} {engine.info().model})"
     if not records:
@@ -71,8 +72,8 @@ def prove_rescorer(engine: Engine, ref: Run, comparison: Comparison, *, band: fl
     try:
         with engine.scoped_env():
             engine.start()
-    except Exception:
-        return
+    except Exception as e:
+        return e
     for rec in records:
         try:
             with engine.scoped_env():
@@ -84,6 +85,7 @@ def prove_rescorer(engine: Engine, ref: Run, comparison: Comparison, *, band: fl
             raise EngineError(f"{who} is not the recorded reference: re-scoring the reference's own tokens of "
                               f"prompt {rec.id!r}, {why}; a re-scorer must be the reference's engine, model and "
                               "configuration (its env secrets exported) before it judges the candidate")
+    return None
 
 
 def mismatch(rec: Record, steps: Sequence[ScoredStep], band: float) -> str | None:
