@@ -60,7 +60,7 @@ def test_rescorer_logs_into_the_report_directory_and_is_named_in_the_engines(tmp
     canned.write_text(json.dumps({"id": "x", "token_ids": [21, 5000], "finish_reason": "length",
                                   "top_logprobs": [[[21, -0.1], [1021, -5.0]], [[5000, -0.2], [7, -3.0]]]}) + "\n")
     gate = _gate(tmp_path, _fake("--mode", "no_score"), _fake("--canned", str(canned)),
-                 rescorer=_fake(), n=1)
+                 rescorer=_fake("--score-model"), n=1)  # the reference's model: it proves itself
     result = CliRunner().invoke(app, ["gate", str(gate)], terminal_width=100)
     assert result.exit_code == 1, result.output
     d = _report_dir(tmp_path)

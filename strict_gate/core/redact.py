@@ -69,13 +69,20 @@ def redact_env(env: Mapping[str, object]) -> dict:
     return {k: (REDACTED if is_secret_name(k) else scrub_json(v)) for k, v in env.items()}
 
 
+def unset_redacted(env: Mapping[str, str]) -> list[str]:
+    """The entries read back as "<redacted>" whose variable the environment does not set: an arm
+    run without them is another engine configuration (a server answering without its key), so
+    the config reader refuses them (exit 2) before any engine starts."""
+    return [k for k, v in env.items() if v == REDACTED and k not in os.environ]
+
+
 def restore_env(env: Mapping[str, str]) -> dict[str, str]:
     """An arm's env table as read from a config, to apply. An entry read back as "<redacted>" (a
     report's gate.toml: `gate --resume`, `diagnose`, `localize`) takes its value from the
-    environment the command runs in, where the secret lives, and is left out where it is not set
-    there. Every secret-named value is registered here: whatever reads a config knows its secrets
+    environment the command runs in, where the secret lives (unset_redacted: checked first).
+    Every secret-named value is registered here: whatever reads a config knows its secrets
     before it writes anything, the manifest of a resumed run names the entry as the first did."""
-    applied = {k: os.environ[k] if v == REDACTED else v for k, v in env.items() if v != REDACTED or k in os.environ}
+    applied = {k: os.environ[k] if v == REDACTED else v for k, v in env.items()}
     register_env(applied)
     return applied
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from strict_gate.core.features import FEATURES, BandSource, TableContext, resolve
 from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
-from strict_gate.core.redact import restore_env
+from strict_gate.core.redact import REDACTED, restore_env, unset_redacted
 from strict_gate.engines import Engine, engine_class
 from strict_gate.errors import ConfigError, StrictGateError, located
 from strict_gate.judge.compare import DEFAULT_BAND, check_gate_band
@@ -184,7 +184,14 @@ def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
     opts = {k: v for k, v in table.items() if k not in ARM_KEYS}
     options = parse_options(cls.Options, opts, where=role, line_of=line_of, siblings=ARM_KEYS)
     cls.check_options(options, where=role, line_of=line_of)
-    env = restore_env({k: ("1" if v is True else "0" if v is False else str(v)) for k, v in keys.env.items()})
+    env = {k: ("1" if v is True else "0" if v is False else str(v)) for k, v in keys.env.items()}
+    if unset := unset_redacted(env):
+        name = unset[0]
+        raise ConfigError(f'[{role}.env] {name} reads "{REDACTED}" (a report\'s copy of the config keeps no secret) '
+                          f"and {name} is not set in the environment: export it as the gate ran with it; without "
+                          "it the arm would be another engine configuration", path=lines.path,
+                          line=lines.find(name, f"{role}.env") or lines.find("env", role))
+    env = restore_env(env)
     return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir, lines.path,
                      lines.header(role) or lines.find("kind", role))
 

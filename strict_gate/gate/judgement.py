@@ -16,10 +16,11 @@ from strict_gate.engines.eos import run_stop_ids
 from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
+from strict_gate.gate.rescorer_proof import prove_rescorer
 from strict_gate.judge.cascade import Cascade, stop_problem
 from strict_gate.judge.compare import Comparison
 from strict_gate.judge.compare_runs import compare_runs
-from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, score_candidate, stored_check
+from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, not_started, score_candidate, stored_check
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
@@ -104,20 +105,37 @@ def _resplit(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescor
     return comparison, records, (*notes, *((said,) if said else ()))
 
 
+def _rescore(spec: GateSpec, ref: Run, cand: Run, comparison: Comparison, rescorer: Engine, notes: tuple[str, ...], *,
+             prove: bool) -> tuple[Comparison, Mapping[str, Record], tuple[str, ...], Mapping[str, Diagnosis]]:
+    """The divergences re-scored by `rescorer`, once it proved it is the recorded reference (when
+    `prove`): a text-only candidate's replies re-split, then each diverged prompt diagnosed. An
+    engine that did not start for its proof is not started again: every prompt says so."""
+    if prove and any(p.status in DIVERGED for p in comparison.prompts):
+        failed = prove_rescorer(rescorer, ref, comparison, band=spec.band, k=spec.sampling.top_logprobs)
+        if failed is not None:
+            return comparison, cand.records, notes, not_started(comparison, failed)
+    comparison, records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)
+    return comparison, records, notes, diagnose(comparison, ref.records, records, rescorer, spec.sampling.top_logprobs)
+
+
 def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), rescorer: Engine | None = None,
-          comparison: Comparison | None = None) -> GateResult:
+          comparison: Comparison | None = None, recorded_by_rescorer: bool = False) -> GateResult:
     """Judge two runs by the spec: compare them (unless the caller already has), (given a
     scoring engine) diagnose the divergences and classify them again with the re-scored
-    reference side, and apply the policy. cross_judge adds the candidate's side."""
+    reference side, and apply the policy. cross_judge adds the candidate's side.
+
+    The rescorer first proves it is the recorded reference (gate/rescorer_proof.py: exit 3 when
+    not), unless it is the very engine that recorded the whole reference run in this process
+    (`recorded_by_rescorer`: a gate's live reference, started once)."""
     problems = [*problems, *_unfinished(ref, cand, problems)]
     if comparison is None:
         comparison = compare(spec, ref, cand)
-    diagnoses = {}
+    diagnoses: Mapping[str, Diagnosis] = {}
     cand_records, notes = cand.records, text_only_notes(comparison.prompts, cand) if is_text_only(cand) else ()
     if rescorer is not None and rescorer.can_score:
         with engine_log(RunDir(Path(ref.path)).engine_log, rescorer.log_libraries):  # a rescorer's start-up too
-            comparison, cand_records, notes = _resplit(spec, ref, cand, comparison, rescorer, notes)
-            diagnoses = diagnose(comparison, ref.records, cand_records, rescorer, spec.sampling.top_logprobs)
+            comparison, cand_records, notes, diagnoses = _rescore(spec, ref, cand, comparison, rescorer, notes,
+                                                                  prove=not recorded_by_rescorer)
     comparison, diagnoses = cross_check(comparison, diagnoses, {}, cand_records,
                                         not_scored=TEXT_ONLY if is_text_only(cand) else NOT_SCORED)
     diagnoses = spec.rule.diagnoses(comparison, diagnoses)

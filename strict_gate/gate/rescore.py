@@ -27,6 +27,7 @@ from strict_gate.gate.rewrite import rewrite_reports
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredReport, load_report
+from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo
 
@@ -42,6 +43,7 @@ def _scorer(cfg: GateConfig, report_dir: Path, candidate: EngineInfo, reference:
     refused when it is the `candidate` that made the run, gate/rescorer_identity.py); and
     whether it is the [rescorer] arm."""
     engine = cfg.reference.build()
+    engine.set_log_path(ReportDir(report_dir).arm("reference").engine_log)  # beside its run, not a temp file
     if engine.can_score:
         return engine, False
     engine.close()
@@ -95,6 +97,7 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     if cfg.candidate is None:
         raise InputError("the report's gate.toml has no [candidate]", path=str(cfg_path))
     candidate = cfg.candidate.build()  # the candidate's side, once the reference is stopped
+    candidate.set_log_path(ReportDir(report_dir).arm("candidate").engine_log)
     try:
         result = cross_judge(spec, ref, cand, result, candidate)
     finally:

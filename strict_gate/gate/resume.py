@@ -138,6 +138,8 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     reference = cfg.reference.build()
     assert cfg.candidate is not None  # load_gate_config requires one
     candidate = cfg.candidate.build()
+    for role, engine in (("reference", reference), ("candidate", candidate)):  # an arm it does not run again
+        engine.set_log_path(report.arm(role).engine_log)  # may still start (re-scoring): logs beside its run
     if "reference" not in done:
         reference.check_compatible(ps.sha256, spec.sampling)
     with engine_log(report.arm("reference").engine_log, reference.log_libraries):  # every prompt, arms done or not:

@@ -197,9 +197,12 @@ def _rescorer(g: Gate, ref_run: Run, comparison: Comparison) -> Engine | None:
 
 def _rescore_phase(g: Gate, ref_run: Run, cand_run: Run, comparison: Comparison, rescorer: Engine | None,
                    problems: list[str]) -> GateResult:
-    """The verdict, with the divergences re-scored by `rescorer`; a gate that wanted diagnosis
-    and had no engine for it says so."""
-    result = judge(g.spec, ref_run, cand_run, problems=problems, rescorer=rescorer, comparison=comparison)
+    """The verdict, with the divergences re-scored by `rescorer` (proved to be the recorded
+    reference first, unless it is the live reference that recorded the whole run); a gate that
+    wanted diagnosis and had no engine for it says so."""
+    recorded = rescorer is g.reference and g.prior.get("reference") is None  # it made every record, now
+    result = judge(g.spec, ref_run, cand_run, problems=problems, rescorer=rescorer, comparison=comparison,
+                   recorded_by_rescorer=recorded)
     if rescorer is not None and rescorer is not g.reference and result.diagnoses:
         result = replace(result, rescorer=rescorer.info())
     scored = rescorer is not None and rescorer.can_score

@@ -354,7 +354,7 @@ def diagnose(
         with engine.scoped_env():
             engine.start()
     except Exception as e:  # a failed re-score is reported, it does not change the verdict
-        return {pc.id: _failed(pc, f"the engine did not start: {type(e).__name__}: {e}") for pc in todo}
+        return not_started(comparison, e)
     for pc in todo:
         ref, cand = reference[pc.id], candidate[pc.id]
         try:
@@ -365,6 +365,13 @@ def diagnose(
             continue
         out[pc.id] = diagnose_prompt(pc, ref, cand, steps, comparison.band)
     return out
+
+
+def not_started(comparison: Comparison, error: Exception) -> dict[str, Diagnosis]:
+    """Each prompt diagnosis would re-score, failed because the engine did not start (once: a
+    caller that tried to start it already says so here instead of starting it again)."""
+    why = f"the engine did not start: {type(error).__name__}: {error}"
+    return {pc.id: _failed(pc, why) for pc in comparison.prompts if pc.status in DIAGNOSED}
 
 
 def _failed(pc, error: str) -> Diagnosis:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
+from strict_gate.gate.feature import build_rescorer
 from strict_gate.judge.diagnose import Diagnosis
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
@@ -21,21 +22,24 @@ from strict_gate.localize.compare import check_tolerance
 from strict_gate.localize.config import Scope, of
 from strict_gate.localize.points import parse_points
 from strict_gate.localize.run import DumpMode, Settings, localize, parse_mode, targets
+from strict_gate.runs.layout import ReportDir
 
 WORK_DIR = "localize"  # under the report directory; removed unless keep
 
 
-def activation_reference(cfg, reference: Engine) -> tuple[Engine | None, bool, str | None]:
+def activation_reference(cfg, reference: Engine, report_dir: Path) -> tuple[Engine | None, bool, str | None]:
     """(engine, built here, note): who gives the reference activations, and why when it is not
-    the reference arm; (None, False, why) when nobody can."""
+    the reference arm; (None, False, why) when nobody can. An arm built here logs into the
+    report directory (localize-reference.log, rescorer.log), not to a temp file nobody finds."""
     lc = of(cfg)
     if lc is not None and lc.reference is not None:
         e = lc.reference.build()
+        e.set_log_path(ReportDir(report_dir).localize_reference_log)
         return e, True, f"activation reference: the [localize.reference] arm ({e.kind} {e.info().model})"
     if reference.can_dump:
         return reference, False, None
     if cfg.rescorer is not None and cfg.rescorer.engine_type.can_dump:
-        e = cfg.rescorer.build()
+        e = build_rescorer(cfg, report_dir)
         return e, True, (f"the reference ({reference.kind}) cannot dump activations: the [rescorer] arm "
                          f"({e.kind} {e.info().model}) is the activation reference")
     return None, False, (f"not localised: the reference ({reference.kind}) cannot dump activations and no "
@@ -58,7 +62,7 @@ def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engin
                  only=only, later=result.later, cand_records=result.candidate_records)
     if not ts:
         return result
-    ref_engine, built, note = activation_reference(cfg, reference)
+    ref_engine, built, note = activation_reference(cfg, reference, report_dir)
     if ref_engine is None or not candidate.can_dump:
         why = f"not localised: the candidate ({candidate.kind}) cannot dump activations"
         return replace(result, notes=(*result.notes, note if ref_engine is None and note else why))
@@ -147,9 +151,11 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     if cfg.candidate is None:
         raise InputError("the report's gate.toml has no [candidate]", path=str(report_dir / "gate.toml"))
     candidate = cfg.candidate.build()
+    candidate.set_log_path(ReportDir(report_dir).arm("candidate").engine_log)  # beside its run, not a temp file
     _can_dump_or_exit_2(candidate, report_dir / "gate.toml", settings.mode)  # before the reference loads anything
     reference = cfg.reference.build()
-    activations, _, why = activation_reference(cfg, reference)
+    reference.set_log_path(ReportDir(report_dir).arm("reference").engine_log)
+    activations, _, why = activation_reference(cfg, reference, report_dir)
     if activations is None:
         raise ConfigError(why or "no activation reference", path=str(report_dir / "gate.toml"))
     if not type(activations).capabilities_at_start:  # else known once started: checked per prompt

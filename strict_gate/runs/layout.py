@@ -8,6 +8,7 @@ A report directory (`<output_dir>/<gate>-<time>/`; `strict-gate bench` writes `<
     candidate/ reference/   the arms' run directories
     invariance/<arm>/<run>/ [invariance]'s run directories, sealed as the arms' are (gate/kept.py)
     rescorer.log            a [rescorer] process's output
+    localize-reference.log  a [localize.reference] process's output
     report.md report.html junit.xml
     report.json             written last: its presence means the set is whole
     speed.json              `strict-gate bench`'s figures
@@ -46,6 +47,7 @@ class ReportFile(StrEnum):
     HTML = "report.html"
     JUNIT = "junit.xml"
     RESCORER_LOG = "rescorer.log"
+    LOCALIZE_REFERENCE_LOG = "localize-reference.log"
     SPEED = "speed.json"
     DIFF = "diff.json"
     SUMMARY = "summary.md"
@@ -114,6 +116,10 @@ class ReportDir:
     @property
     def rescorer_log(self) -> Path:
         return self.path / ReportFile.RESCORER_LOG
+
+    @property
+    def localize_reference_log(self) -> Path:
+        return self.path / ReportFile.LOCALIZE_REFERENCE_LOG
 
     @property
     def speed(self) -> Path:

@@ -18,6 +18,9 @@ ROLE `reference` decodes the model greedily. ROLE `candidate` decodes it too, ex
                    token (a greedy choice within the gate's 1e-3 tolerance), and so does its score op
   --stop J         it stops after position J (finish "stop") on the model's argmax there, an
                    ordinary token, not an end-of-sequence id: an early stop nothing judged
+Both roles take --needs-key NAME: without a non-empty NAME in its environment it answers as a
+server without its key would (a fallback model): its score op ranks every token it is given its
+argmax at -0.1, so it vouches for whatever a candidate emitted.
 Both roles take --eos-at J: the model's argmax at generated position J is the end-of-sequence
 id EOS (2), where the role stops (finish "stop", the EOS included), as a real model ends.
 Every token the candidate picks is its own top-1 in what it reports, so the run audit passes;
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 TIE = 0.05
@@ -89,8 +93,17 @@ def generate(req: dict, a: argparse.Namespace) -> dict:
             "top_logprobs": tops}
 
 
+def keyless(req: dict) -> dict:
+    """The fallback model's scoring: every token given is its argmax."""
+    k = max(1, req.get("top_logprobs", 5))
+    return {"id": req["id"], "steps": [{"token_id": t, "logprob": -0.1, "top": [[t, -0.1]] + [
+        [t + 7 + i, -0.15 - i] for i in range(k - 1)]} for t in req["continuation_ids"]]}
+
+
 def score(req: dict, a: argparse.Namespace) -> dict:
     prompt, cont, k = list(req["prompt_token_ids"]), list(req["continuation_ids"]), req.get("top_logprobs", 5)
+    if a.needs_key and not os.environ.get(a.needs_key):
+        return keyless(req)
     steps = []
     for j, t in enumerate(cont):
         top = view(prompt, cont, j, a)
@@ -112,6 +125,7 @@ def main() -> None:
     ap.add_argument("--stop", type=int, default=None)
     ap.add_argument("--lean", type=int, action="append", default=[])
     ap.add_argument("--eos-at", type=int, action="append", default=[])
+    ap.add_argument("--needs-key", default=None)
     a = ap.parse_args()
     EOS_AT.update(a.eos_at)
     send({"hello": "strict-gate/engine@1", "name": f"cascade-{a.role}", "version": "1", "model": "toy",

@@ -2,7 +2,7 @@
 """A fake engine speaking strict-gate/engine@1, good or misbehaving on purpose (for the tests).
 
     python fake_engine.py [--mode MODE] [--canned FILE] [--after N] [--pidfile F] [--events F]
-                          [--shutdown-delay S] [--ignore-term]
+                          [--shutdown-delay S] [--ignore-term] [--score-model]
 
 Modes (the misbehaviour starts at request number --after, counting from 0):
   good          replay canned responses from FILE (one JSON object a line, popped in
@@ -24,6 +24,10 @@ Modes (the misbehaviour starts at request number --after, counting from 0):
   extra_tokens  generate more tokens than max_tokens
   bad_score     answer score requests with one step too few
   score_error   answer score requests with {"id", "error"}
+
+Its score op ranks each token it is given its argmax at -0.5, whatever it generates; with
+--score-model it scores by the echo model it generates by (a [rescorer] that is the reference
+proves itself so: gate/rescorer_proof.py), a token that model does not list at -20.
 
 The hello carries "pid" so a test can check that the whole group is gone afterwards.
 Env: FAKE_ECHO_ENV=NAME puts os.environ[NAME] into the hello's "versions".
@@ -75,6 +79,18 @@ def score(req):
     return {"id": req["id"], "steps": steps}
 
 
+def score_model(req):
+    """The echo model teacher-forced: at position i its argmax is prompt_token_ids[-1] + i + 1, listed as echo() lists it."""
+    k = req.get("top_logprobs", 1)
+    base = req["prompt_token_ids"][-1] if req["prompt_token_ids"] else 0
+    steps = []
+    for i, t in enumerate(req["continuation_ids"]):
+        a = base + i + 1
+        top = [[a, -0.1 * (i + 1)]] + [[a + 1000 + j, -5.0 - j] for j in range(max(0, k - 1))]
+        steps.append({"token_id": t, "logprob": next((v for u, v in top if u == t), -20.0), "top": top})
+    return {"id": req["id"], "steps": steps}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="good")
@@ -84,6 +100,7 @@ def main() -> None:
     ap.add_argument("--events", default=None)
     ap.add_argument("--shutdown-delay", type=float, default=0.0)
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--score-model", action="store_true")
     a = ap.parse_args()
 
     def event(text: str) -> None:
@@ -147,7 +164,7 @@ def main() -> None:
             continue
         if not misbehave or mode in ("good", "drop_bos", "banner", "no_score", "old_hello", "bad_score", "score_error"):
             if op == "score":
-                send(score(req))
+                send(score_model(req) if a.score_model else score(req))
             elif mode == "drop_bos":  # an engine that re-tokenized the text without its BOS
                 out = echo(req)
                 out["prompt_token_ids"] = req["prompt_token_ids"][1:]
