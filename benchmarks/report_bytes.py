@@ -25,6 +25,9 @@ MASKS = (
     (re.compile(r'(time|timestamp)="[^"]*"'), r'\1="<n>"'),
     (re.compile(r"pid \d+"), "pid <n>"),
     (re.compile(r"/tmp/[\w.-]+"), "<tmp>"),
+    # the wall-clock table's rows: seconds, tokens per second, median TTFT (report.md)
+    (re.compile(r"^\| (reference|candidate|rescorer) \| (\d+) \| (\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"),
+     r"| \1 | \2 | \3 | <n> | <n> | <n> |"),
 )
 
 
