@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from strict_gate.core.sections import Informational
 from strict_gate.judge.compare import BAND_EPS
 from strict_gate.runs.records import Record, ScoredStep, TopK
 
@@ -122,7 +123,7 @@ class PromptDrift:
 
 
 @dataclass(frozen=True)
-class DriftReport:
+class DriftReport(Informational):
     """Totals over every scored position of every scored prompt, and the same per prompt."""
 
     band: float
@@ -159,15 +160,6 @@ class DriftReport:
             if window.size:
                 prompts[pid] = replace(p, drift_before_divergence=float(window.max()))
         return replace(self, prompts=prompts)
-
-    @property
-    def exit_code(self) -> int:
-        """Informational: this section never changes the gate's exit code."""
-        return 0
-
-    @property
-    def section_verdict(self) -> str:
-        return "informational"
 
     def to_json(self) -> dict:
         return {

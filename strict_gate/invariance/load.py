@@ -21,22 +21,18 @@ from typing import Annotated, Any
 
 import msgspec
 
+from strict_gate.core.sections import Shape, read_section
 from strict_gate.engines.speculative import Acceptance
-from strict_gate.errors import InputError
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
 from strict_gate.invariance.verdict import CAUSES, LABELS, InvarianceResult, Moved, VariantResult, VariantVerdict
 from strict_gate.judge.compare import Status
-from strict_gate.judge.stored import field_error
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Repeat = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class _Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every key `to_json` writes is required, and no other is taken (it would be dropped)."""
 
-
-class _Acceptance(_Shape, frozen=True):
+class _Acceptance(Shape, frozen=True):
     drafted: Count
     accepted: Count
     drafts: Count | None
@@ -47,7 +43,7 @@ class _Acceptance(_Shape, frozen=True):
     replies_drafting: Count
 
 
-class _Moved(_Shape, frozen=True):
+class _Moved(Shape, frozen=True):
     id: str
     run: Repeat
     status: Status
@@ -62,7 +58,7 @@ class _Moved(_Shape, frozen=True):
     variant_tokens: list[int]
 
 
-class _Variant(_Shape, frozen=True):
+class _Variant(Shape, frozen=True):
     name: str
     arm: str
     verdict: VariantVerdict
@@ -83,7 +79,7 @@ class _Variant(_Shape, frozen=True):
     acceptance: _Acceptance | None
 
 
-class _Invariance(_Shape, frozen=True):
+class _Invariance(Shape, frozen=True):
     verdict: VariantVerdict  # derived
     policy: InvariancePolicy
     band: float
@@ -97,10 +93,7 @@ class _Invariance(_Shape, frozen=True):
 def load_invariance(d: dict) -> InvarianceResult:
     """The InvarianceResult whose `to_json()` is `d` (report.json's `invariance`); InputError
     naming the field when `d` is not such a body."""
-    try:
-        s = msgspec.convert(d, _Invariance)
-    except msgspec.ValidationError as e:
-        raise InputError(f"report.json's invariance: {field_error(e)}") from None
+    s = read_section(d, _Invariance, "invariance")
     return InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
                             dict(s.baselines), tuple(s.problems))
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from strict_gate.core.sections import field_error
 from strict_gate.errors import ExitCode, InputError
 from strict_gate.judge.cascade import Later
 from strict_gate.judge.compare import Status
@@ -299,15 +300,6 @@ class HistoryLine(_Struct, frozen=True):
 
 class _Schema(msgspec.Struct):
     schema: str
-
-
-def field_error(e: msgspec.ValidationError) -> str:
-    """msgspec's "Expected `str`, got `int` - at `$.prompts[0].id`" as "field prompts[0].id: ..."."""
-    text, sep, where = str(e).rpartition(" - at `")
-    if not sep:
-        return str(e)
-    field = where.rstrip("`").removeprefix("$").removeprefix(".")
-    return f"field {field or '(top level)'}: {text}"
 
 
 def _json_line(data: bytes, e: msgspec.DecodeError) -> int | None:

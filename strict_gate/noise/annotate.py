@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from strict_gate.core.sections import Informational
 from strict_gate.judge.compare import BAND_EPS, Comparison, Rescored, Status
 from strict_gate.noise.profile import NoiseProfile, largest
 from strict_gate.noise.ulp import gap_ulps
@@ -52,7 +53,7 @@ class Rate:
 
 
 @dataclass(frozen=True)
-class NoiseJudgement:
+class NoiseJudgement(Informational):
     """What a report says about the reference's noise; band_rule is set when the band came from it."""
 
     profile: str
@@ -104,15 +105,6 @@ class NoiseJudgement:
         if len(shown) < len(self.flips):
             out.append(f"... {len(self.flips) - len(shown)} more flips in the report")
         return out + list(self.notes)
-
-    @property
-    def exit_code(self) -> int:
-        """Informational: this section never changes the gate's exit code."""
-        return 0
-
-    @property
-    def section_verdict(self) -> str:
-        return "informational"
 
     def to_json(self) -> dict:
         return {"profile": self.profile, "measured": self.measured, "band": self.band, "band_rule": self.band_rule,

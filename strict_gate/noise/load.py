@@ -14,18 +14,14 @@ from typing import Annotated
 
 import msgspec
 
-from strict_gate.errors import InputError
-from strict_gate.judge.stored import field_error
+from strict_gate.core.sections import Shape, read_section
 from strict_gate.noise.annotate import FlipNote, NoiseJudgement, Rate, Where
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class _Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every key `to_json` writes is required, and no other is taken (it would be dropped)."""
 
-
-class _Flip(_Shape, frozen=True):
+class _Flip(Shape, frozen=True):
     id: str
     position: Count
     gap: float | None
@@ -35,7 +31,7 @@ class _Flip(_Shape, frozen=True):
     where: Where
 
 
-class _Rate(_Shape, frozen=True):
+class _Rate(Shape, frozen=True):
     variation: str
     same_build: bool
     prompts: Count
@@ -43,7 +39,7 @@ class _Rate(_Shape, frozen=True):
     largest_gap: float | None
 
 
-class _Noise(_Shape, frozen=True):
+class _Noise(Shape, frozen=True):
     profile: str
     measured: str
     band: float
@@ -62,10 +58,7 @@ class _Noise(_Shape, frozen=True):
 def load_noise(d: dict) -> NoiseJudgement:
     """The NoiseJudgement whose `to_json()` is `d` (report.json's `noise`); InputError naming the
     field when `d` is not such a body."""
-    try:
-        s = msgspec.convert(d, _Noise)
-    except msgspec.ValidationError as e:
-        raise InputError(f"report.json's noise: {field_error(e)}") from None
+    s = read_section(d, _Noise, "noise")
     return NoiseJudgement(
         profile=s.profile, measured=s.measured, band=s.band, band_rule=s.band_rule,
         largest_self_flip_gap=s.largest_self_flip_gap,

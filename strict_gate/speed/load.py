@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from strict_gate.core.sections import Shape, read_section
 from strict_gate.errors import InputError
 from strict_gate.speed.interval import Interval
 from strict_gate.speed.model import (
@@ -49,17 +50,14 @@ Number = float | None  # null: not measured, or not finite (report.json is stric
 Pair = tuple[Number, Number]
 
 
-class _Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every key `to_json` writes is required, and no other is taken (it would be dropped)."""
 
-
-class _Figure(_Shape, frozen=True):
+class _Figure(Shape, frozen=True):
     median: Number
     spread: Pair | None
     samples: list[Number]
 
 
-class _Arm(_Shape, frozen=True):
+class _Arm(Shape, frozen=True):
     ttft_s: _Figure
     decode_tok_s: _Figure
     e2e_tok_s: _Figure
@@ -67,27 +65,27 @@ class _Arm(_Shape, frozen=True):
     self_reported: dict[str, Any] | None
 
 
-class _Ratio(_Shape, frozen=True):
+class _Ratio(Shape, frozen=True):
     median: Number
     interval: Pair | None
     confidence: Number
     separable: bool
 
 
-class _Ratios(_Shape, frozen=True):
+class _Ratios(Shape, frozen=True):
     ttft_s: _Ratio
     decode_tok_s: _Ratio
     e2e_tok_s: _Ratio
 
 
-class _TokenCheck(_Shape, frozen=True):
+class _TokenCheck(Shape, frozen=True):
     checked: Count
     verified: bool | None  # derived from the two counts
     unverified: Count
     problems: list[str]
 
 
-class _Rung(_Shape, frozen=True):
+class _Rung(Shape, frozen=True):
     name: str
     prompt_tokens: Count | None
     max_tokens: Count
@@ -100,7 +98,7 @@ class _Rung(_Shape, frozen=True):
     token_check: _TokenCheck
 
 
-class _Mismatch(_Shape, frozen=True):
+class _Mismatch(Shape, frozen=True):
     field: str
     reference: Any
     candidate: Any
@@ -108,7 +106,7 @@ class _Mismatch(_Shape, frozen=True):
     message: str
 
 
-class _Check(_Shape, frozen=True):
+class _Check(Shape, frozen=True):
     figure: FigureName
     rung: str
     min_ratio: float
@@ -120,14 +118,14 @@ class _Check(_Shape, frozen=True):
     bar: str
 
 
-class _Verdict(_Shape, frozen=True):
+class _Verdict(Shape, frozen=True):
     verdict: SpeedVerdictKind
     min_speed_ratio: dict[str, float]
     checks: list[_Check]
     reasons: list[str]
 
 
-class _Speed(_Shape, frozen=True):
+class _Speed(Shape, frozen=True):
     method: Method
     runs: Count
     warmup: Count
@@ -186,10 +184,7 @@ class WrittenRung(RungResult):
 def load_speed(d: dict) -> SpeedResult:
     """The SpeedResult whose `to_json()` is `d` (report.json's `speed`); InputError naming the
     field when `d` is not such a body."""
-    try:
-        s = msgspec.convert(d, _Speed)
-    except msgspec.ValidationError as e:
-        raise InputError(f"report.json's speed: {_field_error(e)}") from None
+    s = read_section(d, _Speed, "speed")
     if s.verdict is not s.speed_verdict.verdict:
         raise InputError(f"report.json's speed: field verdict: {s.verdict.value!r} disagrees with "
                          f"speed_verdict.verdict {s.speed_verdict.verdict.value!r}")
@@ -245,11 +240,3 @@ def _floats(xs: Sequence[float | None]) -> tuple[float, ...]:
     return tuple(_f(x) for x in xs)
 
 
-def _field_error(e: msgspec.ValidationError) -> str:
-    """msgspec's "Expected `str`, got `int` - at `$.rungs[0].name`" as "field rungs[0].name: ..."
-    (judge/stored.py's field_error; speed/ ranks below the judge)."""
-    text, sep, where = str(e).rpartition(" - at `")
-    if not sep:
-        return str(e)
-    field = where.rstrip("`").removeprefix("$").removeprefix(".")
-    return f"field {field or '(top level)'}: {text}"
