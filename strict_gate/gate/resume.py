@@ -19,26 +19,17 @@ from pathlib import Path
 from strict_gate.core.engine_log import engine_log
 from strict_gate.errors import ExitCode, InputError
 from strict_gate.gate.arm import finished_run, prompt_inputs
-from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
+from strict_gate.gate.config import ArmConfig, GateConfig
 from strict_gate.gate.judgement import gate_spec, judge_stored, stored_diagnoses
 from strict_gate.gate.kept import sealed
 from strict_gate.gate.outcome import ROLES, GateOutcome, ProgressHook
 from strict_gate.gate.rewrite import keep_sections
 from strict_gate.gate.run import play_gate
-from strict_gate.gate.state import (
-    GATE,
-    GateState,
-    check_command,
-    check_config_file,
-    check_unchanged,
-    read_gate_state,
-    report_lock,
-    verdicts,
-)
+from strict_gate.gate.state import GATE, GateState, reopen, report_lock, verdicts
 from strict_gate.judge.stored import load_report
 from strict_gate.report.text import gate_decoder
 from strict_gate.runs.layout import ReportDir
-from strict_gate.runs.prompts import PromptSet, load_prompts
+from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import Run, Sampling
 
@@ -116,12 +107,7 @@ def resume_gate(report_dir: str | Path, *, progress: ProgressHook | None = None)
 
 
 def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
-    state = read_gate_state(report)
-    check_command(report, state, GATE)
-    cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
-    ps = load_prompts(cfg.prompts)
-    check_unchanged(state, cfg, ps)
-    check_config_file(report, state)
+    state, cfg, ps = reopen(report, GATE)
     spec = gate_spec(cfg, ps, policy=state.policy, band=state.band, config=state.config)
     prior = _stored_runs(report, state, cfg, ps, spec.sampling)
     done = {role for role, run in prior.items() if finished_run(run, ps.ids)}

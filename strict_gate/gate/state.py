@@ -231,3 +231,21 @@ def check_command(report: ReportDir, state: GateState, command: str) -> None:
     if state.command != command:
         raise InputError(f"this report directory was made by `strict-gate {state.command}`: continue it with "
                          f"`strict-gate {state.command} --resume`", path=str(report.path))
+
+
+def reopen(report: ReportDir, command: str) -> tuple[GateState, GateConfig, PromptSet]:
+    """What a `--resume` continues from: the sealed state (of the command that made the directory),
+    the config re-read as the gate resolved it, and its prompts; refused (exit 2) when either
+    changed since the gate started or gate.toml fails its hash."""
+    from pathlib import Path
+
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.runs.prompts import load_prompts
+
+    state = read_gate_state(report)
+    check_command(report, state, command)
+    cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
+    ps = load_prompts(cfg.prompts)
+    check_unchanged(state, cfg, ps)
+    check_config_file(report, state)
+    return state, cfg, ps

@@ -20,19 +20,11 @@ from strict_gate.core.redact import redact_toml, scrub_tree
 from strict_gate.engines.base import PromptInput
 from strict_gate.errors import ConfigError, GateInterrupted, InputError
 from strict_gate.gate.arm import prompt_inputs
-from strict_gate.gate.config import GateConfig, load_gate_config
+from strict_gate.gate.config import GateConfig
 from strict_gate.gate.interrupt import interrupted
 from strict_gate.gate.judgement import gate_spec
 from strict_gate.gate.kept import Planned, Runs
-from strict_gate.gate.state import (
-    GateState,
-    check_command,
-    check_config_file,
-    check_unchanged,
-    read_gate_state,
-    report_lock,
-    write_gate_state,
-)
+from strict_gate.gate.state import GateState, reopen, report_lock, write_gate_state
 from strict_gate.invariance.config import BASELINE, of
 from strict_gate.invariance.load import load_invariance
 from strict_gate.invariance.render import FILES, write_invariance_reports
@@ -99,12 +91,7 @@ def resume_invariance_gate(report_dir: str | Path, *, progress=None) -> Invarian
     if not report.path.is_dir():
         raise InputError("not an invariance report directory", path=str(report.path))
     with report_lock(report):
-        state = read_gate_state(report)
-        check_command(report, state, COMMAND)
-        cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
-        ps = load_prompts(cfg.prompts)
-        check_unchanged(state, cfg, ps)
-        check_config_file(report, state)
+        state, cfg, ps = reopen(report, COMMAND)
         done = report.path / FILES["json"]
         if done.exists():
             return InvarianceOutcome(load_invariance(json.loads(done.read_text(encoding="utf-8"))["invariance"]),
