@@ -148,7 +148,8 @@ def invariance(
 
 @fail_cleanly
 def noise(
-    config: Annotated[Path, typer.Argument(help="capture config or gate TOML: its [reference] is profiled")],
+    config: Annotated[Path | None, typer.Argument(help="capture config or gate TOML: its [reference] is "
+                                                       "profiled")] = None,
     baseline: Annotated[Path | None, typer.Option("--baseline", help="the K-run baseline (default: a recorded "
                                                   "reference's, else baselines/<name> when there)")] = None,
     batch: Annotated[list[int] | None, typer.Option("--batch", min=1, help="batch sizes against batch 1 (default 8)")] = None,
@@ -159,20 +160,33 @@ def noise(
     runs: Annotated[int | None, typer.Option("--runs", "-k", min=2, help="K live runs when there is no baseline")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="default: noise.json in the baseline")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where the live runs go")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", metavar="REPORT_DIR", help="continue an interrupted `strict-gate noise`, keeping the runs it "
+                                               "finished")] = None,
 ) -> None:
     """Measure the reference against itself (K runs, batch, prefill/decode, chunks, a second build)
     into a sealed noise profile (docs/noise.md). Exit 0, 2 bad input, 3 an engine failed."""
     from strict_gate.gate.config import load_gate_config
-    from strict_gate.noise.command import measure_noise
+    from strict_gate.noise.command import measure_noise, resume_noise
+    from strict_gate.noise.options import NoiseOptions
     from strict_gate.noise.render import profile_lines
     from strict_gate.report.text import visible
 
-    cfg = load_gate_config(config, require_candidate=False)
+    if (config is None) == (resume is None):
+        raise StrictGateError("give a CONFIG, or --resume REPORT_DIR (which measures what it was started with), "
+                              "not both")
+    if resume is not None and (baseline or batch or chunk or against or not prefill or runs or out or output_dir):
+        raise StrictGateError("--resume measures what REPORT_DIR was started with: give it no other option")
     progress, hook = progress_bars()
     with progress:
-        outcome = measure_noise(cfg, plan_batch=batch or [8], chunks=chunk or [], prefill=prefill,
-                                against=against or [], baseline=baseline, runs=runs, out=out, output_dir=output_dir,
-                                progress=hook)
+        if resume is not None:
+            outcome = resume_noise(resume, progress=hook)
+        else:
+            assert config is not None
+            opts = NoiseOptions(tuple(batch or [8]), tuple(chunk or []), prefill, tuple(against or []),
+                                None if baseline is None else str(baseline), runs, None if out is None else str(out))
+            outcome = measure_noise(load_gate_config(config, require_candidate=False), opts, output_dir=output_dir,
+                                    progress=hook)
     for line in profile_lines(outcome.profile):
         console.print(visible(line), soft_wrap=True)
     console.print(f"  profile: {visible(str(outcome.path))}; runs: {visible(str(outcome.report_dir))}")

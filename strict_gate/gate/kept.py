@@ -9,7 +9,8 @@ sealed record where its kind allows (one prompt served on its own), else run aga
 does not match its seal is refused (exit 2), an unsealed tail (a kill between a record and its
 seal) dropped, to be generated again. A feature that runs engines makes its runs through
 `Gate.runs()` and names them in `Feature.planned`, so it resumes as the arms do, and an interrupt
-says what `--resume` keeps of it (gate/interrupt.py).
+says what `--resume` keeps of it (gate/interrupt.py). `strict-gate invariance` and `strict-gate
+noise` make their runs through a `Runs` of their own report directory, and resume the same way.
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ class Runs:
         return run if run is not None and finished_run(run, self.ps.ids) else None
 
     def run(self, engine: Engine, prompts: Sequence[PromptInput], out: Path, label: str, *,
-            continues: bool = True) -> Run:
-        """The run in `out`, sealed: an unfinished one continued from its last sealed record when
-        `continues` (its kind serves each prompt on its own), else started over. An interrupt
-        leaves `where` naming this run."""
+            continues: bool = True, runs: int = 1) -> Run:
+        """The run in `out` (each prompt `runs` times, one prompt per call, when above 1), sealed:
+        an unfinished one continued from its last sealed record when `continues` (its kind serves
+        each prompt on its own), else started over. An interrupt leaves `where` naming this run."""
         prior = self.stored(out) if continues else None
         on_record = None
         if self.progress:
@@ -118,7 +119,7 @@ class Runs:
             on_record = self.progress(f"{label} (resumed, {kept} kept)" if kept else label, len(prompts) - kept)
         self.where.run = out
         try:
-            done = run_arm(engine, prompts, self.sampling, out, prompt_set=self.ps, on_record=on_record,
+            done = run_arm(engine, prompts, self.sampling, out, prompt_set=self.ps, runs=runs, on_record=on_record,
                            resume_from=prior, seal_key=self.key(out))
         except (EngineError, IncompleteRunError):
             self.where.run = None  # it failed and the phase goes on: no longer in flight

@@ -13,6 +13,7 @@ class CommandOptions(Checked):
     command: Argv
     tokenizer: str | None = None  # tokenizer.json or a model dir holding one (for text prompts)
     model: str | None = None  # informational: what the binary serves (the hello may say it too)
+    dtype: str | None = None  # informational: what the binary computes in (a noise profile names it)
     timeout_s: Seconds = 120.0  # per request
     startup_timeout_s: Seconds = 300.0  # until the hello line
     cwd: str | None = None  # default: the config's directory
