@@ -81,6 +81,7 @@ def _speed_gate(tmp_path: Path, monkeypatch, reference: str, candidate: str, spe
     passes); `reference` and `candidate` are their tricks on the timed requests."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(ENGINES / "hostile_speed_engine.py", "engine.py")
+    shutil.copy(ENGINES / "virtual_time.py", "virtual_time.py")  # the module the engine imports beside it
     Path("two.jsonl").write_text("\n".join((ROOT / "prompts" / "smoke.jsonl").read_text().splitlines()[:2]) + "\n")
 
     def arm(trick: str) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -258,6 +258,16 @@ def load_gate_config(
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config: {e}", path=str(path)) from None
     return parse_gate_config(text, str(path), require_candidate=require_candidate, base_dir=base_dir)
+
+
+def load_copied_config(path: Path, *, started: str | None, base_dir: Path | None,
+                       require_candidate: bool = True) -> GateConfig:
+    """A report's copy of its config (REPORT_DIR/gate.toml) under the name the gate ran with: a
+    config without `name` is named after the file it was started from (`started`), not the copy."""
+    cfg = load_gate_config(path, require_candidate=require_candidate, base_dir=base_dir)
+    if started is None or "name" in tomllib.loads(path.read_text(encoding="utf-8")):
+        return cfg
+    return replace(cfg, name=Path(started).stem)
 
 
 def load_arm_config(path: str | Path, role: str = "engine") -> ArmConfig:

@@ -18,7 +18,7 @@ import msgspec
 
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, InputError
-from strict_gate.gate.config import GateConfig, load_gate_config
+from strict_gate.gate.config import GateConfig, load_copied_config
 from strict_gate.gate.feature import build_rescorer, rejudged
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.outcome import GateOutcome
@@ -76,7 +76,8 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
     old = _old_report(report_dir)
     config = msgspec.to_builtins(old.config) if old.config is not None else None
-    cfg = load_gate_config(cfg_path, base_dir=Path(config["base_dir"]) if config and config["base_dir"] else None)
+    cfg = load_copied_config(cfg_path, started=config.get("path") if config else None,
+                             base_dir=Path(config["base_dir"]) if config and config["base_dir"] else None)
     ref = load_run(report_dir / "reference", allow_incomplete=True)
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     prompt_set = msgspec.to_builtins(old.prompt_set) if old.prompt_set is not None else dict(ref.manifest.prompt_set)

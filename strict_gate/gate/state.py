@@ -239,12 +239,12 @@ def reopen(report: ReportDir, command: str) -> tuple[GateState, GateConfig, Prom
     changed since the gate started or gate.toml fails its hash."""
     from pathlib import Path
 
-    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.config import load_copied_config
     from strict_gate.runs.prompts import load_prompts
 
     state = read_gate_state(report)
     check_command(report, state, command)
-    cfg = load_gate_config(report.gate_toml, base_dir=Path(state.config.base_dir))
+    cfg = load_copied_config(report.gate_toml, started=state.config.path, base_dir=Path(state.config.base_dir))
     ps = load_prompts(cfg.prompts)
     check_unchanged(state, cfg, ps)
     check_config_file(report, state)

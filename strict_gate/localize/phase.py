@@ -103,7 +103,7 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     """`strict-gate localize REPORT_DIR`: localise a finished gate's divergences and rewrite its
     reports in place through the one rewrite (gate/rewrite.py): its verdict and diagnoses as the
     gate judged them, every feature's section (speed, invariance, noise, drift) kept as written."""
-    from strict_gate.gate.config import load_gate_config
+    from strict_gate.gate.config import load_copied_config
     from strict_gate.gate.judgement import judge_stored, stored_diagnoses
     from strict_gate.gate.rewrite import rewrite_reports
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
@@ -117,7 +117,8 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
     config = old.get("config") or None
     base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
-    cfg = load_gate_config(report_dir / "gate.toml", base_dir=base_dir)
+    cfg = load_copied_config(report_dir / "gate.toml", started=config.get("path") if config else None,
+                             base_dir=base_dir)
     rows: dict[str, dict] = {str(p.get("id")): p for p in old["prompts"] if isinstance(p, dict)}
     if prompt is not None and prompt not in rows:
         raise InputError(f"prompt {prompt!r} is not in the report", path=str(report_dir / "report.json"))

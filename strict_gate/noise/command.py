@@ -13,7 +13,6 @@ kind serves prompts one at a time, and the profile is the one it would have writ
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from strict_gate.core.redact import redact_toml
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.arm import prompt_inputs
-from strict_gate.gate.config import ArmConfig, GateConfig, load_gate_config
+from strict_gate.gate.config import ArmConfig, GateConfig, load_copied_config, load_gate_config
 from strict_gate.gate.judgement import gate_spec
 from strict_gate.gate.kept import Runs
 from strict_gate.gate.state import (
@@ -149,8 +148,8 @@ def resume_noise(report_dir: Path, *, progress=None) -> NoiseOutcome:
     with report_lock(report):
         state = read_gate_state(report)
         check_command(report, state, COMMAND)
-        cfg = _named(load_gate_config(report.gate_toml, require_candidate=False, base_dir=Path(state.config.base_dir)),
-                     report, state.config.path)
+        cfg = load_copied_config(report.gate_toml, started=state.config.path, require_candidate=False,
+                                 base_dir=Path(state.config.base_dir))
         ps = load_prompts(cfg.prompts)
         check_unchanged(state, cfg, ps)
         check_config_file(report, state)
@@ -164,14 +163,6 @@ def _settled(cfg: GateConfig, opts: NoiseOptions) -> NoiseOptions:
     base = _baseline(cfg, None if opts.baseline is None else Path(opts.baseline))
     out = opts.out or str((base if base is not None else Path("baselines") / safe_name(cfg.name)) / PROFILE_NAME)
     return replace(opts, baseline=None if base is None else str(base), out=out).anchored()
-
-
-def _named(cfg: GateConfig, report: ReportDir, started: str) -> GateConfig:
-    """The config under the name it was started with: one without `name` is named after its file,
-    and the report's copy is gate.toml, so it takes the stem of the file it was copied from."""
-    if "name" in tomllib.loads(report.gate_toml.read_text(encoding="utf-8")):
-        return cfg
-    return replace(cfg, name=Path(started).stem)
 
 
 def _check_reference(cfg: GateConfig) -> None:
