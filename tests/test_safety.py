@@ -133,15 +133,16 @@ def test_redacted_gate_toml_is_valid_and_unchanged_without_secrets():
 
 
 def test_a_redacted_entry_read_back_is_not_applied(tmp_path, monkeypatch):
-    """strict-gate diagnose reloads the report's gate.toml: the engine inherits the real variable,
-    exported as the gate ran with it (unset, the config is refused: test_adversarial_rescorer_proof)."""
+    """strict-gate diagnose reloads the report's gate.toml: the marker is never applied, the engine
+    gets the real variable, exported as the gate ran with it (unset, the config is refused since
+    issue 50: test_adversarial_rescorer_proof)."""
     from strict_gate.gate.config import parse_gate_config
 
     monkeypatch.setenv("HF_TOKEN", "the-real-one")
     text = gate_text(name="x", prompts="p.jsonl",
                      reference={"kind": "recorded", "path": "r", "env": {"HF_TOKEN": REDACTED, "DEVICE_KDA": "1"}})
     cfg = parse_gate_config(text, str(tmp_path / "gate.toml"), require_candidate=False)
-    assert cfg.reference.env == {"DEVICE_KDA": "1"}
+    assert cfg.reference.env == {"HF_TOKEN": "the-real-one", "DEVICE_KDA": "1"}
 
 
 # ---------------------------------------------------------------- 5. output safety
