@@ -115,7 +115,11 @@ def test_markdown_speed_section(case):
     r = gate(speed(case))
     text = markdown.render(r)
     view = speed_view.of(r)
-    assert text.startswith("# PASS: speedy")  # the token verdict is the token verdict's
+    # the heading says what the exit code says: the tokens pass, so a speed verdict that sets the
+    # code names the speed section; the token verdict is the line under it, unchanged
+    heading = {0: "PASS", 4: "FAIL (speed)", 3: "INCOMPLETE (speed)"}[int(r.exit_code)]
+    assert text.startswith(f"# {heading}: speedy"), text[:80]
+    assert "\nVerdict **pass** under policy" in text
     head = markdown.summary(r)
     assert f"\n{md(view.verdict_line)}; see Speed below.\n" in head  # its own line, in the job summary too
     table = speed_table(text)
