@@ -167,3 +167,29 @@ def section(report: Mapping[str, Any], name: str) -> Any:
     did not run it."""
     s = report.get("features", {}).get(name)
     return None if s is None else s["section"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Running, not a zombie (a container's init may never reap one)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def cascade_gate(where: Path, name: str) -> str:
+    """gate.toml in `where` (relative paths, output_dir "reports"): tests/engines/cascade_engine.py copied
+    beside it, its candidate flipping a near-tie at position 2 of one prompt, then emitting tokens the
+    reference ranks far below its argmax."""
+    import json
+    import shutil
+
+    shutil.copy(Path(__file__).parent / "engines" / "cascade_engine.py", where / "cascade_engine.py")
+    (where / "prompts.jsonl").write_text(json.dumps({"id": "p0", "token_ids": [1, 2, 3]}) + "\n")
+    write_gate(where, name=name, prompts="prompts.jsonl", max_tokens=8, top_logprobs=5, band=0.5,
+               output_dir="reports", reference={"kind": "command", "command": ["python", "cascade_engine.py",
+                                                                                "reference"]},
+               candidate={"kind": "command", "command": ["python", "cascade_engine.py", "candidate", "--flip", "2",
+                                                         "--garbage"]})
+    return "gate.toml"

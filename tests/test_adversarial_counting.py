@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 from xml.etree import ElementTree
 
-from helpers import write_gate
+from helpers import cascade_gate
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -27,13 +26,7 @@ ENGINE = Path(__file__).parent / "engines" / "cascade_engine.py"
 def test_later_divergences_and_every_flipped_position_are_in_every_formats_headline(tmp_path, monkeypatch):
     """A near-tie at position 2, then tokens the reference ranks far below its argmax (3-7)."""
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ENGINE, "cascade_engine.py")
-    Path("prompts.jsonl").write_text(json.dumps({"id": "p0", "token_ids": [1, 2, 3]}) + "\n")
-    write_gate(Path("."), name="count", prompts="prompts.jsonl", max_tokens=8, top_logprobs=5, band=0.5,
-               output_dir="reports", reference={"kind": "command", "command": ["python", "cascade_engine.py",
-                                                                                "reference"]},
-               candidate={"kind": "command", "command": ["python", "cascade_engine.py", "candidate", "--flip", "2",
-                                                         "--garbage"]})
+    cascade_gate(Path("."), "count")
     result = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=400)
     assert result.exit_code == 1, result.output
     (d,) = [p for p in Path("reports").iterdir() if p.is_dir()]

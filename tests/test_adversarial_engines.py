@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import pid_alive
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -209,13 +210,6 @@ def test_a_trickling_server_is_cut_at_the_request_deadline(http, where):
 
 
 # ---------------------------------------------------------------------------- 12: a SIGKILLed gate
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
 
 def _wait_for(pred, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
@@ -236,7 +230,7 @@ def reap(tmp_path):
             gate.communicate()
     for pidfile in tmp_path.glob("*.pid"):
         for pid in map(int, pidfile.read_text().split()):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -262,9 +256,9 @@ def _kill_and_check(gate: subprocess.Popen, pidfile: Path) -> None:
     gate.send_signal(signal.SIGKILL)  # no cleanup of its own can run
     gate.communicate(timeout=30)
     try:
-        _wait_for(lambda: not any(map(_alive, pids)), 20, "the engine processes to go")
+        _wait_for(lambda: not any(map(pid_alive, pids)), 20, "the engine processes to go")
     except AssertionError:
-        raise AssertionError(f"engine processes {[p for p in pids if _alive(p)]} outlived the SIGKILLed gate") from None
+        raise AssertionError(f"engine processes {[p for p in pids if pid_alive(p)]} outlived the SIGKILLed gate") from None
 
 
 def test_a_launched_server_does_not_outlive_a_sigkilled_gate(tmp_path, reap):

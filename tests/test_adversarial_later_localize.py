@@ -5,11 +5,9 @@ the candidate's own prefix, not the near-tie before it)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-from helpers import confident, rec, write_gate
+from helpers import cascade_gate, confident, rec
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
@@ -25,13 +23,7 @@ ENGINE = Path(__file__).parent / "engines" / "cascade_engine.py"
 def test_the_last_line_names_a_near_ties_later_divergence(tmp_path, monkeypatch):
     """A near-tie at position 2, then a token the reference ranks far below its argmax at 3."""
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ENGINE, "cascade_engine.py")
-    Path("prompts.jsonl").write_text(json.dumps({"id": "p0", "token_ids": [1, 2, 3]}) + "\n")
-    write_gate(Path("."), name="later", prompts="prompts.jsonl", max_tokens=8, top_logprobs=5, band=0.5,
-               output_dir="reports", reference={"kind": "command", "command": ["python", "cascade_engine.py",
-                                                                                "reference"]},
-               candidate={"kind": "command", "command": ["python", "cascade_engine.py", "candidate", "--flip", "2",
-                                                         "--garbage"]})
+    cascade_gate(Path("."), "later")
     result = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=400)
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1].strip()

@@ -15,19 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "engines" / "fake_engine.py"
 SESSION_HELPER = ROOT / "tests" / "engines" / "session_helper.py"
 
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie (a container's init may never reap one)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _wait_for(pred, timeout: float) -> bool:
@@ -48,7 +41,7 @@ def helpers(tmp_path, monkeypatch):
     yield tmp_path
     for pidfile in tmp_path.glob("*.pid"):
         for pid in map(int, pidfile.read_text().split()):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -76,7 +69,7 @@ def test_a_helper_in_its_own_session_does_not_outlive_a_gate_that_ends(helpers):
     out, _ = gate.communicate(timeout=120)
     assert gate.returncode == 0, out
     pid = _helper()
-    assert not _alive(pid), f"the engine's helper {pid} (its own session) outlived the gate"
+    assert not pid_alive(pid), f"the engine's helper {pid} (its own session) outlived the gate"
 
 
 def test_a_helper_in_its_own_session_does_not_outlive_a_sigkilled_gate(helpers):
@@ -85,14 +78,14 @@ def test_a_helper_in_its_own_session_does_not_outlive_a_sigkilled_gate(helpers):
         assert _wait_for(lambda: "request p0" in (Path("cand.events").read_text()
                                                    if Path("cand.events").exists() else ""), 60)
         pid = _helper()
-        assert _alive(pid)
+        assert pid_alive(pid)
         gate.send_signal(signal.SIGKILL)  # nothing of the gate's own runs after this
         gate.communicate(timeout=30)
     finally:
         if gate.poll() is None:
             gate.kill()
             gate.communicate()
-    assert _wait_for(lambda: not _alive(pid), 20), f"the engine's helper {pid} outlived the SIGKILLed gate"
+    assert _wait_for(lambda: not pid_alive(pid), 20), f"the engine's helper {pid} outlived the SIGKILLed gate"
 
 
 def test_stopping_an_engine_process_stops_what_it_started_in_another_session(helpers):
@@ -105,4 +98,4 @@ def test_stopping_an_engine_process_stops_what_it_started_in_another_session(hel
     assert _wait_for(lambda: Path("inner.pid").exists() and Path("inner.pid").read_text(), 30)
     pid = int(Path("inner.pid").read_text())
     stop_group(proc, proc.pid, 2.0, 5.0)
-    assert not _alive(pid)
+    assert not pid_alive(pid)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import write_gate
+from helpers import pid_alive, write_gate
 
 from strict_gate.engines import PromptInput, engine_class
 from strict_gate.engines.command.engine import CommandEngine, CommandOptions
@@ -40,13 +40,6 @@ def group_members(pgid: int) -> list[int]:
             out.append(int(d))
     return out
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def make(mode="good", *, tmp_path, timeout_s=10.0, startup_timeout_s=10.0, after=0, extra=(), env=None, **kw):

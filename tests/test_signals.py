@@ -19,19 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_gate
+from helpers import pid_alive, write_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "engines" / "fake_engine.py"
 FAKE_SERVER = ROOT / "tests" / "engines" / "fake_openai_server.py"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +33,7 @@ def _reap(tmp_path):
     yield
     for pidfile in tmp_path.glob("*.pid"):
         for pid in _pids(pidfile):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -101,7 +94,7 @@ def _command_arm(tmp_path: Path, *flags: str) -> dict[str, Any]:
 
 
 def _assert_gone(pids: list[int], out: str) -> None:
-    alive = [p for p in pids if _alive(p)]
+    alive = [p for p in pids if pid_alive(p)]
     assert not alive, f"engine processes {alive} survived the gate:\n{out}"
 
 
