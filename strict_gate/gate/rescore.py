@@ -23,7 +23,7 @@ from strict_gate.gate.feature import build_rescorer, rejudged
 from strict_gate.gate.judgement import cross_judge, judge
 from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.rescorer_identity import refuse_self_rescorer
-from strict_gate.gate.rewrite import rewrite_reports
+from strict_gate.gate.rewrite import check_rewritable, rewrite_reports
 from strict_gate.judge.result import REPORT_SCHEMA
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.stored import StoredReport, load_report
@@ -75,6 +75,7 @@ def rediagnose(report_dir: str | Path) -> GateOutcome:
     if not cfg_path.exists():
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
     old = _old_report(report_dir)
+    check_rewritable(ReportDir(report_dir), old)  # before any engine starts
     config = msgspec.to_builtins(old.config) if old.config is not None else None
     cfg = load_copied_config(cfg_path, started=config.get("path") if config else None,
                              base_dir=Path(config["base_dir"]) if config and config["base_dir"] else None)

@@ -70,10 +70,11 @@ def keep_sections(result: GateResult, old: StoredReport, *, redone: Collection[s
                    history=result.history or tuple(old.history))
 
 
-def _sealed(report: ReportDir, old: StoredReport, redone: Collection[str]) -> GateState | None:
+def check_rewritable(report: ReportDir, old: StoredReport, redone: Collection[str] = ()) -> GateState | None:
     """The gate state, when the gate left one, checked against report.json: every section whose
     verdict the gate sealed there is still in the report (a deleted section is not a kept pass),
-    and the report states the exit code the gate recorded."""
+    and the report states the exit code the gate recorded. A rewriting command calls it before it
+    starts an engine too, so a report it would refuse costs no engine load."""
     if not report.state.exists():
         return None
     state = read_gate_state(report)
@@ -97,7 +98,7 @@ def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
     from strict_gate.report.text import gate_decoder
 
     report = ReportDir(report_dir)
-    state = _sealed(report, old, redone)
+    state = check_rewritable(report, old, redone)
     result = keep_sections(result, old, redone=redone, where=str(report.report_json))
     scrub_tree(report_dir)  # what the engines logged, before the reports say the set is whole
     dec = gate_decoder(result)
@@ -107,4 +108,4 @@ def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
     return GateOutcome(result, report_dir, dec)
 
 
-__all__ = ["keep_sections", "rewrite_reports"]
+__all__ = ["check_rewritable", "keep_sections", "rewrite_reports"]

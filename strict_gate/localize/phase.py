@@ -105,14 +105,16 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     gate judged them, every feature's section (speed, invariance, noise, drift) kept as written."""
     from strict_gate.gate.config import load_copied_config
     from strict_gate.gate.judgement import judge_stored, stored_diagnoses
-    from strict_gate.gate.rewrite import rewrite_reports
+    from strict_gate.gate.rewrite import check_rewritable, rewrite_reports
     from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
     from strict_gate.judge.stored import load_report
+    from strict_gate.runs.layout import ReportDir
     from strict_gate.runs.reader import load_run
 
     report_dir = Path(report_dir)
     old = _old(report_dir)
     stored = load_report(report_dir / "report.json")  # every field it reads typed: exit 2 naming the field
+    check_rewritable(ReportDir(report_dir), stored)  # before any engine starts
     if not (report_dir / "gate.toml").is_file():
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
     config = old.get("config") or None
