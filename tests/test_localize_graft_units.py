@@ -5,10 +5,13 @@ tests/test_adversarial_localize_decode.py."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from strict_gate.errors import InputError
+from strict_gate.judge import restore
 from strict_gate.judge.localization import Alone, Localization, PointDiff
+from strict_gate.judge.schema import LocalizationDoc
 from strict_gate.localize.arm import DumpMode, parse_mode
 from strict_gate.localize.graft import ignored, inputs_of, verdicts
 from strict_gate.localize.reproduce import decode_mismatch
@@ -69,5 +72,5 @@ def test_both_paths_round_trip_through_json():
     inner = Localization("p", (1,), (diff("layers.0", True, 0.5),), "layers.0", 1e-10, "r", "c", dump_mode="decode")
     outer = Localization("p", (1,), (diff("layers.0", False),), None, 1e-10, "r", "c", dump_mode="both",
                          decode=inner, alone=(("layers.0.mlp.act", Alone.FOLLOWS),))
-    back = Localization.from_json(outer.to_json())
+    back = restore.localization(msgspec.convert(outer.to_json(), LocalizationDoc))
     assert back == outer and back.decode is not None and back.decode.first_beyond == "layers.0"

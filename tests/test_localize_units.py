@@ -8,9 +8,12 @@ from helpers import gate_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strict_gate.core.sections import written
 from strict_gate.errors import ConfigError, InputError
 from strict_gate.gate.config import parse_gate_config
+from strict_gate.judge import restore
 from strict_gate.judge.localization import Localization, PointDiff
+from strict_gate.judge.schema import LocalizationDoc
 from strict_gate.localize.config import Scope
 from strict_gate.localize.config import of as localize_settings
 from strict_gate.localize.points import OPS, family_of, in_depth_order, is_point, ops_of, parse_points
@@ -144,7 +147,7 @@ def test_a_bad_localize_config_is_a_config_error(value, words):
 def test_text_and_svg_of_a_localisation():
     loc = Localization("p", (3, 4), (PointDiff("embed", 0.0, 0.0, 1.0, 1.0), PointDiff("layers.0.attn", 0.1, 1e-4, 0.9,
                        1.0, beyond=True)), "layers.0.attn", 1e-5, "hf a", "hf b")
-    assert Localization.from_json(loc.to_json()) == loc
+    assert restore.localization(written(loc.to_json(), LocalizationDoc)) == loc  # declared once: written and read
     assert text_lines(loc)[0].startswith("first beyond tolerance: layers.0.attn")
     svg = svg_curve(loc)
     assert svg.startswith("<svg") and "tolerance 1e-05" in svg

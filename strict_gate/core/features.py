@@ -3,8 +3,10 @@
 A feature lives in its own folder and owns everything of it: its config table and its phase
 (its `Feature` class, gate/feature.py's hooks), its verdict (its result's `exit_code` and
 `section_verdict`, judge/result.py's `FeatureResult`), its rendering in every format (its
-`Section`, report/sections.py) and its re-loading from report.json (`load`, so a command that
-rewrites a finished report keeps the section it did not redo: gate/rewrite.py). Each is named
+`Section`, report/sections.py), its section's declared shape (`schema`: what is written is
+checked against it, judge/schema.py `check_written`) and its re-loading from report.json
+(`load`, so a command that rewrites a finished report keeps the section it did not redo:
+gate/rewrite.py). Each is named
 here as "module:attr" and imported only when first asked for, as engines/ registers engine
 kinds, so gate/, judge/ and report/ import no feature folder. Adding a feature is its folder and
 one line here (docs/architecture.md, "Adding a feature").
@@ -30,21 +32,26 @@ class FeatureEntry:
     section: str  # its report/sections.py Section: its rendering, every format
     load: str | None  # (report.json's section dict) -> its result; None: it keeps nothing in report.json's features
     report_rank: int  # where its section stands in report.md (their order before this registry)
+    schema: str | None = None  # the msgspec shape of its section: what is written is checked against it, and read through it
 
 
 # In the order their hooks run at each point of the gate (the order the phases ran before they
 # were features).
 FEATURES: tuple[FeatureEntry, ...] = (
     FeatureEntry("speed", "strict_gate.speed.feature:Speed", "strict_gate.speed.config:from_gate",
-                 "strict_gate.speed.render:SECTION", "strict_gate.speed.load:load_speed", 1),
+                 "strict_gate.speed.render:SECTION", "strict_gate.speed.load:load_speed", 1,
+                 "strict_gate.speed.load:SpeedSection"),
     FeatureEntry("drift", "strict_gate.drift.feature:Drift", None,  # one top-level key, `drift = true`: GateConfig.drift
-                 "strict_gate.drift.render:SECTION", "strict_gate.drift.measure:DriftReport.from_json", 4),
+                 "strict_gate.drift.render:SECTION", "strict_gate.drift.measure:DriftReport.from_json", 4,
+                 "strict_gate.judge.schema:DriftDoc"),
     FeatureEntry("localize", "strict_gate.localize.feature:Localize", "strict_gate.localize.config:from_gate",
                  "strict_gate.localize.render:SECTION", None, 0),  # it annotates each prompt (GateResult.localization)
     FeatureEntry("invariance", "strict_gate.invariance.feature:Invariance", "strict_gate.invariance.config:from_gate",
-                 "strict_gate.invariance.render:SECTION", "strict_gate.invariance.load:load_invariance", 2),
+                 "strict_gate.invariance.render:SECTION", "strict_gate.invariance.load:load_invariance", 2,
+                 "strict_gate.invariance.load:InvarianceSection"),
     FeatureEntry("noise", "strict_gate.noise.feature:Noise", "strict_gate.noise.setting:from_gate",
-                 "strict_gate.noise.render:SECTION", "strict_gate.noise.load:load_noise", 3),
+                 "strict_gate.noise.render:SECTION", "strict_gate.noise.load:load_noise", 3,
+                 "strict_gate.noise.load:NoiseSection"),
 )
 
 

@@ -3,12 +3,14 @@ reads a report.json section into, and the one way it is read (core/features.py's
 
 A section body is read strictly: every key the feature's `to_json` writes is required and no
 other is taken (a key a rewrite would silently drop is refused), and a body that does not read is
-an InputError naming the section and the field, never a traceback.
+an InputError naming the section and the field, never a traceback. What is written is checked
+against the same shape first (`written`): report.json's shapes are declared once, in
+judge/schema.py and in each feature's loader, and both write and read through them.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -52,3 +54,42 @@ def read_section(body: object, shape: type[T], name: str) -> T:
 
 
 __all__ = ["Informational", "Shape", "field_error", "read_section"]
+
+
+class UndeclaredField(RuntimeError):
+    """A writer built what a declared shape does not declare: a bug in strict-gate, refused
+    before anything reaches a file."""
+
+
+def written(obj: Any, shape: type[T], where: str = "report.json") -> T:
+    """`obj` (what a writer built) as `shape` declares it; UndeclaredField naming the first key the
+    shape does not declare, a value its type refuses, or a value that does not read back equal."""
+    try:
+        doc = msgspec.convert(obj, shape)
+    except msgspec.ValidationError as e:
+        raise UndeclaredField(f"{where}: {field_error(e)}") from None
+    _same(obj, doc, where)
+    return doc
+
+
+def _same(wrote: Any, holds: Any, at: str) -> None:
+    """Every key and value written is one the declared shape holds (a field the shape has and the
+    writer left out is a default: a field older reports lack)."""
+    if isinstance(wrote, dict):
+        if isinstance(holds, msgspec.Struct):
+            held = {f: getattr(holds, f) for f in holds.__struct_fields__}
+        elif isinstance(holds, dict):
+            held = {str(k): v for k, v in holds.items()}
+        else:
+            raise UndeclaredField(f"{at}: an object where the schema holds {type(holds).__name__}")
+        for k, v in wrote.items():
+            if str(k) not in held:
+                raise UndeclaredField(f"{at}.{k}: written but not declared in the schema")
+            _same(v, held[str(k)], f"{at}.{k}")
+    elif isinstance(wrote, (list, tuple)):
+        if not isinstance(holds, (list, tuple)) or len(holds) != len(wrote):
+            raise UndeclaredField(f"{at}: a list the schema does not hold whole")
+        for i, (a, b) in enumerate(zip(wrote, holds, strict=True)):
+            _same(a, b, f"{at}[{i}]")
+    elif wrote != holds:
+        raise UndeclaredField(f"{at}: written {wrote!r}, the schema holds {holds!r}")

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from strict_gate.core.sections import Informational
+from strict_gate.core.sections import Informational, read_section
+from strict_gate.errors import InputError
 from strict_gate.judge.compare import BAND_EPS
+from strict_gate.judge.schema import DriftDoc, PromptDriftDoc, StatsDoc
 from strict_gate.runs.records import Record, ScoredStep, TopK
 
 KL_ESTIMATOR = (
@@ -55,8 +57,8 @@ class Stats:
         return {"mean": self.mean, "p99": self.p99, "max": self.max}
 
     @classmethod
-    def from_json(cls, d: dict) -> Stats:
-        return cls(d.get("mean"), d.get("p99"), d.get("max"))
+    def from_doc(cls, d: StatsDoc | None) -> Stats:
+        return cls(None, None, None) if d is None else cls(d.mean, d.p99, d.max)
 
 
 @dataclass(frozen=True)
@@ -108,18 +110,14 @@ class PromptDrift:
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> PromptDrift:
+    def from_doc(cls, d: PromptDriftDoc) -> PromptDrift:
         """Back from report.json (no per-position arrays: those are not written)."""
-        if d.get("error") is not None:
-            return cls(str(d["id"]), error=str(d["error"]))
-        return cls(
-            id=str(d["id"]), positions=int(d["positions"]), same_top1=int(d["same_top1"]),
-            abs_dlogprob=Stats.from_json(d["abs_dlogprob"]), kl=Stats.from_json(d["kl"]),
-            min_reference_margin=d.get("min_reference_margin"),
-            positions_within_band=int(d["positions_within_band"]),
-            first_top1_difference=d.get("first_top1_difference"),
-            drift_before_divergence=d.get("max_abs_dlogprob_before_divergence"),
-        )
+        if d.error is not None:
+            return cls(d.id, error=d.error)
+        return cls(id=d.id, positions=d.positions, same_top1=d.same_top1, abs_dlogprob=Stats.from_doc(d.abs_dlogprob),
+                   kl=Stats.from_doc(d.kl), min_reference_margin=d.min_reference_margin,
+                   positions_within_band=d.positions_within_band, first_top1_difference=d.first_top1_difference,
+                   drift_before_divergence=d.max_abs_dlogprob_before_divergence)
 
 
 @dataclass(frozen=True)
@@ -181,15 +179,18 @@ class DriftReport(Informational):
 
     @classmethod
     def from_json(cls, d: dict) -> DriftReport:
-        """A stored report's drift, so `strict-gate diagnose` rewrites the reports without losing it."""
-        return cls(
-            band=float(d["band"]), k=int(d["top_logprobs"]), positions=int(d["positions"]),
-            same_top1=int(d["same_top1"]), abs_dlogprob=Stats.from_json(d["abs_dlogprob"]),
-            kl=Stats.from_json(d["kl"]), min_reference_margin=d.get("min_reference_margin"),
-            positions_within_band=int(d["positions_within_band"]),
-            prompts={str(pid): PromptDrift.from_json(p) for pid, p in d["prompts"].items()},
-            scored_by=d.get("scored_by"), seconds=dict(d.get("seconds") or {}),
-        )
+        """A stored report's drift, read through its declared shape (judge/schema.py's DriftDoc),
+        so `strict-gate diagnose` rewrites the reports without losing it."""
+        doc = read_section(d, DriftDoc, "drift")
+        if doc.band is None or doc.top_logprobs is None or doc.positions is None or doc.same_top1 is None \
+                or doc.positions_within_band is None:
+            raise InputError("report.json's drift: band, top_logprobs, positions, same_top1 and "
+                             "positions_within_band are required")
+        return cls(band=doc.band, k=doc.top_logprobs, positions=doc.positions, same_top1=doc.same_top1,
+                   abs_dlogprob=Stats.from_doc(doc.abs_dlogprob), kl=Stats.from_doc(doc.kl),
+                   min_reference_margin=doc.min_reference_margin, positions_within_band=doc.positions_within_band,
+                   prompts={pid: PromptDrift.from_doc(p) for pid, p in doc.prompts.items()},
+                   scored_by=doc.scored_by, seconds=dict(doc.seconds))
 
 
 def _padded(tops: Sequence[TopK], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

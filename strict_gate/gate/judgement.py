@@ -13,10 +13,10 @@ from pathlib import Path
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.engines.eos import run_stop_ids
-from strict_gate.errors import InputError
 from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.rescorer_proof import prove_rescorer
+from strict_gate.judge import restore
 from strict_gate.judge.cascade import Cascade, stop_problem
 from strict_gate.judge.compare import Comparison
 from strict_gate.judge.compare_runs import compare_runs
@@ -24,6 +24,7 @@ from strict_gate.judge.diagnose import Diagnosis, cross_check, diagnose, not_sta
 from strict_gate.judge.policy import Policy, apply_policy, check_policy
 from strict_gate.judge.resplit import DIVERGED, resplit
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, run_speller, text_only_notes
 from strict_gate.runs.layout import RunDir
@@ -165,16 +166,10 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     )
 
 
-def stored_diagnoses(report_json: Path) -> dict[str, Diagnosis]:
-    """Each prompt's diagnosis as a finished gate's report.json holds it; a malformed one is bad input."""
-    import json
-
-    try:
-        rows = json.loads(report_json.read_text(encoding="utf-8")).get("prompts") or []
-        return {p["id"]: Diagnosis.from_json(p["diagnosis"]) for p in rows if isinstance(p, dict) and p.get("diagnosis")}
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as e:
-        raise InputError(f"the report's diagnoses cannot be read ({type(e).__name__}: {e})",
-                         path=str(report_json)) from None
+def stored_diagnoses(report: ReportDoc) -> dict[str, Diagnosis]:
+    """Each prompt's diagnosis as a finished gate's report.json holds it (read by load_report, so
+    a malformed one was bad input there)."""
+    return {p.id: restore.diagnosis(p.diagnosis) for p in report.prompts if p.diagnosis is not None}
 
 
 def judge_stored(spec: GateSpec, ref: Run, cand: Run, diagnoses: Mapping[str, Diagnosis], *,

@@ -25,17 +25,18 @@ from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.rescorer_identity import refuse_self_rescorer
 from strict_gate.gate.rewrite import check_rewritable, rewrite_reports
 from strict_gate.judge.result import REPORT_SCHEMA
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
-from strict_gate.judge.stored import StoredReport, load_report
+from strict_gate.judge.stored import load_report
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.reader import load_run
 from strict_gate.runs.records import EngineInfo
 
 
-def _old_report(report_dir: Path) -> StoredReport:
+def _old_report(report_dir: Path) -> ReportDoc:
     """The gate's report.json; an empty one when the gate died before writing it."""
     path = report_dir / "report.json"
-    return load_report(path) if path.exists() else StoredReport(schema=REPORT_SCHEMA, prompts=[])
+    return load_report(path) if path.exists() else ReportDoc(schema=REPORT_SCHEMA, prompts=[])
 
 
 def _scorer(cfg: GateConfig, report_dir: Path, candidate: EngineInfo, reference: EngineInfo) -> tuple[Engine, bool]:

@@ -113,8 +113,9 @@ def _resume(report: ReportDir, progress: ProgressHook | None) -> ResumeOutcome:
     done = {role for role, run in prior.items() if finished_run(run, ps.ids)}
     finished = done == set(ROLES) and report.report_json.exists() and state.exit_code is not None
     if finished:  # a finished gate: its verdicts, no engine loaded
-        result = judge_stored(spec, prior["reference"], prior["candidate"], stored_diagnoses(report.report_json))
-        result = keep_sections(result, load_report(report.report_json), redone=(), where=str(report.report_json))
+        stored = load_report(report.report_json)
+        result = judge_stored(spec, prior["reference"], prior["candidate"], stored_diagnoses(stored))
+        result = keep_sections(result, stored, redone=(), where=str(report.report_json))
         if verdicts(result)["tokens"] != state.verdicts.get("tokens"):
             raise InputError(f"the stored runs judge {verdicts(result)['tokens']}, the gate recorded "
                              f"{state.verdicts.get('tokens')}; start a new gate", path=str(report.state))

@@ -21,13 +21,14 @@ from strict_gate.core.redact import scrub_tree
 from strict_gate.errors import InputError
 from strict_gate.gate.outcome import GateOutcome
 from strict_gate.gate.state import GateState, read_gate_state, record_verdicts, verdicts
+from strict_gate.judge import restore
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import FeatureResult, GateResult
-from strict_gate.judge.stored import StoredReport, StoredSection
+from strict_gate.judge.schema import ReportDoc, SectionDoc
 from strict_gate.runs.layout import ReportDir
 
 
-def _load(name: str, stored: StoredSection, where: str) -> FeatureResult:
+def _load(name: str, stored: SectionDoc, where: str) -> FeatureResult:
     """A section of the old report, rebuilt by its feature's loader and checked against the verdict
     and exit code the report states for it."""
     feature = entry(name)
@@ -47,15 +48,15 @@ def _load(name: str, stored: StoredSection, where: str) -> FeatureResult:
     return section
 
 
-def _old_localization(old: StoredReport, where: str) -> dict[str, Localization]:
+def _old_localization(old: ReportDoc, where: str) -> dict[str, Localization]:
     try:
-        return {p.id: Localization.from_json(p.localization) for p in old.prompts if p.localization}
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        return {p.id: restore.localization(p.localization) for p in old.prompts if p.localization}
+    except ValueError as e:
         raise InputError(f"a prompt's localization cannot be read back ({type(e).__name__}: {e})",
                          path=where) from None
 
 
-def keep_sections(result: GateResult, old: StoredReport, *, redone: Collection[str], where: str) -> GateResult:
+def keep_sections(result: GateResult, old: ReportDoc, *, redone: Collection[str], where: str) -> GateResult:
     """`result` with every section of `old` it did not redo: each feature's section, each prompt's
     localisation (unless localize redid them; a prompt localised now replaces its old one) and the
     trend. `where` names report.json in every error."""
@@ -70,7 +71,7 @@ def keep_sections(result: GateResult, old: StoredReport, *, redone: Collection[s
                    history=result.history or tuple(old.history))
 
 
-def check_rewritable(report: ReportDir, old: StoredReport, redone: Collection[str] = ()) -> GateState | None:
+def check_rewritable(report: ReportDir, old: ReportDoc, redone: Collection[str] = ()) -> GateState | None:
     """The gate state, when the gate left one, checked against report.json: every section whose
     verdict the gate sealed there is still in the report (a deleted section is not a kept pass),
     and the report states the exit code the gate recorded. A rewriting command calls it before it
@@ -89,7 +90,7 @@ def check_rewritable(report: ReportDir, old: StoredReport, redone: Collection[st
     return state
 
 
-def rewrite_reports(report_dir: Path, result: GateResult, old: StoredReport, *,
+def rewrite_reports(report_dir: Path, result: GateResult, old: ReportDoc, *,
                     redone: Collection[str] = ()) -> GateOutcome:
     """Keep what the command did not redo, scrub what the engines wrote, write every report format
     (report.json last) and, where the gate left its state, seal the new verdicts and exit code into

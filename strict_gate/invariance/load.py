@@ -79,7 +79,7 @@ class _Variant(Shape, frozen=True):
     acceptance: _Acceptance | None
 
 
-class _Invariance(Shape, frozen=True):
+class InvarianceSection(Shape, frozen=True):
     verdict: VariantVerdict  # derived
     policy: InvariancePolicy
     band: float
@@ -93,7 +93,7 @@ class _Invariance(Shape, frozen=True):
 def load_invariance(d: dict) -> InvarianceResult:
     """The InvarianceResult whose `to_json()` is `d` (report.json's `invariance`); InputError
     naming the field when `d` is not such a body."""
-    s = read_section(d, _Invariance, "invariance")
+    s = read_section(d, InvarianceSection, "invariance")
     return InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
                             dict(s.baselines), tuple(s.problems))
 

@@ -78,12 +78,6 @@ class LaterPosition:
                 "reference_gap": self.reference_gap, "candidate_gap": self.candidate_gap,
                 "candidate_rescored": self.candidate_rescored, "kind": str(self.kind), "reason": self.reason}
 
-    @classmethod
-    def from_json(cls, d: dict) -> LaterPosition:
-        return cls(int(d["position"]), int(d["token"]), int(d["reference_argmax"]), d.get("reference_gap"),
-                   d.get("candidate_gap"), d.get("candidate_rescored"), Later(d["kind"]), str(d["reason"]))
-
-
 @dataclass(frozen=True)
 class Cascade:
     """Every candidate position after the first divergence `first`, judged. Positions
@@ -154,19 +148,6 @@ class Cascade:
                 "prefill_decode": list(self.prefill_decode), "summary": self.summary(),
                 "flip_positions": [p.to_json() for p in self.flips],
                 "divergent_positions": [p.to_json() for p in self.divergent]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Cascade:
-        """As to_json wrote it."""
-        return cls(first=int(d["first"]), end=int(d["end"]), judged=int(d["judged"]),
-                   flips=tuple(LaterPosition.from_json(p) for p in d.get("flip_positions") or ()),
-                   flip_count=int(d["flips"]),
-                   divergent=tuple(LaterPosition.from_json(p) for p in d.get("divergent_positions") or ()),
-                   divergent_count=int(d["divergent"]), worst_gap=d.get("worst_gap"),
-                   unverified_from=d.get("unverified_from"), why=d.get("why"),
-                   candidate_note=d.get("candidate_note"), one_sided=bool(d.get("one_sided")),
-                   prefill_decode=tuple(d.get("prefill_decode") or ()))
-
 
 def stop_problem(tokens: Sequence[int], finish: str | None, max_tokens: int, eos: frozenset[int] | None, *,
                  who: str = "the candidate", other: str = "the reference") -> str | None:

@@ -94,26 +94,6 @@ class Diagnosis:
             ],
         }
 
-    @classmethod
-    def from_json(cls, d: dict) -> Diagnosis:
-        """As to_json wrote it (a report rewritten without re-scoring keeps its diagnoses)."""
-        steps = tuple(ScoredPosition(int(s["position"]), int(s["token"]), s.get("gap"), int(s["reference_argmax"]))
-                      for s in d.get("steps") or ())
-        return cls(id=str(d["id"]), position=int(d["position"]), decode_gap=d.get("decode_gap"),
-                   rescored_gap=d.get("rescored_gap"), rescored_argmax=d.get("rescored_argmax"),
-                   downstream_only=bool(d["downstream_only"]), later_errors=tuple(d.get("later_errors") or ()),
-                   steps=steps, verdict=str(d["verdict"]), error=d.get("error"), near_tie=bool(d.get("near_tie")),
-                   candidate=_rescored(d.get("candidate_rescored")),
-                   later=Cascade.from_json(d["later"]) if d.get("later") else None)
-
-
-def _rescored(d: dict | None) -> Rescored | None:
-    """A side's re-scored gap as to_json wrote it."""
-    if d is None:
-        return None
-    return Rescored(gap=d.get("gap"), why=d.get("why"), refutes=bool(d.get("refutes")))
-
-
 def _gap(step: ScoredStep) -> float | None:
     if step.token_id == step.argmax:
         return 0.0

@@ -28,7 +28,8 @@ import msgspec
 
 from strict_gate.core.files import new_temp_file
 from strict_gate.errors import InputError
-from strict_gate.judge.stored import HISTORY_SCHEMA, StoredDrift, StoredEngine, StoredReport, history_line, open_regular
+from strict_gate.judge.schema import DriftDoc, EngineDoc, ReportDoc
+from strict_gate.judge.stored import HISTORY_SCHEMA, history_line, open_regular
 
 HISTORY_FILE = "history.jsonl"
 DEFAULT_NIGHTS = 14
@@ -55,7 +56,7 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def drift_totals(drift: StoredDrift | None) -> dict | None:
+def drift_totals(drift: DriftDoc | None) -> dict | None:
     """A report's drift totals as a history line holds them (per-prompt figures left out)."""
     if drift is None:
         return None
@@ -64,10 +65,10 @@ def drift_totals(drift: StoredDrift | None) -> dict | None:
     return _finite({k: d[k] for k in keep if k in d})
 
 
-def _arm(info: StoredEngine) -> dict:
+def _arm(info: EngineDoc) -> dict:
     arm = {"kind": info.kind, "model": info.model, "versions": dict(info.versions)}
-    if info.options.replayed_from is not None:
-        arm["baseline"] = info.options.replayed_from
+    if info.known.replayed_from is not None:
+        arm["baseline"] = info.known.replayed_from
     return arm
 
 
@@ -84,7 +85,7 @@ def git_commit(folder: str | Path | None) -> str | None:
     return out.stdout.strip() or None
 
 
-def entry_from_report(report: StoredReport, report_dir: str | Path | None = None) -> dict[str, Any]:
+def entry_from_report(report: ReportDoc, report_dir: str | Path | None = None) -> dict[str, Any]:
     """One night's line, from a report (so old reports can be replayed into it)."""
     s = report.summary
     entry: dict[str, Any] = {

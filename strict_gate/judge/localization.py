@@ -60,12 +60,6 @@ class PointDiff:
         return {"name": self.name, "max_abs": self.max_abs, "rel_diff": self.rel_diff, "cosine": self.cosine,
                 "scale": self.scale, "beyond": self.beyond, "note": self.note}
 
-    @classmethod
-    def from_json(cls, d: dict) -> PointDiff:
-        return cls(name=str(d["name"]), max_abs=d.get("max_abs"), rel_diff=d.get("rel_diff"),
-                   cosine=d.get("cosine"), scale=d.get("scale"), beyond=bool(d.get("beyond")), note=d.get("note"))
-
-
 @dataclass(frozen=True)
 class Reproduction:
     """Whether one arm's dump chose, at the divergence, the token that arm generated there: a
@@ -93,13 +87,6 @@ class Reproduction:
     def to_json(self) -> dict:
         return {"arm": self.arm, "token": self.token, "chosen": self.chosen, "source": self.source,
                 "path": self.path, "reproduced": self.reproduced}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Reproduction:
-        chosen = d.get("chosen")
-        return cls(arm=str(d["arm"]), token=int(d["token"]), chosen=None if chosen is None else int(chosen),
-                   source=str(d["source"]), path=str(d.get("path") or "prefill"))
-
 
 @dataclass(frozen=True)
 class Localization:
@@ -236,25 +223,6 @@ class Localization:
             "dump_mode": self.dump_mode,
             "decode": None if self.decode is None else self.decode.to_json(),
         }
-
-    @classmethod
-    def from_json(cls, d: dict) -> Localization:
-        return cls(
-            prompt_id=str(d["prompt_id"]), positions=tuple(int(p) for p in d["positions"]),
-            points=tuple(PointDiff.from_json(p) for p in d["points"]), first_beyond=d.get("first_beyond"),
-            tolerance=float(d["tolerance"]), reference_engine=str(d["reference_engine"]),
-            candidate_engine=str(d["candidate_engine"]),
-            grafted=tuple(PointDiff.from_json(p) for p in d.get("grafted") or ()),
-            reference_note=d.get("reference_note"), error=d.get("error"), kept=d.get("kept"),
-            reproduction=tuple(Reproduction.from_json(r) for r in d.get("reproduction") or ()),
-            ops=tuple(PointDiff.from_json(p) for p in d.get("ops") or ()),
-            ops_grafted=tuple(PointDiff.from_json(p) for p in d.get("ops_grafted") or ()),
-            alone=tuple((str(op), Alone(v)) for op, v in (d.get("alone") or {}).items()),
-            op_graft_note=d.get("op_graft_note"), op_graft_refused=bool(d.get("op_graft_refused")),
-            dump_mode=str(d.get("dump_mode") or "auto"),
-            decode=None if not d.get("decode") else cls.from_json(d["decode"]),
-        )
-
 
 def _unmatched(points: tuple[PointDiff, ...], first: str | None) -> tuple[str, ...]:
     out = []

@@ -8,16 +8,18 @@ and the report says which engine stood in.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
+
+import msgspec
 
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError, EngineError, InputError
 from strict_gate.gate.feature import build_rescorer
-from strict_gate.judge.diagnose import Diagnosis
+from strict_gate.judge import restore
 from strict_gate.judge.localization import Localization
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.localize.compare import check_tolerance
 from strict_gate.localize.config import Scope, of
 from strict_gate.localize.points import parse_points
@@ -84,19 +86,6 @@ def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engin
     return replace(result, localization={**result.localization, **found}, notes=result.notes + tuple(failed))
 
 
-def _old(report_dir: Path) -> dict:
-    path = report_dir / "report.json"
-    if not path.is_file():
-        raise InputError("not a gate report directory (report.json is missing)", path=str(report_dir))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read the report: {e}", path=str(path)) from None
-    if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
-        raise InputError("not a strict-gate report (no prompts list)", path=str(path))
-    return data
-
-
 def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str | None = None,
                positions: int | None = None, tolerance: float | None = None, keep: bool = False,
                graft: bool = True, narrow: bool = True, mode: str | None = None):
@@ -112,20 +101,20 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     from strict_gate.runs.reader import load_run
 
     report_dir = Path(report_dir)
-    old = _old(report_dir)
-    stored = load_report(report_dir / "report.json")  # every field it reads typed: exit 2 naming the field
+    if not (report_dir / "report.json").is_file():
+        raise InputError("not a gate report directory (report.json is missing)", path=str(report_dir))
+    stored = load_report(report_dir)  # report.json in its declared shape: exit 2 naming the field
     check_rewritable(ReportDir(report_dir), stored)  # before any engine starts
     if not (report_dir / "gate.toml").is_file():
         raise InputError("not a gate report directory (gate.toml is missing)", path=str(report_dir))
-    config = old.get("config") or None
-    base_dir = Path(config["base_dir"]) if config and config.get("base_dir") else None
-    cfg = load_copied_config(report_dir / "gate.toml", started=config.get("path") if config else None,
-                             base_dir=base_dir)
-    rows: dict[str, dict] = {str(p.get("id")): p for p in old["prompts"] if isinstance(p, dict)}
+    config = stored.config
+    base_dir = Path(config.base_dir) if config and config.base_dir else None
+    cfg = load_copied_config(report_dir / "gate.toml", started=config.path if config else None, base_dir=base_dir)
+    rows = {p.id: p for p in stored.prompts}
     if prompt is not None and prompt not in rows:
         raise InputError(f"prompt {prompt!r} is not in the report", path=str(report_dir / "report.json"))
-    if prompt is not None and (rows[prompt].get("first_divergence") is None):
-        raise InputError(f"prompt {prompt!r} did not diverge (status {rows[prompt].get('status')!r}): "
+    if prompt is not None and rows[prompt].first_divergence is None:
+        raise InputError(f"prompt {prompt!r} did not diverge (status {str(rows[prompt].status)!r}): "
                          "nothing to localise", path=str(report_dir / "report.json"))
     lc = of(cfg)
     base = lc.settings if lc is not None else Settings()
@@ -139,14 +128,15 @@ def relocalize(report_dir: str | Path, *, prompt: str | None = None, points: str
     cand = load_run(report_dir / "candidate", allow_incomplete=True)
     spec = GateSpec(
         name=cfg.name,
-        prompt_set=PromptSetRef.stored(old.get("prompt_set") or dict(ref.manifest.prompt_set), list(rows) or None),
+        prompt_set=PromptSetRef.stored(msgspec.to_builtins(stored.prompt_set) if stored.prompt_set is not None
+                                       else dict(ref.manifest.prompt_set), list(rows) or None),
         sampling=ref.manifest.sampling, policy=stored.policy or cfg.policy,
         band=cfg.band if stored.band is None else stored.band, greedy_tolerance=cfg.greedy_tolerance,
-        config=ConfigRef.from_json(config, where=str(report_dir / "report.json")) if config else None,
+        config=ConfigRef.from_json(msgspec.to_builtins(config), where=str(report_dir / "report.json")) if config else None,
     )
-    result = judge_stored(spec, ref, cand, stored_diagnoses(report_dir / "report.json"),
+    result = judge_stored(spec, ref, cand, stored_diagnoses(stored),
                           problems=list(stored.problems))  # the verdict the gate wrote, near-ties judged as it judged them
-    result = _kept(result, old)
+    result = _kept(result, stored)
     scope = Scope.ALL if prompt is not None else (lc.scope if lc is not None else Scope.DIVERGENT)
     if not targets(result.comparison, result.reference_records, n=1, statuses=scope.statuses, only=prompt,
                    later=result.later, cand_records=result.candidate_records):
@@ -202,16 +192,14 @@ def failures(loc: Localization) -> list[str]:
     return out + ([f"decode path: {e}" for e in failures(loc.decode)] if loc.decode is not None else [])
 
 
-def _kept(result: GateResult, old: dict) -> GateResult:
+def _kept(result: GateResult, old: ReportDoc) -> GateResult:
     """What the gate wrote beside its feature sections that a localisation does not redo: diagnoses,
     the old localisations (a prompt localised now replaces its own), the trend, notes."""
+    from strict_gate.gate.judgement import stored_diagnoses
+
     try:
-        diagnoses = {p["id"]: Diagnosis.from_json(p["diagnosis"]) for p in old["prompts"]
-                     if isinstance(p, dict) and p.get("diagnosis")}
-        localization = {p["id"]: Localization.from_json(p["localization"]) for p in old["prompts"]
-                        if isinstance(p, dict) and p.get("localization")}
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        localization = {p.id: restore.localization(p.localization) for p in old.prompts if p.localization}
+    except ValueError as e:
         raise InputError(f"the report is malformed ({type(e).__name__}: {e})") from None
-    return replace(result, diagnoses=diagnoses, history=tuple(old.get("history") or ()),
-                   rescored_by=old.get("rescored_by"), localization=localization,
-                   notes=tuple(n for n in old.get("notes") or () if n not in result.verdict.notes))
+    return replace(result, diagnoses=stored_diagnoses(old), history=tuple(old.history), rescored_by=old.rescored_by,
+                   localization=localization, notes=tuple(n for n in old.notes if n not in result.verdict.notes))

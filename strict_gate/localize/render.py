@@ -8,9 +8,10 @@ import math
 from html import escape
 
 from strict_gate.errors import InputError
+from strict_gate.judge import restore
 from strict_gate.judge.localization import Alone, Localization, PointDiff, kind_of
 from strict_gate.judge.result import GateResult
-from strict_gate.judge.stored import StoredPrompt
+from strict_gate.judge.schema import PromptDoc
 from strict_gate.report.sections import Section
 
 _KIND_COLOURS = {"embed": "#6e7781", "attn": "#cf222e", "mlp": "#0969da", "layer": "#1a7f37",
@@ -205,13 +206,13 @@ def _html_section(loc: Localization, title: str) -> str:
             f"<th>scale</th><th></th></tr>{rows}</table></div>")
 
 
-def _stored_localization(entry: StoredPrompt) -> str | None:
+def _stored_localization(entry: PromptDoc) -> str | None:
     """The prompt's localisation as report.json holds it; a malformed one is bad input."""
     if entry.localization is None:
         return None
     try:
-        loc = Localization.from_json(entry.localization)
-    except (KeyError, TypeError, ValueError) as e:
+        loc = restore.localization(entry.localization)
+    except ValueError as e:
         raise InputError(f"report.json: a malformed localization object ({type(e).__name__}: {e})") from None
     return "localisation: " + "\n".join(text_lines(loc))
 

@@ -21,7 +21,8 @@ from strict_gate.core.options import did_you_mean
 from strict_gate.errors import ConfigError, ExitCode, InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.history import drift_totals
-from strict_gate.judge.stored import StoredReport, StoredSummary, load_report, report_of, report_path
+from strict_gate.judge.schema import ReportDoc, SummaryDoc
+from strict_gate.judge.stored import load_report, report_of, report_path
 from strict_gate.nightly.variants_diff import VariantChange, variant_changes
 
 DIFF_SCHEMA = "strict-gate/diff@1"
@@ -107,7 +108,7 @@ class Night:
     name: str | None
     created: str | None
     verdict: str | None
-    summary: StoredSummary
+    summary: SummaryDoc
 
 
 @dataclass(frozen=True)
@@ -143,11 +144,11 @@ class ReportDiff:
         return tuple(c.id for c in self.changes if c.old_status == Status.MATCH != c.new_status)
 
 
-def _night(path: Path, r: StoredReport) -> Night:
+def _night(path: Path, r: ReportDoc) -> Night:
     return Night(str(path), r.name, r.created, None if r.verdict is None else r.verdict.value, r.summary)
 
 
-def _context(old: StoredReport, new: StoredReport) -> tuple[ContextChange, ...]:
+def _context(old: ReportDoc, new: ReportDoc) -> tuple[ContextChange, ...]:
     out = []
 
     def check(what: str, a, b) -> None:
@@ -161,8 +162,8 @@ def _context(old: StoredReport, new: StoredReport) -> tuple[ContextChange, ...]:
         a, b = getattr(old.engines, arm), getattr(new.engines, arm)
         check(f"{arm} kind", a.kind, b.kind)
         check(f"{arm} model", a.model, b.model)
-        check(f"{arm} baseline", a.options.replayed_from, b.options.replayed_from)
-        check(f"{arm} model digest", a.options.model_digest, b.options.model_digest)
+        check(f"{arm} baseline", a.known.replayed_from, b.known.replayed_from)
+        check(f"{arm} model digest", a.known.model_digest, b.known.model_digest)
         for lib in sorted(set(a.versions) | set(b.versions)):
             check(f"{arm} {lib} version", a.versions.get(lib), b.versions.get(lib))
     return tuple(out)
@@ -180,7 +181,7 @@ def _flat_drift(totals: dict) -> dict[str, float]:
     return flat
 
 
-def _drift(old: StoredReport, new: StoredReport) -> tuple[tuple[DriftChange, ...], str | None]:
+def _drift(old: ReportDoc, new: ReportDoc) -> tuple[tuple[DriftChange, ...], str | None]:
     a, b = drift_totals(old.drift), drift_totals(new.drift)
     if a is None or b is None:
         which = "neither night has" if a is None and b is None else ("last night has no" if a is None else "tonight has no")
@@ -193,11 +194,11 @@ def _drift(old: StoredReport, new: StoredReport) -> tuple[tuple[DriftChange, ...
     return changes, None
 
 
-def _stored(r: StoredReport | Mapping[str, Any], where: str) -> StoredReport:
-    return r if isinstance(r, StoredReport) else report_of(dict(r), where)
+def _stored(r: ReportDoc | Mapping[str, Any], where: str) -> ReportDoc:
+    return r if isinstance(r, ReportDoc) else report_of(dict(r), where)
 
 
-def diff_reports(old: StoredReport | Mapping[str, Any], new: StoredReport | Mapping[str, Any], *,
+def diff_reports(old: ReportDoc | Mapping[str, Any], new: ReportDoc | Mapping[str, Any], *,
                  fail_on=DEFAULT_FAIL_ON, old_path="old", new_path="new") -> ReportDiff:
     """Compare two reports, last night's first: StoredReports, or report objects as json.load
     gives them (checked by the same reader)."""

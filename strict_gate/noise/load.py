@@ -39,7 +39,7 @@ class _Rate(Shape, frozen=True):
     largest_gap: float | None
 
 
-class _Noise(Shape, frozen=True):
+class NoiseSection(Shape, frozen=True):
     profile: str
     measured: str
     band: float
@@ -58,7 +58,7 @@ class _Noise(Shape, frozen=True):
 def load_noise(d: dict) -> NoiseJudgement:
     """The NoiseJudgement whose `to_json()` is `d` (report.json's `noise`); InputError naming the
     field when `d` is not such a body."""
-    s = read_section(d, _Noise, "noise")
+    s = read_section(d, NoiseSection, "noise")
     return NoiseJudgement(
         profile=s.profile, measured=s.measured, band=s.band, band_rule=s.band_rule,
         largest_self_flip_gap=s.largest_self_flip_gap,

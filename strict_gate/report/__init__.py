@@ -2,7 +2,8 @@
 
 The guarantees every format shares are applied here, once: secrets scrubbed from the result
 before any renderer escapes its text, no raw control character in the text formats, and
-report.json strict JSON (a non-finite number, a NaN timing or an infinite gap, becomes null).
+report.json strict JSON (a non-finite number, a NaN timing or an infinite gap, becomes null) and
+in its declared shape (judge/schema.py): a key no reader knows is a bug caught before writing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from strict_gate.core.redact import scrub_obj
 from strict_gate.judge.result import REPORT_SCHEMA, GateResult, to_json
+from strict_gate.judge.schema import check_written
 from strict_gate.report import html, junit, markdown
 from strict_gate.report.text import Decoder, gate_decoder, strict_json, visible
 from strict_gate.runs.layout import ReportDir
@@ -42,7 +44,9 @@ def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS, dec:
             written[fmt] = path
     if "json" in formats:
         path = out.report_json
-        text = json.dumps(strict_json(to_json(result)), indent=2, ensure_ascii=False, allow_nan=False)
+        body = strict_json(to_json(result))
+        check_written(body)  # every key declared in judge/schema.py (and each feature's section shape)
+        text = json.dumps(body, indent=2, ensure_ascii=False, allow_nan=False)
         write_text_atomic(path, text + "\n")
         written["json"] = path
     return written

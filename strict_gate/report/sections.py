@@ -44,8 +44,8 @@ class Section:
     junit_properties: Fn | None = None  # (r) -> list[(name, value)]
     junit_prompts: Fn | None = None  # (r) -> {prompt id: lines} for each test case's system-out
     junit_cases: Fn | None = None  # (suite, r, classname) -> None: its own test cases
-    show_prompt: Fn | None = None  # (StoredPrompt) -> str | None: its text in `show`'s prompt view
-    show: Fn | None = None  # (StoredReport, console) -> None: after `show`'s prompts
+    show_prompt: Fn | None = None  # (PromptDoc) -> str | None: its text in `show`'s prompt view
+    show: Fn | None = None  # (ReportDoc, console) -> None: after `show`'s prompts
 
 
 def _later_prompts(r: GateResult, html: bool) -> Mapping[str, Any]:

@@ -20,7 +20,8 @@ from strict_gate.errors import InputError
 from strict_gate.judge.compare import Status
 from strict_gate.judge.diagnose import without_later
 from strict_gate.judge.policy import policy_words
-from strict_gate.judge.stored import StoredPrompt, StoredReport, load_report
+from strict_gate.judge.schema import PromptDoc, ReportDoc
+from strict_gate.judge.stored import load_report
 from strict_gate.judge.tally import headline_text
 from strict_gate.report.gaps import gap_text
 from strict_gate.report.sections import in_order
@@ -34,16 +35,16 @@ _CELL = {"m": "on #1b4d2b", "t": "bold black on #d4a72c", "d": "bold white on #c
 
 
 @dataclass(frozen=True)
-class StoredGate:
+class FinishedGate:
     """A finished gate as `show` reads it: report.json and both runs' records."""
 
-    report: StoredReport
+    report: ReportDoc
     reference: Mapping[str, Record]
     candidate: Mapping[str, Record]
     decoder: Decoder
 
 
-def _records(report_dir: Path, report: StoredReport, role: str) -> Mapping[str, Record]:
+def _records(report_dir: Path, report: ReportDoc, role: str) -> Mapping[str, Record]:
     """The run in the report directory, else the one report.json names (a `compare --out`)."""
     here = report_dir / role
     named = getattr(report.runs, role)
@@ -54,14 +55,14 @@ def _records(report_dir: Path, report: StoredReport, role: str) -> Mapping[str, 
                      path=str(report_dir))
 
 
-def load_gate(report_dir: str | Path) -> StoredGate:
+def load_gate(report_dir: str | Path) -> FinishedGate:
     d = Path(report_dir)
     path = ReportDir(d).report_json
     if not path.is_file():
         raise InputError("not a report directory: no report.json", path=str(d))
     report = load_report(path)
     dec = Decoder(report.engines.reference.tokenizer, report.engines.candidate.tokenizer)
-    return StoredGate(report, _records(d, report, "reference"), _records(d, report, "candidate"), dec)
+    return FinishedGate(report, _records(d, report, "reference"), _records(d, report, "candidate"), dec)
 
 
 def _kind(i: int, position: int | None, status: Status) -> str:
@@ -94,7 +95,7 @@ def _g(x) -> str:
     return "n/a" if not isinstance(x, (int, float)) else f"{x:.4f}"
 
 
-def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
+def prompt_view(gate: FinishedGate, entry: PromptDoc) -> Group:
     """One prompt: both continuations as coloured token chips, both top-k at the divergence,
     the gaps, the teacher-forced diagnosis and both decoded texts."""
     pid, status, fd = entry.id, entry.status, entry.first_divergence
@@ -138,7 +139,7 @@ def prompt_view(gate: StoredGate, entry: StoredPrompt) -> Group:
     return Group(*parts)
 
 
-def _heading(r: StoredReport) -> str:
+def _heading(r: ReportDoc) -> str:
     """The verdict the gate's exit code says (report@3's `overall`), else the token verdict."""
     word, sep, rest = (r.overall or str(r.verdict)).partition(" (")
     return word.upper() + sep + rest
@@ -180,4 +181,4 @@ def show(report_dir: str | Path, prompt: str | None = None, console: Console | N
         section(r, console)
 
 
-__all__ = ["StoredGate", "load_gate", "prompt_view", "show"]
+__all__ = ["FinishedGate", "load_gate", "prompt_view", "show"]

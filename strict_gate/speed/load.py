@@ -109,7 +109,7 @@ class _Mismatch(Shape, frozen=True):
 class _Check(Shape, frozen=True):
     figure: FigureName
     rung: str
-    min_ratio: float
+    min_ratio: Number
     speed_ratio: Number
     interval: Pair | None
     outcome: CheckOutcome
@@ -120,12 +120,12 @@ class _Check(Shape, frozen=True):
 
 class _Verdict(Shape, frozen=True):
     verdict: SpeedVerdictKind
-    min_speed_ratio: dict[str, float]
+    min_speed_ratio: dict[str, Number]
     checks: list[_Check]
     reasons: list[str]
 
 
-class _Speed(Shape, frozen=True):
+class SpeedSection(Shape, frozen=True):
     method: Method
     runs: Count
     warmup: Count
@@ -184,7 +184,7 @@ class WrittenRung(RungResult):
 def load_speed(d: dict) -> SpeedResult:
     """The SpeedResult whose `to_json()` is `d` (report.json's `speed`); InputError naming the
     field when `d` is not such a body."""
-    s = read_section(d, _Speed, "speed")
+    s = read_section(d, SpeedSection, "speed")
     if s.verdict is not s.speed_verdict.verdict:
         raise InputError(f"report.json's speed: field verdict: {s.verdict.value!r} disagrees with "
                          f"speed_verdict.verdict {s.speed_verdict.verdict.value!r}")
@@ -192,7 +192,7 @@ def load_speed(d: dict) -> SpeedResult:
     return SpeedResult(
         method=s.method, runs=s.runs, warmup=s.warmup, rungs=tuple(_rung(r) for r in s.rungs),
         mismatches=tuple(Mismatch(m.field, m.reference, m.candidate, m.flattering, m.message) for m in s.mismatches),
-        verdict=SpeedVerdict(v.verdict, dict(v.min_speed_ratio), tuple(_check(c) for c in v.checks), tuple(v.reasons)),
+        verdict=SpeedVerdict(v.verdict, {k: _f(b) for k, b in v.min_speed_ratio.items()}, tuple(_check(c) for c in v.checks), tuple(v.reasons)),
         machine=s.machine, notes=tuple(s.notes), checked_rungs=tuple(s.checked_rungs), order=s.order,
         arms=dict(s.arms),
     )
@@ -228,7 +228,7 @@ def _ratio(r: _Ratio) -> WrittenRatio:
 def _check(c: _Check) -> SpeedCheck:
     i = None if c.interval is None else Interval(_f(c.speed_ratio), _f(c.interval[0]), _f(c.interval[1]), math.nan,
                                                  None)
-    return SpeedCheck(c.figure, c.rung, c.min_ratio, i, c.outcome, c.bar, c.runs_needed)
+    return SpeedCheck(c.figure, c.rung, _f(c.min_ratio), i, c.outcome, c.bar, c.runs_needed)
 
 
 def _f(x: float | None) -> float:

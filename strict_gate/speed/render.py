@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from strict_gate.judge.result import GateResult
-from strict_gate.judge.stored import StoredReport
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.report.html_prompt import escape
 from strict_gate.report.sections import Section
 from strict_gate.report.style import CONSOLE_STYLE
@@ -138,7 +138,7 @@ def _speed_cases(suite: ET.Element, r: GateResult, cls: str) -> None:
         junit_case(ET.SubElement(suite, "testcase", classname=cls, name="speed"), view)
 
 
-def _speed_show(report: StoredReport, console: Console) -> None:
+def _speed_show(report: ReportDoc, console: Console) -> None:
     if (view := build(report.speed, report.engines.reference.kind)) is not None:
         print_speed(view, console)
 
