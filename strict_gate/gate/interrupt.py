@@ -1,7 +1,8 @@
 """What a Ctrl-C (or SIGTERM, SIGHUP) left of a gate, in words: the phase it stopped in, the run in
 flight and its records, the runs marked failed, and what `--resume` will keep, continue and run
 again. Each planned run (the arms', each feature's `Feature.planned`) is read back from disk as a
-resume would read it (gate/kept.py), so the message says what the resume will do, not a guess.
+resume would read it (gate/kept.py), a speculative variant's with its sealed acceptance counts
+(gate/acceptance.py), so the message says what the resume will do, not a guess.
 """
 
 from __future__ import annotations
@@ -57,8 +58,12 @@ def _plan(runs: Runs, planned: Sequence[Planned], stored: dict) -> tuple[str, ..
             again.append(f"{p.label} ({run})")
         elif run is None:
             fresh.append(p.label)
-        elif finished_run(run, runs.ps.ids) and p.keeps:
-            keeps.append(f"{p.label} ({n} records)")
+        elif finished_run(run, runs.ps.ids):
+            counts = runs.kept_acceptance(p.path) if p.counted else None
+            if isinstance(counts, str):  # what a resume reads of its counts, said here already
+                again.append(f"{p.label} (from its first record: {counts})")
+            else:
+                keeps.append(f"{p.label} ({n} records{' and its sealed acceptance counts' if p.counted else ''})")
         elif p.continues and n:
             continues.append(f"{p.label} ({n} of {total} records kept, {total - n} to generate)")
         else:

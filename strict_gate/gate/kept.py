@@ -7,7 +7,9 @@ variant's `invariance/candidate/batch-4/`. A resume keeps exactly what this gate
 finished run is kept and its engine not started for it, an unfinished one continued from its last
 sealed record where its kind allows (one prompt served on its own), else run again; a record that
 does not match its seal is refused (exit 2), an unsealed tail (a kill between a record and its
-seal) dropped, to be generated again. A feature that runs engines makes its runs through
+seal) dropped, to be generated again. A speculative variant's run is kept only with its acceptance
+counts, sealed beside it when it finished (gate/acceptance.py): the engine's counters, on no
+record. A feature that runs engines makes its runs through
 `Gate.runs()` and names them in `Feature.planned`, so it resumes as the arms do, and an interrupt
 says what `--resume` keeps of it (gate/interrupt.py). `strict-gate invariance` and `strict-gate
 noise` make their runs through a `Runs` of their own report directory, and resume the same way.
@@ -20,7 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from strict_gate.engines.base import Engine, PromptInput
+from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import EngineError, IncompleteRunError, InputError
+from strict_gate.gate.acceptance import read_acceptance, write_acceptance
 from strict_gate.gate.arm import finished_run, run_arm
 from strict_gate.gate.outcome import ProgressHook
 from strict_gate.gate.state import GateState
@@ -39,7 +43,7 @@ class Planned:
     what: str  # within the phase: "" for an arm, "candidate arm, variant chunked_prefill-2"
     path: Path
     restarts: str = ""  # why an unfinished run starts over; "": it continues from its last record
-    keeps: bool = True  # a finished run is kept (False: it starts over too, for `restarts`)
+    counted: bool = False  # a finished run is kept only with its sealed acceptance counts (a speculative variant's)
 
     @property
     def continues(self) -> bool:
@@ -107,6 +111,17 @@ class Runs:
         run = self.stored(out)
         return run if run is not None and finished_run(run, self.ps.ids) else None
 
+    def kept_acceptance(self, out: Path) -> Acceptance | str | None:
+        """The acceptance counts sealed beside the finished run in `out` (None: its engine kept
+        none), or why they are not trusted: the run is then made again."""
+        return read_acceptance(RunDir(out), self.key(out))
+
+    def seal_acceptance(self, out: Path, run: Run, acceptance: Acceptance | None) -> None:
+        """The acceptance counts of the run just made in `out`, sealed beside it when it finished
+        (an unfinished one is made again whole: its counts cover only a part)."""
+        if finished_run(run, self.ps.ids):
+            write_acceptance(RunDir(out), self.key(out), acceptance)
+
     def run(self, engine: Engine, prompts: Sequence[PromptInput], out: Path, label: str, *,
             continues: bool = True, runs: int = 1) -> Run:
         """The run in `out` (each prompt `runs` times, one prompt per call, when above 1), sealed:
@@ -118,6 +133,7 @@ class Runs:
             kept = sum(1 for r in prior.records.values() if r.error is None) if prior else 0
             on_record = self.progress(f"{label} (resumed, {kept} kept)" if kept else label, len(prompts) - kept)
         self.where.run = out
+        RunDir(out).acceptance.unlink(missing_ok=True)  # an earlier attempt's counts are not this run's
         try:
             done = run_arm(engine, prompts, self.sampling, out, prompt_set=self.ps, runs=runs, on_record=on_record,
                            resume_from=prior, seal_key=self.key(out))

@@ -3,10 +3,10 @@
 In a gate the phase runs last, after both arms are stopped (one engine loaded at a time), and
 its result rides in the GateResult (report.json's `invariance`). Its runs are made through the
 gate's runner (gate/kept.py), sealed as the arms' are: a resumed gate keeps every batch-1 run and
-variant run an interrupted attempt finished and continues an unfinished one where its kind
-allows (invariance/run.py's `restarts`). Alone, it writes its own report directory: gate.toml,
-gate-state.json (its seal key, for `strict-gate invariance --resume`), the runs under
-invariance/, invariance.json (last), .md, .html and junit.xml.
+variant run an interrupted attempt finished (a speculative one with its sealed acceptance counts)
+and continues an unfinished one where its kind allows (invariance/run.py's `restarts`). Alone, it
+writes its own report directory: gate.toml, gate-state.json (its seal key, for `strict-gate
+invariance --resume`), the runs under invariance/, invariance.json (last), .md, .html and junit.xml.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from strict_gate.gate.state import GateState, reopen, report_lock, write_gate_st
 from strict_gate.invariance.config import BASELINE, of
 from strict_gate.invariance.load import load_invariance
 from strict_gate.invariance.render import FILES, write_invariance_reports
-from strict_gate.invariance.run import Runner, planned, restarts, run_invariance
+from strict_gate.invariance.run import Runner, counted, planned, restarts, run_invariance
 from strict_gate.invariance.verdict import InvarianceResult
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.output import ensure_writable_dir
@@ -63,7 +63,7 @@ def planned_runs(cfg: GateConfig, inputs: list[PromptInput], report_dir: Path) -
     inv = of(cfg)
     assert inv is not None
     return tuple(Planned("invariance", f"{arm} arm, {'the batch-1 run' if v is BASELINE else 'variant ' + d.name}", d,
-                         restarts(v), keeps=not v.exact)
+                         restarts(v), counted=counted(v))
                  for arm, v, d in planned(inv, inputs, report_dir / INVARIANCE_DIR))
 
 

@@ -9,12 +9,12 @@ run's. Runs go through the gate's own runner (`Runner`, gate/kept.py's Runs over
 run_arm): same run format, same audit, same seals; a run that fails keeps its prompts and makes
 its variant incomplete. A speculative variant gets an engine of its own too
 (engine.with_speculative), and its acceptance counts are the engine's counters read before and
-after its runs.
+after each of its runs, sealed beside a run that finished (gate/acceptance.py).
 
-A resumed gate keeps every run an interrupted attempt finished (an engine whose runs were all
-kept is not started) and continues an unfinished one where its kind allows (`restarts`); a
-variant with a run kept or continued is timed by its records' own timings, the wall clock of
-each prompt as the gate measured it then.
+A resumed gate keeps every run an interrupted attempt finished, a speculative one with the
+counts sealed beside it (an engine whose runs were all kept is not started), and continues an
+unfinished one where its kind allows (`restarts`); a variant with a run kept or continued is
+timed by its records' own timings, the wall clock of each prompt as the gate measured it then.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ class Runner(Protocol):
     def kept(self, out: Path) -> Run | None:
         """The run an interrupted attempt finished in `out`; None: it is run."""
 
+    def kept_acceptance(self, out: Path) -> Acceptance | str | None:
+        """The acceptance counts sealed beside the finished run in `out` (None: the engine kept
+        none), or why they are not trusted: the run is then made again."""
+
+    def seal_acceptance(self, out: Path, run: Run, acceptance: Acceptance | None) -> None:
+        """The counts of the run just made in `out`, sealed beside it when it finished."""
+
     def run(self, engine: Engine, prompts: Sequence[PromptInput], out: Path, label: str, *,
             continues: bool = True) -> Run:
         """The run, an unfinished one in `out` continued from its last record when `continues`."""
@@ -55,12 +62,29 @@ def restarts(v: Variant) -> str:
     """Why an unfinished run of `v` starts over on a resume ("": it continues from its last record).
     Batches, requests in flight and needles are drawn over the whole prompt set, so a run cut
     short cannot be continued as the same variant; a speculative run's acceptance counts are the
-    engine's counters over the whole run, on no disk, so even a finished one is run again."""
+    engine's counters over the whole run, sealed only once it finished (`counted`)."""
     if v.kind in ON_THEIR_OWN:
         return ""
-    if v.exact:
-        return "its acceptance counts are the engine's counters over the whole run, not on disk"
+    if counted(v):
+        return "its acceptance counts are the engine's counters over the whole run, sealed only once it finishes"
     return "it serves prompts together, drawn over the whole prompt set"
+
+
+def counted(v: Variant) -> bool:
+    """A finished run of `v` is kept only with its acceptance counts sealed beside it: they are
+    on no record (a speculative variant's)."""
+    return v.kind == VariantKind.SPECULATIVE
+
+
+def _since(after: Acceptance | None, before: Acceptance | None) -> Acceptance | None:
+    """The counts one run added (an engine whose counters appear with its first draft: all of them)."""
+    return after.since(before) if after is not None and before is not None else after
+
+
+def _total(counts: Sequence[Acceptance | None]) -> Acceptance | None:
+    """A variant's counts over its runs; None when no run's are known."""
+    known = [c for c in counts if c is not None]
+    return sum(known[1:], known[0]) if known else None
 
 
 def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
@@ -90,11 +114,23 @@ class _Arm:
         self.baseline_s: float | None = None
         self.results: list[VariantResult] = []
         self.pending: list[_Ran] = []
+        self.untrusted: dict[Path, str] = {}  # a finished run made again: why its sealed counts were refused
+
+    def _kept(self, v: Variant, out: Path) -> tuple[Run, Acceptance | None] | None:
+        """The run of `v` an interrupted attempt finished in `out`, with its sealed acceptance counts
+        when `counted`; None: it is made (again)."""
+        run = self.runner.kept(out)
+        if run is None or not counted(v):
+            return None if run is None else (run, None)
+        counts = self.runner.kept_acceptance(out)
+        if isinstance(counts, str):
+            self.untrusted[out] = counts
+            return None
+        return run, counts
 
     def _all_kept(self, v: Variant) -> bool:
-        """An interrupted attempt finished every run of `v` (a speculative variant's are never kept:
-        its acceptance counts are not on disk)."""
-        return not v.exact and all(self.runner.kept(out) is not None for out in _dirs(self.out, v, self.inv.repeats))
+        """An interrupted attempt finished every run of `v` (a speculative one with its counts)."""
+        return all(self._kept(v, out) is not None for out in _dirs(self.out, v, self.inv.repeats))
 
     def serve(self, engine: Engine, variants: Sequence[Variant]) -> None:
         """Start `engine`, run the variants on it, stop it; a start failure leaves them not run.
@@ -126,27 +162,33 @@ class _Arm:
     def _variant(self, engine: Engine, v: Variant) -> None:
         if v is not BASELINE and self.baseline is None:
             return  # the batch-1 run failed: the variant was marked not run
-        runs, problems, fresh = [], [], True
-        before = engine.acceptance() if v.exact else None
-        t0 = time.perf_counter()
+        runs, problems, fresh, counts, served = [], [], True, [], 0.0
         for k, out in enumerate(_dirs(self.out, v, self.inv.repeats), start=1):
             label = f"{self.arm} {v.name}" + (f" ({k}/{self.inv.repeats})" if self.inv.repeats > 1 and v is not BASELINE
                                              else "")
-            kept = None if v.exact else self.runner.kept(out)
+            kept = self._kept(v, out)
             if kept is not None:
-                runs.append(kept)
+                runs.append(kept[0])
+                counts.append(kept[1])
                 fresh = False
                 continue
+            if out in self.untrusted:  # the resume says why it makes a finished run again
+                label += f" (made again: {self.untrusted[out]})"
             variant = VariantEngine(engine, v, needle_max=self.inv.needle_max, seed=self.inv.seed)
+            before = engine.acceptance() if counted(v) else None
+            t0 = time.perf_counter()  # serving time only: reading and sealing the counts is not the variant's cost
             try:
                 runs.append(self.runner.run(variant, self.inputs, out, label, continues=not restarts(v)))
             except (EngineError, IncompleteRunError) as e:
                 problems.append(f"{self.arm} {v.name} engine failed: {e}")
                 runs.append(load_run(out, allow_incomplete=True))
+            served += time.perf_counter() - t0
+            if counted(v):
+                counts.append(_since(engine.acceptance(), before))
+                self.runner.seal_acceptance(out, runs[-1], counts[-1])  # a failed run is not finished: none
             fresh = fresh and not runs[-1].manifest.resumed
-        seconds = time.perf_counter() - t0 if fresh else _timed_by_records(runs)
-        after = engine.acceptance() if v.exact else None
-        accepted = after.since(before) if after is not None and before is not None else after
+        seconds = served if fresh else _timed_by_records(runs)
+        accepted = _total(counts) if counted(v) else None
         if v is BASELINE:
             self.baseline, self.baseline_s = runs[0], seconds
             if problems:  # nothing can be compared with a batch-1 run that failed

@@ -20,6 +20,7 @@ A run directory:
     records.jsonl.partial   the records while the run is running
     records.jsonl           the records of a finished run
     records.seal            a gate's running hash per record line (runs/seal.py)
+    acceptance.json         a finished speculative variant's acceptance counts, sealed to the run (gate/acceptance.py)
     engine.log              the engine's own output (an in-process library's, a process's)
 """
 
@@ -35,6 +36,7 @@ class RunFile(StrEnum):
     RECORDS = "records.jsonl"
     PARTIAL = "records.jsonl.partial"
     SEAL = "records.seal"
+    ACCEPTANCE = "acceptance.json"
     ENGINE_LOG = "engine.log"
 
 
@@ -82,6 +84,10 @@ class RunDir:
     @property
     def seal(self) -> Path:
         return self.path / RunFile.SEAL
+
+    @property
+    def acceptance(self) -> Path:
+        return self.path / RunFile.ACCEPTANCE
 
 
 @dataclass(frozen=True)

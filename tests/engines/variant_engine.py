@@ -2,7 +2,7 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
-                             [--score] [--garbage] [--stop J] [--delay S] [--tag NAME]
+                             [--score] [--garbage] [--stop J] [--delay S] [--tag NAME] [--speculative]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -23,6 +23,10 @@ runner-up G nats below, whatever the prefix (the model above). --garbage: where 
 every later token is one that model ranks nowhere (token + 500), claimed as the engine's own top-1.
 --stop J: where token 2 moved, the reply stops after position J (finish "stop", J + 1 tokens, the
 last an ordinary token, no end-of-sequence id) where the batch-1 run went on to max_tokens.
+--speculative declares "speculative": a request carrying it gets the same tokens and honest
+acceptance counts, a function of the prompt (K drafted per verification, one verification every
+other token, sum(ids) % (min(drafted, emitted - 1) + 1) accepted), and its line in
+$VARIANT_ENGINE_REQUESTS reads "TAG generate ID specK".
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
@@ -64,6 +68,14 @@ def score(req: dict, gap: float, shift: int) -> dict:
         top = [[best, -0.1], [best + 1, -0.1 - gap]] + [[VOCAB + 10 + j, -9.0 - j] for j in range(k - 2)]
         steps.append({"token_id": t, "logprob": next((v for x, v in top if x == t), -20.0), "top": top})
     return {"id": req["id"], "steps": steps}
+
+
+def speculated(req: dict, emitted: int) -> dict:
+    """Acceptance counts that obey docs/engine-protocol.md's rules, distinct per prompt."""
+    k, steps = req["speculative"]["num_speculative_tokens"], max(emitted - 1, 0) // 2
+    drafted = k * steps
+    return {"drafted": drafted, "accepted": sum(req["prompt_token_ids"]) % (min(drafted, emitted - 1) + 1),
+            "drafts": steps}
 
 
 def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False, stop: int | None = None) -> dict:
@@ -142,9 +154,11 @@ def main() -> int:
     ap.add_argument("--garbage", action="store_true")
     ap.add_argument("--stop", type=int, default=None)
     ap.add_argument("--tag", default="engine")
+    ap.add_argument("--speculative", action="store_true")
     args = ap.parse_args()
     note(args.tag, "start", sys.stdin.fileno())
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
+    caps += ["speculative"] if args.speculative else []
     send({"hello": "strict-gate/engine@1", "name": "variant-engine", "version": "1", "capabilities": caps,
           "max_in_flight": args.max_in_flight, "prefix_cache": not args.no_cache, "pid": os.getpid()})
     seen: set[tuple[int, ...]] = set()
@@ -157,7 +171,8 @@ def main() -> int:
             return 0
         if group[0].get("op") != "score":
             for req in group:
-                note(args.tag, "generate", stdin.fd, req["id"])
+                spec = f" spec{req['speculative']['num_speculative_tokens']}" if "speculative" in req else ""
+                note(args.tag, "generate", stdin.fd, req["id"] + spec)
         time.sleep(args.delay)
         if group[0].get("op") == "score":
             for req in group:
@@ -175,6 +190,8 @@ def main() -> int:
                      "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
             seen.add(ids)
             reply = tokens(req, moved, args.gap, args.shift, args.garbage, args.stop)
+            if "speculative" in req:
+                reply["speculative"] = speculated(req, len(reply["token_ids"]))
             if args.mode == "stray_id" and n == 1:
                 reply["id"] = "never-sent"
             replies.append(reply)
