@@ -27,26 +27,32 @@ def run(
     top_logprobs: Annotated[int, typer.Option("--top-logprobs", min=0)] = 5,
     runs: Annotated[int, typer.Option("--runs", min=1, help="repeat each prompt K times (samples)")] = 1,
     force: ForceOpt = False,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", help="I/N: run only prompts k with k mod N = I (0-based; join with `strict-gate merge`)")] = None,
 ) -> None:
-    """Run one arm only, to record a run or a baseline."""
+    """Run one arm only, to record a run or a baseline (or one shard of it)."""
     from strict_gate.gate.arm import prompt_inputs, run_arm
     from strict_gate.gate.config import load_arm_config
     from strict_gate.report.text import visible
     from strict_gate.runs.output import staged_run_dir
     from strict_gate.runs.prompts import load_prompts
     from strict_gate.runs.records import Sampling
+    from strict_gate.shards.spec import Shard
 
     arm = load_arm_config(engine_config)
     ps = load_prompts(prompts)
+    part = Shard.parse(shard) if shard is not None else None
+    run_ps = part.select(ps) if part is not None else ps
     progress, hook = progress_bars()
     with staged_run_dir(out, force=force) as staged:
         engine = arm.build()
         try:
-            inputs = prompt_inputs(ps, engine)
+            inputs = prompt_inputs(run_ps, engine)
             with progress:
                 result = run_arm(
                     engine, inputs, Sampling(max_tokens, top_logprobs), staged,
-                    prompt_set=ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)), strict=True,
+                    prompt_set=run_ps, runs=max(runs, arm.runs), on_record=hook(arm.kind, len(inputs)), strict=True,
+                    shard=part.describe(len(ps)) if part is not None else None,
                 )
         finally:
             engine.close()
@@ -90,12 +96,15 @@ def capture(
     runs: Annotated[int | None, typer.Option("--runs", "-k", help="K runs per prompt (default: [reference] runs, else 5)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="default: baselines/<name>")] = None,
     force: ForceOpt = False,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", help="I/N: capture only prompts k with k mod N = I (0-based; join with `strict-gate merge`)")] = None,
 ) -> None:
     """Capture the reference K times (one prompt per call) into a baseline with its determinism."""
     from strict_gate.gate.config import load_gate_config
     from strict_gate.gate.stored import capture_baseline
     from strict_gate.report.text import visible
     from strict_gate.runs.output import safe_name
+    from strict_gate.shards.spec import Shard
 
     cfg = load_gate_config(config, require_candidate=False)
     k = runs or (cfg.reference.runs if cfg.reference.runs > 1 else 5)
@@ -104,7 +113,8 @@ def capture(
     target = out or Path("baselines") / safe_name(cfg.name)
     progress, hook = progress_bars()
     with progress:
-        result = capture_baseline(cfg, target, runs=k, progress=hook, force=force)
+        result = capture_baseline(cfg, target, runs=k, progress=hook, force=force,
+                                  shard=Shard.parse(shard) if shard is not None else None)
     det = result.manifest.determinism or {}
     console.print(
         f"baseline {visible(str(target))}: {len(result.records)} prompts, "
@@ -113,6 +123,22 @@ def capture(
     for nd in det.get("non_deterministic", []):
         pos = ", ".join(str(p["position"]) for p in nd["positions"][:8])
         console.print(f"  {visible(nd['id'])}: {nd['distinct_sequences']} distinct sequences, differ at {pos}")
+
+
+@fail_cleanly
+def merge(
+    shards: Annotated[list[Path], typer.Argument(help="the N shard run directories (strict-gate run --shard I/N)")],
+    out: Annotated[Path, typer.Option("--out", help="the merged run directory to write")],
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", "-p", help="the prompt set the shards were made from (its sha256 and order checked)")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Join N shard runs into one run, after checking they are one run's shards, disjoint and complete."""
+    from strict_gate.report.text import visible
+    from strict_gate.shards.merge import merge_shards
+
+    run = merge_shards(shards, out, prompts=prompts, force=force)
+    console.print(f"merged {len(shards)} shards: {len(run.records)} records in {visible(str(out))}")
 
 
 @fail_cleanly

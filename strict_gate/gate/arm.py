@@ -9,14 +9,16 @@ such a run where it stopped.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import ConfigError, EngineError, IncompleteRunError, InputError, StrictGateError, located
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE, audit_record, greedy_violation, vocab_size
+from strict_gate.runs.determinism import determinism_summary
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.reader import load_run
@@ -38,32 +40,6 @@ def prompt_inputs(prompts: PromptSet, tokenizer_engine: Engine) -> list[PromptIn
             ]
     except ConfigError as e:
         raise located(e, *tokenizer_engine.configured_at) from None
-
-
-def determinism_summary(records: Sequence[Record]) -> dict:
-    """Across the K captured runs: how many prompts repeat exactly, and where the others split."""
-    per_prompt = []
-    k = 0
-    for rec in records:
-        samples = rec.samples or ()
-        k = max(k, len(samples))
-        if len(samples) < 2 or all(s == samples[0] for s in samples[1:]):
-            continue
-        width = max(len(s) for s in samples)
-        positions = []
-        for i in range(width):
-            seen = sorted({s[i] if i < len(s) else -1 for s in samples})
-            if len(seen) > 1:
-                positions.append({"position": i, "tokens": [t for t in seen if t >= 0], "ended": -1 in seen})
-        distinct = len({tuple(s) for s in samples})
-        per_prompt.append({"id": rec.id, "distinct_sequences": distinct, "positions": positions})
-    total = len(records)
-    return {
-        "runs": k,
-        "prompts_total": total,
-        "prompts_deterministic": total - len(per_prompt),
-        "non_deterministic": per_prompt,
-    }
 
 
 def _timed(rec: Record, seconds: float, engine: Engine) -> Record:
@@ -176,6 +152,7 @@ def run_arm(
     resume_from: Run | None = None,
     seal_key: str | None = None,
     strict: bool = False,
+    shard: Mapping[str, Any] | None = None,
 ) -> Run:
     """Generate every prompt (K times when runs > 1) and write the run directory.
 
@@ -185,6 +162,7 @@ def run_arm(
     records done so far, and the EngineError propagates (exit 3). `seal_key` seals each
     record line (a gate's arm, runs/seal.py). `strict` (`strict-gate run`) closes a run with
     errored or non-greedy prompts as failed, records kept, and raises IncompleteRunError.
+    `shard` (`--shard I/N`, shards/spec.py) is written as the manifest's `prompt_set.shard`.
     """
     out = Path(out_dir)
     if engine.writes_log:
@@ -196,7 +174,7 @@ def run_arm(
             engine=engine.info(),
             prompt_set={
                 "name": prompt_set.name, "sha256": prompt_set.sha256, "count": len(prompt_set), "ids": prompt_set.ids,
-            },
+            } | ({"shard": dict(shard)} if shard else {}),
             sampling=sampling,
             created=now_iso(),
             runs=runs,

@@ -13,7 +13,6 @@ from pathlib import Path
 from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine
 from strict_gate.engines.eos import run_stop_ids
-from strict_gate.gate.arm import determinism_summary
 from strict_gate.gate.config import GateConfig
 from strict_gate.gate.rescorer_proof import prove_rescorer
 from strict_gate.judge import restore
@@ -27,6 +26,7 @@ from strict_gate.judge.result import GateResult
 from strict_gate.judge.schema import ReportDoc
 from strict_gate.judge.spec import ConfigRef, GateSpec, PromptSetRef
 from strict_gate.judge.text_only import TEXT_ONLY, is_text_only, run_decoder, run_speller, text_only_notes
+from strict_gate.runs.determinism import determinism_summary
 from strict_gate.runs.layout import RunDir
 from strict_gate.runs.prompts import PromptSet
 from strict_gate.runs.records import Record, Run, Sampling, now_iso
