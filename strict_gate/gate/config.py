@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
+from strict_gate.cluster.engine import ray_engine_class
+from strict_gate.cluster.settings import RaySettings
 from strict_gate.core.features import FEATURES, BandSource, TableContext, resolve
 from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
 from strict_gate.core.redact import REDACTED, restore_env, unset_redacted
@@ -60,7 +62,7 @@ class ArmKeys(Checked):
     runs: PositiveInt = 1
 
 
-ARM_KEYS = frozenset(field_types(ArmKeys))
+ARM_KEYS = frozenset(field_types(ArmKeys)) | {"ray"}  # [<role>.ray]: the arm served by Ray actors (cluster/)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class ArmConfig:
     base_dir: Path = Path(".")
     path: str | None = None  # the config file, and the line of this arm's table in it
     line: int | None = None
+    ray: RaySettings | None = None  # [<role>.ray]: its prompts served by Ray actors, one engine each
 
     @property
     def engine_type(self) -> type[Engine]:
@@ -83,7 +86,11 @@ class ArmConfig:
         """The engine, constructed but not started (no model loaded yet); a refusal of its own
         (a tokenizer that is not there) names this arm's file and line, as a config error does."""
         try:
-            engine = self.engine_type(self.options, self.env, self.base_dir)
+            if self.ray is not None:
+                engine: Engine = ray_engine_class(self.engine_type)(self.options, self.env, self.base_dir,
+                                                                    settings=self.ray)
+            else:
+                engine = self.engine_type(self.options, self.env, self.base_dir)
         except ConfigError as e:
             raise located(e, self.path, self.line) from None
         engine.configured_at = (self.path, self.line)
@@ -169,7 +176,8 @@ class _Lines:
 def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
     """An arm's table: its own keys (ArmKeys), then the rest as the engine's Options."""
     line_of = lines.finder(role)
-    keys = parse_options(ArmKeys, {k: v for k, v in table.items() if k in ARM_KEYS}, where=role, line_of=line_of)
+    keys = parse_options(ArmKeys, {k: v for k, v in table.items() if k in ARM_KEYS and k != "ray"}, where=role,
+                         line_of=line_of)
     try:
         cls = engine_class(keys.kind)
     except ConfigError as e:
@@ -192,8 +200,18 @@ def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
                           "it the arm would be another engine configuration", path=lines.path,
                           line=lines.find(name, f"{role}.env") or lines.find("env", role))
     env = restore_env(env)
+    ray = _ray(role, table.get("ray"), lines)
     return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir, lines.path,
-                     lines.header(role) or lines.find("kind", role))
+                     lines.header(role) or lines.find("kind", role), ray)
+
+
+def _ray(role: str, table: Any, lines: _Lines) -> RaySettings | None:
+    """[<role>.ray], checked as the arm's own keys are (exit 2 naming the line)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{role}] ray must be a table ([{role}.ray])", path=lines.path, line=lines.find("ray", role))
+    return parse_options(RaySettings, table, where=f"{role}.ray", line_of=lines.finder(f"{role}.ray"))
 
 
 def parse_gate_config(
