@@ -148,7 +148,7 @@ def test_hf_chunked_prefill_equals_the_whole_prefill_token_for_token():
         engine = whole.with_prefill_chunk(chunk)
         engine.start()
         widths: list[int] = []
-        engine._model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]),
+        engine._model.register_forward_pre_hook(lambda _m, _a, kw, w=widths: w.append(kw["input_ids"].shape[1]),
                                                 with_kwargs=True)
         got = {r.id: r for r in engine.generate(prompts, sampling)}
         assert engine.info().options["prefill_chunk"] == chunk  # the run's manifest records it
@@ -173,9 +173,9 @@ def test_a_gate_with_state_boundaries_on_both_arms_of_the_tiny_kimi_linear(tmp_p
     """hf's reference and the KDA example engine, float32, every cut run on both arms from a working
     directory with relative paths; neither serves a prefix cache, so the hits are left out, named."""
     monkeypatch.chdir(tmp_path)
-    _prompts(tmp_path, n=3, length=70)
+    _prompts(tmp_path, n=2, length=70)
     model = _rel(KIMI, tmp_path)
-    write_gate(tmp_path, name="kda-boundaries", prompts="p.jsonl", max_tokens=3, top_logprobs=3, output_dir="out",
+    write_gate(tmp_path, name="kda-boundaries", prompts="p.jsonl", max_tokens=2, top_logprobs=2, output_dir="out",
                reference={"kind": "hf", "model": model, "dtype": "float32", "threads": 1},
                candidate={"kind": "command", "model": model, "tokenizer": model,
                           "command": [sys.executable, _rel(KDA_ENGINE, tmp_path), "--model", model,
