@@ -70,6 +70,20 @@ def test_a_number_is_the_chunk_and_state_block_places_the_hits(tmp_path):
     assert sizes["prefill-cut-7"] == ("chunked_prefill", 7) and sizes["prefix-at-16"] == ("prefix_cache", 16)
 
 
+def test_the_hits_are_planned_only_on_an_arm_that_serves_a_prefix_cache(tmp_path):
+    """hf has no prefix cache: its hits are neither refused nor planned (an interrupt names no run
+    that will never be made); the command arm, whose hello decides at start, keeps them."""
+    from strict_gate.engines.base import PromptInput
+    from strict_gate.invariance.run import planned
+
+    _, cfg = _load(tmp_path, {"state_boundaries": True, "arms": ["candidate", "reference"]},
+                   reference={"kind": "hf", "model": str(KIMI)})
+    inputs = [PromptInput(id="q", token_ids=tuple(range(4, 80)))]
+    runs = {(arm, v.name) for arm, v, _ in planned(of(cfg), inputs, tmp_path)}
+    assert {n for arm, n in runs if arm == "reference"} == {"baseline", *CUTS}
+    assert {n for arm, n in runs if arm == "candidate"} == {"baseline", *CUTS, *HITS}
+
+
 def test_a_qwen3_next_and_a_mamba2_config_give_their_chunks(tmp_path):
     for model_type, extra, chunk in (("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, 64),
                                       ("mamba2", {"chunk_size": 128}, 128)):

@@ -154,6 +154,8 @@ class InvarianceConfig:
     policy: InvariancePolicy = InvariancePolicy.INFORMATIONAL
     seed: int = 0
     needle_max: int = DEFAULT_NEEDLE_MAX  # needle batches hold 2 to needle_max prompts
+    # (arm, variant name) of a Variant.where_served its arm's engine, as built, does not serve
+    unserved: frozenset[tuple[str, str]] = frozenset()
 
     def to_json(self) -> dict:
         return {"arms": list(self.arms), "variants": [v.name for v in self.variants], "repeats": self.repeats,
@@ -203,8 +205,10 @@ def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], li
                           f"prefix_cache, needle, speculative or {BOUNDARIES}", path=path, line=line_of("invariance"))
     for arm in keys.arms:
         _check_arm(arm, built.get(arm), variants, line_of)
+    unserved = frozenset((arm, v.name) for arm, e in built.items() for v in variants
+                         if v.where_served and SERVING[v.kind] not in e.servings)
     return InvarianceConfig(tuple(keys.arms), variants, keys.repeats, keys.policy, keys.seed,
-                            max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX))
+                            max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX), unserved)
 
 
 def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], line_of) -> None:

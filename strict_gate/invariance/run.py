@@ -94,9 +94,11 @@ def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
 
 
 def planned(inv: InvarianceConfig, inputs: Sequence[PromptInput], out_dir: Path) -> list[tuple[str, Variant, Path]]:
-    """(arm, variant, run directory) of every run `run_invariance` may make, arm by arm."""
+    """(arm, variant, run directory) of every run `run_invariance` may make, arm by arm (a command
+    engine's hello may still leave out a variant run only where served)."""
     variants = [BASELINE, *(v for v in inv.variants if unexercised(v, inputs) is None)]
-    return [(arm, v, d) for arm in inv.arms for v in variants for d in _dirs(out_dir / arm, v, inv.repeats)]
+    return [(arm, v, d) for arm in inv.arms for v in variants if (arm, v.name) not in inv.unserved
+            for d in _dirs(out_dir / arm, v, inv.repeats)]
 
 
 def _timed_by_records(runs: Sequence[Run]) -> float:
