@@ -85,6 +85,10 @@ def test_an_engine_that_ignores_the_chunk_passes_and_the_gate_asked_for_every_cu
     warm = [r[1] for r in reqs if r[0] == "generate" and r[1].endswith("~prefix")]
     assert len(warm) == 9  # 3 hits x 3 prompts
     assert sum(1 for r in reqs if r[0] == "start") == 1 + len(CUTS) + len(HITS)  # a fresh engine per cut and hit
+    manifests = {d.name: json.loads((d / "manifest.json").read_text())["engine"]["options"]
+                 for d in (tmp_path / "out").glob("*/invariance/candidate/*") if (d / "manifest.json").exists()}
+    assert manifests["prefill-cut-63"]["prefill_chunk"] == 63 and manifests["prefix-at-64"]["cached_prefix"] == 64
+    assert "prefill_chunk" not in manifests["baseline"] and "cached_prefix" not in manifests["prefill-cut-63"]
 
 
 def test_an_engine_that_declares_no_prefill_chunk_is_incomplete_never_a_pass(tmp_path):

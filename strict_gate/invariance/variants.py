@@ -86,8 +86,12 @@ class VariantEngine(Engine):
         self.inner.start()
 
     def info(self) -> EngineInfo:
+        """The inner engine's, with the variant named and, for a chunked prefill or a sized prefix
+        hit, its size: the run's manifest says how it was served, whatever the engine records."""
         info = self.inner.info()
-        return replace(info, options=dict(info.options) | {"invariance_variant": self.variant.name})
+        served = {"prefill_chunk": VariantKind.CHUNKED_PREFILL, "cached_prefix": VariantKind.PREFIX_CACHE}
+        sizes = {k: self.variant.size for k, kind in served.items() if self.variant.kind == kind and self.variant.size}
+        return replace(info, options=dict(info.options) | {"invariance_variant": self.variant.name} | sizes)
 
     def tokenize(self, text: str) -> list[int]:
         return self.inner.tokenize(text)
