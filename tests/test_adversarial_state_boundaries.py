@@ -109,6 +109,7 @@ def test_an_engine_without_a_prefix_cache_leaves_the_hits_out_and_says_so(tmp_pa
     assert _verdicts(inv) == {n: "fail" if n == "prefill-cut-64" else "pass" for n in CUTS}
     assert inv["config"]["not_served"] == {"candidate": HITS}
     assert not any(r[1].endswith("~prefix") for r in _requests(tmp_path) if r[0] == "generate")
+    assert sum(1 for r in _requests(tmp_path) if r[0] == "start") == 1 + len(CUTS)  # no engine started for a hit
 
 
 def test_prompts_too_short_for_a_cut_leave_it_unexercised_never_a_pass(tmp_path):

@@ -3,7 +3,9 @@
 Per arm, one engine at a time: the arm's engine runs its own batch-1 run and every variant it
 serves as it is (batches, requests in flight, needles, the prefix cache when it is on), then
 each prefill chunk size gets an engine of its own (for vLLM a new engine; for a command
-engine the same binary, started afresh), and so does a prefix cache the arm had turned off.
+engine the same binary, started afresh), and so does a prefix cache the arm had turned off,
+and each state-boundary prefix hit (a fresh cache); those hits run only where the arm serves a
+prefix cache, the others named under the result config's `not_served` (Variant.where_served).
 Engine start-up is timed apart, so a variant's cost is its serving time over the batch-1
 run's. Runs go through the gate's own runner (`Runner`, gate/kept.py's Runs over gate/arm.py's
 run_arm): same run format, same audit, same seals; a run that fails keeps its prompts and makes
@@ -268,7 +270,9 @@ def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engin
         for engine, variants in _engines(base, offered, builders[arm]):
             if a.baseline is None and BASELINE not in variants:
                 break  # the batch-1 run failed: every variant was marked not run
-            a.serve(engine, variants)
+            variants = a.served(base, variants)  # once started, the base engine's hello speaks for its copies
+            if variants:
+                a.serve(engine, variants)
         a.judge(builders[arm])
         unserved[arm] = a.unserved
         said = {r.name for r in a.results}
