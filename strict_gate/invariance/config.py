@@ -192,14 +192,8 @@ def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], li
     if not isinstance(table, dict):
         raise ConfigError("[invariance] must be a table", path=path, line=line_of("invariance"))
     keys = parse_options(InvarianceKeys, table, where="invariance", line_of=line_of)
-    if keys.state_block is not None and not keys.state_boundaries:
-        raise ConfigError(f"[invariance] state_block without {BOUNDARIES}: it places the prefix hits "
-                          f"{BOUNDARIES} makes; add {BOUNDARIES} = true", path=path, line=line_of("state_block"))
     built = {arm: build() for arm in keys.arms if (build := arms.get(arm)) is not None}
-    models = (built.get(a) or arms[a]() for a in ("reference", "candidate") if a in arms)  # read only for `true`
-    chunk = chunk_size(keys.state_boundaries, models, path=path, line=line_of(BOUNDARIES)) \
-        if keys.state_boundaries else None
-    variants = _variants(keys, chunk)
+    variants = _variants(keys, _boundary_chunk(keys, arms, built, line_of))
     if not variants:
         raise ConfigError("[invariance] names no variant: give batch, concurrency, chunked_prefill, "
                           f"prefix_cache, needle, speculative or {BOUNDARIES}", path=path, line=line_of("invariance"))
@@ -209,6 +203,20 @@ def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], li
                          if v.where_served and SERVING[v.kind] not in e.servings)
     return InvarianceConfig(tuple(keys.arms), variants, keys.repeats, keys.policy, keys.seed,
                             max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX), unserved)
+
+
+def _boundary_chunk(keys: InvarianceKeys, arms: Mapping[str, Callable[[], Engine]], built: Mapping[str, Engine],
+                    line_of) -> int | None:
+    """The chunk state_boundaries cuts at, None when it is off; the reference's model (else the
+    candidate's) is read only for `true`."""
+    path = getattr(line_of, "path", None)
+    if keys.state_block is not None and not keys.state_boundaries:
+        raise ConfigError(f"[invariance] state_block without {BOUNDARIES}: it places the prefix hits "
+                          f"{BOUNDARIES} makes; add {BOUNDARIES} = true", path=path, line=line_of("state_block"))
+    if not keys.state_boundaries:
+        return None
+    models = (built.get(a) or arms[a]() for a in ("reference", "candidate") if a in arms)
+    return chunk_size(keys.state_boundaries, models, path=path, line=line_of(BOUNDARIES))
 
 
 def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], line_of) -> None:
