@@ -75,7 +75,7 @@ def test_a_table_without_variants_is_refused(tmp_path):
 def test_a_variant_the_arm_cannot_serve_is_refused_before_anything_starts(tmp_path):
     e = _config_error(tmp_path, {"batch": [8], "concurrency": [4]}, candidate=HF)
     assert "concurrency cannot run on the [candidate] arm: a 'hf' engine" in str(e)
-    assert "its variants: batch, needle" in str(e)
+    assert "its variants: batch, chunked_prefill, needle" in str(e)
     assert e.line == _line(tmp_path / "gate.toml", "concurrency")
 
 

@@ -139,8 +139,8 @@ def test_the_ulps_rule_raises_the_band_with_the_magnitude(here):
 def test_live_variations_on_a_real_engine(tmp_path, monkeypatch):
     """The bundled model through transformers (float32, a real engine): K live runs, batch 4
     against batch 1, prefill against decode at every step, and vLLM's fp32 golden as a second
-    build, on the smoke prompts. Chunked prefill is asked for and transformers cannot serve it:
-    said, not silently skipped."""
+    build, on the smoke prompts, and a prefill 16 tokens at a time (hf's chunked prefill, through
+    its cache)."""
     pytest.importorskip("transformers")
     monkeypatch.chdir(layout(tmp_path))
     shutil.copy(ROOT / "prompts" / "smoke.jsonl", tmp_path / "prompts")
@@ -150,11 +150,12 @@ def test_live_variations_on_a_real_engine(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     p = load_profile(tmp_path / "hf-noise.json")
     names = [v.name for v in p.variations]
-    assert names == ["runs-2", "batch-4", "prefill-decode"], names
+    assert names == ["runs-2", "batch-4", "chunked_prefill-16", "prefill-decode"], names
     pd = p.variations[-1]
     assert pd.prompts == 8 and 0 < pd.positions <= 64  # every step of every prompt's own tokens
     assert p.provenance.k == 2 and p.provenance.baseline is None and p.provenance.engine == "hf"
-    assert any("chunked prefill not run" in n for n in p.provenance.notes)
+    assert not any("chunked prefill not run" in n for n in p.provenance.notes), p.provenance.notes
+    assert list((tmp_path / "reports").glob("hf-noise-*/invariance/reference/chunked_prefill-16/records.jsonl"))
     assert list((tmp_path / "reports").glob("hf-noise-*/invariance/reference/batch-4/records.jsonl"))
 
 

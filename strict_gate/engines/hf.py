@@ -1,14 +1,17 @@
 """transformers, in process: greedy with logprobs from the raw logits in float32.
 
 One prompt per forward pass by default: batching pads and re-orders reductions, which
-shows up as false divergence. torch and transformers are imported in start(), not here.
+shows up as false divergence. `prefill_chunk = N` (the invariance variants' with_prefill_chunk)
+prefills each prompt N tokens at a time through the model's cache, one prompt at a time
+(hf_chunked.py); the run's manifest records it among the options. torch and transformers are
+imported in start(), not here.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +23,7 @@ from strict_gate.core.model_files import (
     portable_model_ref,
     resolve_model,
 )
-from strict_gate.core.options import Checked, Device, DType, PositiveInt
+from strict_gate.core.options import Checked, Device, DType, NonNegativeInt, PositiveInt
 from strict_gate.engines.base import (
     DumpReply,
     DumpRequest,
@@ -47,6 +50,7 @@ class HFOptions(Checked):
     trust_remote_code: bool = False
     attn_implementation: str | None = None
     threads: PositiveInt | None = None
+    prefill_chunk: NonNegativeInt = 0  # prompt tokens per prefill forward; 0: the whole prompt in one
 
 
 class HFEngine(Engine):
@@ -58,7 +62,8 @@ class HFEngine(Engine):
     can_graft = True
     can_dump_decode = True  # a prefill, then one id at a time with past key values (torch_dump._passes)
     can_graft_ops = True  # op points fed where the next op reads them, either path (torch_graft.py)
-    servings = frozenset({Serving.BATCH})  # one padded generate(); no prefill chunking or prefix cache
+    # one padded generate(); a chunked prefill by hand (hf_chunked.py); no prefix cache
+    servings = frozenset({Serving.BATCH, Serving.CHUNKED_PREFILL})
     log_libraries = ("transformers",)
 
     def __init__(self, options: HFOptions, env=None, base_dir="."):
@@ -173,6 +178,12 @@ class HFEngine(Engine):
         prompts = fitting
         torch, model = self._torch, self._model
         eos = self._eos_ids()
+        if self.options.prefill_chunk:  # one prompt at a time, whatever the batch
+            from strict_gate.engines.hf_chunked import chunked_record
+
+            for p in prompts:
+                yield chunked_record(torch, model, p, sampling, self.options.prefill_chunk, eos)
+            return
         pad = self._tokenizer().pad_token_id
         if pad is None:
             pad = next(iter(eos), 0)
@@ -260,6 +271,10 @@ class HFEngine(Engine):
     def generate_batch(self, prompts: Sequence[PromptInput], sampling: Sampling) -> list[Record]:
         self.start()
         return list(self._generate_batch(prompts, sampling))
+
+    def with_prefill_chunk(self, chunk: int) -> HFEngine:
+        """The same model, prefilled `chunk` tokens per forward through its cache (0: whole)."""
+        return HFEngine(replace(self.options, prefill_chunk=chunk), self.env, self.base_dir)
 
     def speed_settings(self) -> dict:
         """transformers has no CUDA graphs or compile here: eager. Its KV cache grows as needed,

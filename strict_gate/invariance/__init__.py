@@ -1,7 +1,7 @@
 """The invariance variants: tokens must not depend on batch, concurrency, chunked prefill or the prefix cache.
 
 One folder, in two ranks (docs/architecture.md). Its core, which gate/, report/ and noise/ may
-import: `config.py` (the `[invariance]` table), `variants.py` (a variant as an engine),
+import: `config.py` (the `[invariance]` table; `boundaries.py`, the chunk `state_boundaries` reads from the model), `variants.py` (a variant as an engine),
 `run.py` (the variants run for an arm, through a runner handed in), `continuation.py` and
 `verdict.py` (the verdict against the arm's batch-1 run). Its face, above gate/ and report/,
 which only the CLI imports and the two registries reach by name: `feature.py` (the gate's hook,

@@ -9,6 +9,8 @@ chunked_prefill = [0, 64, 256]  # prompt tokens prefilled per step; 0: the whole
 prefix_cache = true             # each prompt again after a prompt sharing all but its last token
 needle = true                   # each prompt inside a batch of others, random size and position
 speculative = [{ method = "ngram", num_speculative_tokens = 3 }]  # speculative decoding on: exact, always
+state_boundaries = true         # prefill cut around a recurrent model's kernel chunk (or = 64), prefix
+state_block = 64                #   hits on and beside its state checkpoint (default: the chunk)
 repeats = 1                     # every variant K times; distinct outputs per prompt are counted
 policy = "informational"        # strict | near-tie | informational (never changes the exit code)
 seed = 0                        # of the needle batches
@@ -33,6 +35,8 @@ from strict_gate.core.options import Checked, NonNegativeInt, Parse, PositiveInt
 from strict_gate.engines.base import Engine, Serving
 from strict_gate.engines.speculative import Speculation, read_speculations
 from strict_gate.errors import ConfigError
+from strict_gate.invariance.boundaries import KEY as BOUNDARIES
+from strict_gate.invariance.boundaries import chunk_size
 
 ARMS = ("candidate", "reference")
 DEFAULT_NEEDLE_MAX = 8  # the largest needle batch when no `batch` list names one
@@ -97,6 +101,8 @@ class InvarianceKeys(Checked):
     concurrency: Sizes = field(default_factory=list)
     chunked_prefill: Chunks = field(default_factory=list)
     prefix_cache: bool = False
+    state_boundaries: bool | PositiveInt = False  # true: the chunk from the model's config.json
+    state_block: PositiveInt | None = None  # the prefix cache's state checkpoint; None: the chunk
     needle: bool = False
     speculative: Annotated[list[Speculation], Parse(read_speculations, takes=list)] = field(default_factory=list)
     repeats: PositiveInt = 1
@@ -107,14 +113,29 @@ class InvarianceKeys(Checked):
 @dataclass(frozen=True)
 class Variant:
     kind: VariantKind
-    size: int | None = None  # batch size, requests in flight, prefill chunk; None for the others
+    size: int | None = None  # batch size, requests in flight, prefill chunk, cached prefix; None for the others
     spec: Speculation | None = None  # the speculative variant's configuration
+    label: str | None = None  # a state-boundary variant's name ("prefill-cut-64", "prefix-at-64")
 
     @property
     def name(self) -> str:
         if self.spec is not None:
             return self.spec.name
+        if self.label is not None:
+            return self.label
         return str(self.kind) if self.size is None else f"{self.kind}-{self.size}"
+
+    @property
+    def key(self) -> str:
+        """The [invariance] key that asked for it, for an error's line."""
+        return BOUNDARIES if self.label is not None else str(self.kind)
+
+    @property
+    def where_served(self) -> bool:
+        """A state-boundary prefix hit: run only on an arm that serves a prefix cache, left out on
+        the others instead of refused (an hf reference has none, vLLM has), each on a fresh engine
+        of its own (run.py's _engines)."""
+        return self.label is not None and self.kind == VariantKind.PREFIX_CACHE
 
     @property
     def exact(self) -> bool:
@@ -133,6 +154,8 @@ class InvarianceConfig:
     policy: InvariancePolicy = InvariancePolicy.INFORMATIONAL
     seed: int = 0
     needle_max: int = DEFAULT_NEEDLE_MAX  # needle batches hold 2 to needle_max prompts
+    # (arm, variant name) of a Variant.where_served its arm's engine, as built, does not serve
+    unserved: frozenset[tuple[str, str]] = frozenset()
 
     def to_json(self) -> dict:
         return {"arms": list(self.arms), "variants": [v.name for v in self.variants], "repeats": self.repeats,
@@ -140,13 +163,24 @@ class InvarianceConfig:
                 "speculative": [v.spec.to_json() for v in self.variants if v.spec is not None]}
 
 
-def _variants(keys: InvarianceKeys) -> tuple[Variant, ...]:
+def boundary_variants(chunk: int, block: int) -> tuple[Variant, ...]:
+    """The prefill cut inside the chunk (chunk/4, chunk/2), one before, at and one after it; then a
+    cached prefix one before, on and one after the state checkpoint `block` (boundaries.py says why)."""
+    cuts = sorted({n for n in (chunk // 4, chunk // 2, chunk - 1, chunk, chunk + 1) if n >= 1})
+    out = [Variant(VariantKind.CHUNKED_PREFILL, n, label=f"prefill-cut-{n}") for n in cuts]
+    out += [Variant(VariantKind.PREFIX_CACHE, n, label=f"prefix-{'at' if n == block else 'off'}-{n}")
+            for n in (block - 1, block, block + 1) if n >= 1]
+    return tuple(out)
+
+
+def _variants(keys: InvarianceKeys, chunk: int | None = None) -> tuple[Variant, ...]:
     out = [Variant(VariantKind.BATCH, n) for n in keys.batch]
     out += [Variant(VariantKind.CONCURRENCY, n) for n in keys.concurrency]
     out += [Variant(VariantKind.CHUNKED_PREFILL, n) for n in keys.chunked_prefill]
     out += [Variant(VariantKind.PREFIX_CACHE)] if keys.prefix_cache else []
     out += [Variant(VariantKind.NEEDLE)] if keys.needle else []
     out += [Variant(VariantKind.SPECULATIVE, spec=s) for s in keys.speculative]
+    out += boundary_variants(chunk, keys.state_block or chunk) if chunk else []
     return tuple(out)
 
 
@@ -158,15 +192,31 @@ def parse_invariance(table: object, arms: Mapping[str, Callable[[], Engine]], li
     if not isinstance(table, dict):
         raise ConfigError("[invariance] must be a table", path=path, line=line_of("invariance"))
     keys = parse_options(InvarianceKeys, table, where="invariance", line_of=line_of)
-    variants = _variants(keys)
+    built = {arm: build() for arm in keys.arms if (build := arms.get(arm)) is not None}
+    variants = _variants(keys, _boundary_chunk(keys, arms, built, line_of))
     if not variants:
         raise ConfigError("[invariance] names no variant: give batch, concurrency, chunked_prefill, "
-                          "prefix_cache, needle or speculative", path=path, line=line_of("invariance"))
+                          f"prefix_cache, needle, speculative or {BOUNDARIES}", path=path, line=line_of("invariance"))
     for arm in keys.arms:
-        build = arms.get(arm)
-        _check_arm(arm, build() if build is not None else None, variants, line_of)
+        _check_arm(arm, built.get(arm), variants, line_of)
+    unserved = frozenset((arm, v.name) for arm, e in built.items() for v in variants
+                         if v.where_served and SERVING[v.kind] not in e.servings)
     return InvarianceConfig(tuple(keys.arms), variants, keys.repeats, keys.policy, keys.seed,
-                            max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX))
+                            max([n for n in keys.batch if n > 1], default=DEFAULT_NEEDLE_MAX), unserved)
+
+
+def _boundary_chunk(keys: InvarianceKeys, arms: Mapping[str, Callable[[], Engine]], built: Mapping[str, Engine],
+                    line_of) -> int | None:
+    """The chunk state_boundaries cuts at, None when it is off; the reference's model (else the
+    candidate's) is read only for `true`."""
+    path = getattr(line_of, "path", None)
+    if keys.state_block is not None and not keys.state_boundaries:
+        raise ConfigError(f"[invariance] state_block without {BOUNDARIES}: it places the prefix hits "
+                          f"{BOUNDARIES} makes; add {BOUNDARIES} = true", path=path, line=line_of("state_block"))
+    if not keys.state_boundaries:
+        return None
+    models = (built.get(a) or arms[a]() for a in ("reference", "candidate") if a in arms)
+    return chunk_size(keys.state_boundaries, models, path=path, line=line_of(BOUNDARIES))
 
 
 def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], line_of) -> None:
@@ -178,16 +228,17 @@ def _check_arm(arm: str, engine: Engine | None, variants: tuple[Variant, ...], l
         raise ConfigError(f"[invariance] the [{arm}] arm is a stored run (kind = {engine.kind!r}): it serves "
                           "nothing, so it has no variant to run; drop it from arms", path=path, line=line_of("arms"))
     for v in variants:
-        if SERVING[v.kind] not in engine.servings:
+        if SERVING[v.kind] not in engine.servings and not v.where_served:
             can = ", ".join(sorted(k for k, s in SERVING.items() if s in engine.servings)) or "none"
-            raise ConfigError(f"[invariance] {v.kind} cannot run on the [{arm}] arm: a {engine.kind!r} engine "
-                              f"cannot serve it (its variants: {can})", path=path, line=line_of(str(v.kind)))
+            what = f"{BOUNDARIES} ({v.name}, a {v.kind} variant)" if v.label else str(v.kind)
+            raise ConfigError(f"[invariance] {what} cannot run on the [{arm}] arm: a {engine.kind!r} engine "
+                              f"cannot serve it (its variants: {can})", path=path, line=line_of(v.key))
     context = engine.speed_settings().get("max_context")
     for v in variants:
         if v.kind == VariantKind.CHUNKED_PREFILL and isinstance(context, int) and v.size is not None \
                 and v.size > context:
-            raise ConfigError(f"[invariance] chunked_prefill {v.size} is beyond the [{arm}] arm's context of "
-                              f"{context} tokens", path=path, line=line_of("chunked_prefill"))
+            raise ConfigError(f"[invariance] {v.key} {v.size} is beyond the [{arm}] arm's context of "
+                              f"{context} tokens", path=path, line=line_of(v.key))
 
 
 def from_gate(ctx: TableContext) -> InvarianceConfig | None:

@@ -3,7 +3,9 @@
 Per arm, one engine at a time: the arm's engine runs its own batch-1 run and every variant it
 serves as it is (batches, requests in flight, needles, the prefix cache when it is on), then
 each prefill chunk size gets an engine of its own (for vLLM a new engine; for a command
-engine the same binary, started afresh), and so does a prefix cache the arm had turned off.
+engine the same binary, started afresh), and so does a prefix cache the arm had turned off,
+and each state-boundary prefix hit (a fresh cache); those hits run only where the arm serves a
+prefix cache, the others named under the result config's `not_served` (Variant.where_served).
 Engine start-up is timed apart, so a variant's cost is its serving time over the batch-1
 run's. Runs go through the gate's own runner (`Runner`, gate/kept.py's Runs over gate/arm.py's
 run_arm): same run format, same audit, same seals; a run that fails keeps its prompts and makes
@@ -29,7 +31,7 @@ from strict_gate.core.engine_log import engine_log
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.engines.speculative import Acceptance
 from strict_gate.errors import EngineError, IncompleteRunError
-from strict_gate.invariance.config import BASELINE, InvarianceConfig, InvariancePolicy, Variant, VariantKind
+from strict_gate.invariance.config import BASELINE, SERVING, InvarianceConfig, InvariancePolicy, Variant, VariantKind
 from strict_gate.invariance.continuation import judge_later_of
 from strict_gate.invariance.variants import VariantEngine, unexercised
 from strict_gate.invariance.verdict import CAUSES, InvarianceResult, VariantResult, judge_variant, not_run
@@ -94,9 +96,11 @@ def _dirs(out: Path, v: Variant, repeats: int) -> list[Path]:
 
 
 def planned(inv: InvarianceConfig, inputs: Sequence[PromptInput], out_dir: Path) -> list[tuple[str, Variant, Path]]:
-    """(arm, variant, run directory) of every run `run_invariance` may make, arm by arm."""
+    """(arm, variant, run directory) of every run `run_invariance` may make, arm by arm (a command
+    engine's hello may still leave out a variant run only where served)."""
     variants = [BASELINE, *(v for v in inv.variants if unexercised(v, inputs) is None)]
-    return [(arm, v, d) for arm in inv.arms for v in variants for d in _dirs(out_dir / arm, v, inv.repeats)]
+    return [(arm, v, d) for arm in inv.arms for v in variants if (arm, v.name) not in inv.unserved
+            for d in _dirs(out_dir / arm, v, inv.repeats)]
 
 
 def _timed_by_records(runs: Sequence[Run]) -> float:
@@ -115,6 +119,7 @@ class _Arm:
         self.results: list[VariantResult] = []
         self.pending: list[_Ran] = []
         self.untrusted: dict[Path, str] = {}  # a finished run made again: why its sealed counts were refused
+        self.unserved: list[str] = []  # variants run only where served (Variant.where_served) it left out
 
     def _kept(self, v: Variant, out: Path) -> tuple[Run, Acceptance | None] | None:
         """The run of `v` an interrupted attempt finished in `out`, with its sealed acceptance counts
@@ -131,6 +136,13 @@ class _Arm:
     def _all_kept(self, v: Variant) -> bool:
         """An interrupted attempt finished every run of `v` (a speculative one with its counts)."""
         return all(self._kept(v, out) is not None for out in _dirs(self.out, v, self.inv.repeats))
+
+    def served(self, engine: Engine, variants: Sequence[Variant]) -> list[Variant]:
+        """The variants `engine` serves, the others left out where that is their rule (a command
+        engine's hello narrows its servings at start, so this is asked before and after)."""
+        out = [v for v in variants if not (v.where_served and SERVING[v.kind] not in engine.servings)]
+        self.unserved += [v.name for v in variants if v not in out and v.name not in self.unserved]
+        return out
 
     def serve(self, engine: Engine, variants: Sequence[Variant]) -> None:
         """Start `engine`, run the variants on it, stop it; a start failure leaves them not run.
@@ -153,7 +165,7 @@ class _Arm:
             engine.close()
             return
         try:
-            for v in variants:
+            for v in self.served(engine, variants):
                 self._variant(engine, v)
         finally:
             with engine_log(first / "engine.log", engine.log_libraries):
@@ -227,16 +239,21 @@ class _Ran:
     acceptance: Acceptance | None
 
 
-def _engines(base: Engine, variants: Sequence[Variant]) -> list[tuple[Engine, list[Variant]]]:
-    """Which engine serves which variants, in the order they run (the base engine first)."""
-    cache = base.with_prefix_cache() if any(v.kind == VariantKind.PREFIX_CACHE for v in variants) else base
+def _engines(base: Engine, variants: Sequence[Variant], build: Callable[[], Engine]
+             ) -> list[tuple[Engine, list[Variant]]]:
+    """Which engine serves which variants, in the order they run (the base engine first). A
+    state-boundary prefix hit gets a fresh engine of the arm (`build`) each: on the base engine the
+    batch-1 run has already cached every prompt's checkpoints, so every hit would land on them."""
+    shared = [v for v in variants if v.kind == VariantKind.PREFIX_CACHE and not v.where_served]
+    cache = base.with_prefix_cache() if shared else base
     own = [v for v in variants if v.kind not in (VariantKind.CHUNKED_PREFILL, VariantKind.SPECULATIVE)
-           and not (v.kind == VariantKind.PREFIX_CACHE and cache is not base)]
+           and not v.where_served and not (v.kind == VariantKind.PREFIX_CACHE and cache is not base)]
     plan: list[tuple[Engine, list[Variant]]] = [(base, [BASELINE, *own])]
     plan += [(base.with_prefill_chunk(v.size or 0), [v]) for v in variants if v.kind == VariantKind.CHUNKED_PREFILL]
     plan += [(base.with_speculative(v.spec), [v]) for v in variants if v.spec is not None]
     if cache is not base:
-        plan.append((cache, [v for v in variants if v.kind == VariantKind.PREFIX_CACHE]))
+        plan.append((cache, shared))
+    plan += [(build().with_prefix_cache(), [v]) for v in variants if v.where_served]
     return plan
 
 
@@ -244,20 +261,25 @@ def run_invariance(inv: InvarianceConfig, builders: dict[str, Callable[[], Engin
                    out_dir: Path, runner: Runner, *, band: float) -> InvarianceResult:
     """Every arm of `inv.arms`: its batch-1 run, then its variants, each judged against it."""
     results: list[VariantResult] = []
-    baselines = {}
+    baselines, unserved = {}, {}
     skipped = {v: why for v in inv.variants if (why := unexercised(v, inputs)) is not None}
     for arm in inv.arms:
         a = _Arm(arm, inv, inputs, out_dir / arm, runner, band)
         base = builders[arm]()
-        for engine, variants in _engines(base, [v for v in inv.variants if v not in skipped]):
+        offered = a.served(base, [v for v in inv.variants if v not in skipped])
+        for engine, variants in _engines(base, offered, builders[arm]):
             if a.baseline is None and BASELINE not in variants:
                 break  # the batch-1 run failed: every variant was marked not run
-            a.serve(engine, variants)
+            variants = a.served(base, variants)  # once started, the base engine's hello speaks for its copies
+            if variants:
+                a.serve(engine, variants)
         a.judge(builders[arm])
+        unserved[arm] = a.unserved
         said = {r.name for r in a.results}
         results += a.results + [not_run(v.name, arm, why) for v, why in skipped.items() if v.name not in said]
         if a.baseline is not None:
             baselines[arm] = a.baseline.path
     order = {v.name: i for i, v in enumerate(inv.variants)}
     results.sort(key=lambda r: (inv.arms.index(r.arm), order.get(r.name, len(order))))
-    return InvarianceResult(inv.policy, band, inv.to_json(), tuple(results), baselines)
+    config = inv.to_json() | ({"not_served": unserved} if any(unserved.values()) else {})
+    return InvarianceResult(inv.policy, band, config, tuple(results), baselines)

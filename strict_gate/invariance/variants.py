@@ -21,9 +21,10 @@ from strict_gate.runs.records import EngineInfo, Record, Sampling
 WARM_SUFFIX = "~prefix"  # the id of the prompt served first in the prefix-cache variant
 
 
-def prefix_sharer(p: PromptInput) -> PromptInput:
-    """A prompt sharing all of p's tokens but the last: serving it leaves p's prefix in the cache."""
-    return PromptInput(id=p.id + WARM_SUFFIX, token_ids=p.token_ids[:-1] or p.token_ids)
+def prefix_sharer(p: PromptInput, length: int | None = None) -> PromptInput:
+    """A prompt sharing p's first `length` tokens (None: all but the last): serving it leaves p's
+    prefix in the cache, for a state-boundary variant a hit on or beside a state checkpoint."""
+    return PromptInput(id=p.id + WARM_SUFFIX, token_ids=p.token_ids[:length or -1] or p.token_ids)
 
 
 def needle_batches(prompts: Sequence[PromptInput], max_size: int, seed: int) -> list[tuple[PromptInput, list]]:
@@ -52,6 +53,9 @@ def unexercised(v: Variant, prompts: Sequence[PromptInput]) -> str | None:
     if v.kind == VariantKind.CHUNKED_PREFILL and v.size and longest <= v.size:
         return (f"{v.name} could not exercise what it names: no prompt is longer than {v.size} tokens (the "
                 f"longest has {longest}), so no prefill was split into chunks")
+    if v.kind == VariantKind.PREFIX_CACHE and v.size and longest <= v.size:
+        return (f"{v.name} could not exercise what it names: no prompt is longer than {v.size} tokens (the "
+                f"longest has {longest}), so no cached prefix of {v.size} was followed by more")
     if v.kind == VariantKind.PREFIX_CACHE and longest < 2:
         return f"{v.name} could not exercise what it names: no prompt has two tokens, so none shares a prefix"
     return None
@@ -82,8 +86,12 @@ class VariantEngine(Engine):
         self.inner.start()
 
     def info(self) -> EngineInfo:
+        """The inner engine's, with the variant named and, for a chunked prefill or a sized prefix
+        hit, its size: the run's manifest says how it was served, whatever the engine records."""
         info = self.inner.info()
-        return replace(info, options=dict(info.options) | {"invariance_variant": self.variant.name})
+        served = {"prefill_chunk": VariantKind.CHUNKED_PREFILL, "cached_prefix": VariantKind.PREFIX_CACHE}
+        sizes = {k: self.variant.size for k, kind in served.items() if self.variant.kind == kind and self.variant.size}
+        return replace(info, options=dict(info.options) | {"invariance_variant": self.variant.name} | sizes)
 
     def tokenize(self, text: str) -> list[int]:
         return self.inner.tokenize(text)
@@ -106,7 +114,7 @@ class VariantEngine(Engine):
             yield from inner.generate_concurrent(prompts, sampling, size or 1)
         elif kind == VariantKind.PREFIX_CACHE:
             for p in prompts:
-                for _ in inner.generate([prefix_sharer(p)], sampling):
+                for _ in inner.generate([prefix_sharer(p, size)], sampling):
                     pass  # served for its cache entry; its tokens are not this variant's
                 yield from inner.generate([p], sampling)
         else:

@@ -2,7 +2,7 @@
 """A command engine for the invariance tests: batch-invariant, or batch-dependent on purpose.
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
-                             [--score] [--garbage] [--stop J] [--delay S] [--tag NAME] [--speculative]
+                             [--score] [--garbage] [--stop J] [--delay S] [--tag NAME] [--speculative] [--at N]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -26,13 +26,17 @@ last an ordinary token, no end-of-sequence id) where the batch-1 run went on to 
 --speculative declares "speculative": a request carrying it gets the same tokens and honest
 acceptance counts, a function of the prompt (K drafted per verification, one verification every
 other token, sum(ids) % (min(drafted, emitted - 1) + 1) accepted), and its line in
-$VARIANT_ENGINE_REQUESTS reads "TAG generate ID specK".
+$VARIANT_ENGINE_REQUESTS reads "TAG generate ID specK"; a request carrying "prefill_chunk": C adds
+" chunkC" to its line.
 
 Modes (what makes the tokens move, or the protocol break):
   invariant   nothing: the tokens never depend on how the prompt was served
   in_flight   token 2 is the runner-up when more than one request is served together
   chunk       token 2 is the runner-up when a "prefill_chunk" shorter than the prompt is asked for
   cache       token 2 is the runner-up when the prompt's prefix was served before (a cache hit)
+  boundary    token 2 is the runner-up only at exactly N tokens (--at N, 64 by default): a prefill
+              chunk of N cutting a longer prompt, or a cached prefix of exactly N tokens (a state-carry
+              bug at a linear-attention kernel's chunk boundary); one token either side is exact
   stray_id    answers the second request of a group with an id that was never sent
   extra       answers the first request of a group twice (more replies than requests)
   refuse      declares max_in_flight but, given more than one request at once, never answers
@@ -155,6 +159,7 @@ def main() -> int:
     ap.add_argument("--stop", type=int, default=None)
     ap.add_argument("--tag", default="engine")
     ap.add_argument("--speculative", action="store_true")
+    ap.add_argument("--at", type=int, default=64)
     args = ap.parse_args()
     note(args.tag, "start", sys.stdin.fileno())
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
@@ -172,6 +177,7 @@ def main() -> int:
         if group[0].get("op") != "score":
             for req in group:
                 spec = f" spec{req['speculative']['num_speculative_tokens']}" if "speculative" in req else ""
+                spec += f" chunk{req['prefill_chunk']}" if "prefill_chunk" in req else ""
                 note(args.tag, "generate", stdin.fd, req["id"] + spec)
         time.sleep(args.delay)
         if group[0].get("op") == "score":
@@ -187,7 +193,9 @@ def main() -> int:
             chunk = req.get("prefill_chunk")
             moved = {"in_flight": len(group) > 1,
                      "chunk": bool(chunk) and chunk < len(ids),
-                     "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen)}.get(args.mode, False)
+                     "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen),
+                     "boundary": (chunk == args.at and len(ids) > args.at)
+                     or any(len(s) == args.at and s != ids and ids[: args.at] == s for s in seen)}.get(args.mode, False)
             seen.add(ids)
             reply = tokens(req, moved, args.gap, args.shift, args.garbage, args.stop)
             if "speculative" in req:
