@@ -72,6 +72,7 @@ def read_health(h: HealthShape) -> HealthCheck:
 def load_golden(d: dict) -> GoldenResult:
     """The GoldenResult whose `to_json()` is `d`; InputError naming the field when it is not one."""
     s = read_section(d, GoldenSection, "golden")
-    golden = None if s.golden is None else EngineInfo.from_json(msgspec.to_builtins(s.golden))
+    g = s.golden
+    golden = None if g is None else EngineInfo.from_json({f: getattr(g, f) for f in g.__struct_fields__})
     return GoldenResult(golden, s.blame, tuple(s.failing), tuple(_vote(v) for v in s.votes),
                         None if s.health is None else read_health(s.health), tuple(s.notes))
