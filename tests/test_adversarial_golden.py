@@ -159,3 +159,20 @@ def test_strict_gate_golden_passes_a_reference_on_the_golden(tmp_path, monkeypat
     result = CliRunner().invoke(app, ["golden", "gate.toml"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "off the golden's argmax on 0 of 2 prompt(s)" in " ".join(result.output.split())
+
+
+def test_a_gate_with_nothing_to_vote_on_never_starts_the_golden(tmp_path, monkeypatch):
+    code, out, d, report = _gate(tmp_path, monkeypatch, golden=("--score-refuses",))
+    assert code == 0, out
+    golden = report["features"]["golden"]
+    assert golden["verdict"] == "informational" and golden["section"]["headline"] == "no divergence to vote on"
+    assert golden["section"]["golden"] is None and not (d / "golden.log").exists()
+
+
+def test_resume_of_a_finished_gate_keeps_the_votes_and_exit_6(tmp_path, monkeypatch):
+    code, _, d, report = _gate(tmp_path, monkeypatch, ref=("--off", str(OFF)), blame=True)
+    assert code == 6
+    Path("oracle.py").unlink()  # a finished gate's resume reads the section back, it does not vote again
+    result = CliRunner().invoke(app, ["gate", "--resume", str(d)], terminal_width=200)
+    assert result.exit_code == 6, result.output
+    assert section(json.loads((d / "report.json").read_text()), "golden") == section(report, "golden")
