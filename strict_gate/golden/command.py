@@ -83,9 +83,10 @@ def read_check(report_dir: Path) -> HealthCheck:
 def check_lines(health: HealthCheck, golden: str) -> list[str]:
     """The check as the command prints it and golden.md holds it."""
     out = [f"golden check of the reference against {golden}: {health.line()}"]
-    for pid, d, e in health.prompts:
-        if e is not None:
-            out.append(f"  {pid}: not checked: {e}")
+    for p in health.prompts:
+        pid, d = p.id, p.check
+        if p.error is not None:
+            out.append(f"  {pid}: not checked: {p.error}")
         elif d is not None and d.first is not None:
             gaps = ", ".join("outside top-k" if g is None else f"{g:.4g}" for g in d.gaps[:5])
             out.append(f"  {pid}: off the golden's argmax from position {d.first}, at {len(d.gaps)} of "

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 
 from strict_gate.core.sections import Shape, read_section
-from strict_gate.golden.result import GoldenResult, HealthCheck, PromptVote
+from strict_gate.golden.result import CheckedPrompt, GoldenResult, HealthCheck, PromptVote
 from strict_gate.golden.vote import Disagreement, Side, Vote
 from strict_gate.judge.schema import EngineDoc, TokenId
 from strict_gate.runs.records import EngineInfo
@@ -65,7 +65,7 @@ def _vote(v: _Vote) -> PromptVote:
 
 def read_health(h: HealthShape) -> HealthCheck:
     return HealthCheck(h.band, tuple(
-        (p.id, None if p.positions is None else Disagreement(p.positions, p.first, tuple(p.gaps)), p.error)
+        CheckedPrompt(p.id, None if p.positions is None else Disagreement(p.positions, p.first, tuple(p.gaps)), p.error)
         for p in h.prompts))
 
 

@@ -48,11 +48,11 @@ HEAD = ("prompt", "pos", "reference's token", "candidate's token", "golden argma
 
 def _health_md(h: HealthCheck) -> list[str]:
     out = ["", f"The reference checked against the golden: {md(h.line())}.", ""]
-    rows = [(pid, e, d) for pid, d, e in h.prompts if e is not None or (d is not None and d.first is not None)]
+    rows = [p for p in h.prompts if p.error is not None or (p.check is not None and p.check.first is not None)]
     if rows:
         out += ["| prompt | first off | positions off | largest gap |", "|---|---|---|---|"]
-        out += [f"| {md(pid)} | – | – | not checked: {md(e or '')} |" if d is None else
-                f"| {md(pid)} | {d.first} | {len(d.gaps)} | {_g(d.largest)} |" for pid, e, d in rows]
+        out += [f"| {md(p.id)} | – | – | not checked: {md(p.error or '')} |" if (d := p.check) is None else
+                f"| {md(p.id)} | {d.first} | {len(d.gaps)} | {_g(d.largest)} |" for p in rows]
     return out
 
 

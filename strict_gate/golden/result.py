@@ -28,29 +28,39 @@ class PromptVote:
 
 
 @dataclass(frozen=True)
+class CheckedPrompt:
+    """One reference record through the golden, or why it was not checked."""
+
+    id: str
+    check: Disagreement | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class HealthCheck:
     """The reference's own tokens through the golden: one entry per prompt checked, or why not."""
 
     band: float  # a disagreement above it is the oracle off the golden (strict-gate golden exits 1)
-    prompts: tuple[tuple[str, Disagreement | None, str | None], ...]  # (id, check, error)
+    prompts: tuple[CheckedPrompt, ...]
 
     @property
     def off(self) -> tuple[str, ...]:
-        return tuple(pid for pid, d, _ in self.prompts if d is not None and d.first is not None)
+        return tuple(p.id for p in self.prompts if p.check is not None and p.check.first is not None)
 
     @property
     def beyond_band(self) -> tuple[str, ...]:
-        return tuple(pid for pid, d, _ in self.prompts if d is not None and any(
-            g is None or g > self.band for g in d.gaps))
+        return tuple(p.id for p in self.prompts if p.check is not None and any(
+            g is None or g > self.band for g in p.check.gaps))
 
     @property
     def failed(self) -> tuple[str, ...]:
-        return tuple(pid for pid, _, e in self.prompts if e is not None)
+        return tuple(p.id for p in self.prompts if p.error is not None)
 
     def line(self) -> str:
         n = len(self.prompts)
         head = f"the reference's greedy tokens are off the golden's argmax on {len(self.off)} of {n} prompt(s)"
-        largest = max((g for _, d, _ in self.prompts if d is not None and (g := d.largest) is not None), default=None)
+        largest = max((g for p in self.prompts if p.check is not None and (g := p.check.largest) is not None),
+                      default=None)
         tail = "" if largest is None else f", largest gap {largest:.4g} ({len(self.beyond_band)} above band {self.band:g})"
         failed = f"; {len(self.failed)} not checked (the golden could not score)" if self.failed else ""
         return head + tail + failed
@@ -145,6 +155,6 @@ def _vote_json(v: PromptVote) -> dict:
 
 def health_json(h: HealthCheck) -> dict:
     return {"band": h.band, "line": h.line(), "prompts": [
-        {"id": pid, "error": e, "positions": None if d is None else d.positions,
+        {"id": p.id, "error": p.error, "positions": None if (d := p.check) is None else d.positions,
          "first": None if d is None else d.first, "gaps": [] if d is None else list(d.gaps)}
-        for pid, d, e in h.prompts]}
+        for p in h.prompts]}

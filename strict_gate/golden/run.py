@@ -5,11 +5,10 @@ touches: a golden that cannot start or score leaves the section incomplete, neve
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from typing import Protocol
 
-from strict_gate.golden.result import HealthCheck, PromptVote
-from strict_gate.golden.vote import Disagreement, GoldenScorer, check_record, vote
+from strict_gate.golden.result import CheckedPrompt, HealthCheck, PromptVote
+from strict_gate.golden.vote import GoldenScorer, check_record, vote
 from strict_gate.judge.compare import PromptComparison
 from strict_gate.judge.policy import Verdict
 from strict_gate.runs.records import Record
@@ -22,8 +21,6 @@ class Golden(GoldenScorer, Protocol):
     def can_score(self) -> bool: ...
 
     def start(self) -> None: ...
-
-    def scoped_env(self) -> AbstractContextManager[object]: ...
 
 
 def started(golden: Golden) -> str | None:
@@ -71,14 +68,14 @@ def vote_all(golden: Golden, prompts: list[PromptComparison], reference: Mapping
 def check_reference(golden: Golden, reference: Mapping[str, Record], ids: list[str], band: float,
                     why_not: str | None) -> HealthCheck:
     """The reference's own tokens, every prompt in `ids`, teacher-forced through the golden."""
-    rows: list[tuple[str, Disagreement | None, str | None]] = []
+    rows: list[CheckedPrompt] = []
     for pid in ids:
         rec = reference.get(pid)
         if why_not is not None or rec is None or rec.error is not None:
-            rows.append((pid, None, why_not or "the reference has no tokens for it"))
+            rows.append(CheckedPrompt(pid, None, why_not or "the reference has no tokens for it"))
             continue
         try:
-            rows.append((pid, check_record(golden, rec.prompt_token_ids, rec.token_ids), None))
+            rows.append(CheckedPrompt(pid, check_record(golden, rec.prompt_token_ids, rec.token_ids)))
         except Exception as e:
-            rows.append((pid, None, f"{type(e).__name__}: {e}"))
+            rows.append(CheckedPrompt(pid, None, f"{type(e).__name__}: {e}"))
     return HealthCheck(band, tuple(rows))
