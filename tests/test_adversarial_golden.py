@@ -176,3 +176,16 @@ def test_resume_of_a_finished_gate_keeps_the_votes_and_exit_6(tmp_path, monkeypa
     result = CliRunner().invoke(app, ["gate", "--resume", str(d)], terminal_width=200)
     assert result.exit_code == 6, result.output
     assert section(json.loads((d / "report.json").read_text()), "golden") == section(report, "golden")
+
+
+def test_show_words_the_votes_from_report_json_without_torch(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    _, _, d, _ = _gate(tmp_path, monkeypatch, ref=("--off", str(OFF)), blame=True)
+    code = ("import sys; from typer.testing import CliRunner; from strict_gate.cli import app; "
+            f"r = CliRunner().invoke(app, ['show', {str(d)!r}], terminal_width=200); print(r.exit_code); "
+            "print(' '.join(r.output.split())); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "golden: p1: position 3: the golden sides with the candidate: the REFERENCE is off the golden" in out
+    assert out.strip().endswith("[]"), out

@@ -1,17 +1,23 @@
 """The golden's section in every format: its headline under the verdict (md, html, console), a
 table of its votes and its check of the reference (md, html), each prompt's vote beside the prompt
-(html, junit) and its figures as JUnit properties. `SECTION` is its entry in report/sections.py."""
+(html, junit), its figures as JUnit properties and its lines in `strict-gate show`. `SECTION` is
+its entry in report/sections.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rich.console import Console
+from rich.text import Text
+
+from strict_gate.golden.load import load_golden
 from strict_gate.golden.result import GoldenResult, HealthCheck, PromptVote
 from strict_gate.golden.vote import Side
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.report.html_prompt import escape
 from strict_gate.report.sections import Section
-from strict_gate.report.text import Decoder, md
+from strict_gate.report.text import Decoder, md, visible
 
 CONSOLE_VOTES = 10
 WORDS = {Side.REFERENCE: "reference (candidate off the golden)", Side.CANDIDATE: "candidate: REFERENCE OFF THE GOLDEN",
@@ -93,6 +99,13 @@ def _properties(g: GoldenResult) -> list[tuple[str, str]]:
     return out + ([] if g.health is None else [("golden_reference_check", g.health.line())])
 
 
+def _show(report: ReportDoc, console: Console) -> None:
+    """`strict-gate show`'s lines, from report.json's section (its loader: no engine, no torch)."""
+    if (stored := report.features.get("golden")) is not None:
+        for line in console_lines(load_golden(stored.section)):
+            console.print(Text(f"  {visible(line)}"))
+
+
 def _prompts(g: GoldenResult) -> Mapping[str, list[str]]:
     return {v.id: [vote_line(v)] for v in g.votes}
 
@@ -108,4 +121,5 @@ SECTION = Section(
     console_lines=lambda r: [] if (g := of(r)) is None else console_lines(g),
     junit_properties=lambda r: [] if (g := of(r)) is None else _properties(g),
     junit_prompts=lambda r: {} if (g := of(r)) is None else _prompts(g),
+    show=_show,
 )
