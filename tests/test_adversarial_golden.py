@@ -189,3 +189,15 @@ def test_show_words_the_votes_from_report_json_without_torch(tmp_path, monkeypat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "golden: p1: position 3: the golden sides with the candidate: the REFERENCE is off the golden" in out
     assert out.strip().endswith("[]"), out
+
+
+def test_a_bisect_step_runs_the_tokens_without_the_golden(tmp_path, monkeypatch):
+    """A bisect step loads no second engine: a golden (and its exit 6) would skip every commit."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.nightly.bisect import step_config
+
+    _setup(tmp_path, monkeypatch, blame=True)
+    cfg = load_gate_config("gate.toml")
+    assert "golden" in cfg.features
+    step = step_config(cfg, Path("prompts.jsonl"), tmp_path, tmp_path / "bisect")
+    assert "golden" not in step.features
