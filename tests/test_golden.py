@@ -168,3 +168,37 @@ def test_vote_is_one_call_any_feature_can_make(gate):
     assert (other.reference_gap, other.candidate_gap) == pytest.approx((one.candidate_gap, one.reference_gap), abs=1e-12)
     assert {one.side, other.side} <= {Side.REFERENCE, Side.CANDIDATE, Side.NEITHER}
     assert (one.side is Side.REFERENCE) == (other.side is Side.CANDIDATE)
+
+
+class _Claims:
+    """A golden that answers from fixed claims: its top-k, and a logprob per token scored."""
+
+    def __init__(self, top: list[tuple[int, float]], lps: dict[int, float]):
+        self.top, self.lps, self.calls = top, lps, 0
+
+    def scoped_env(self):
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def score(self, prompt_ids, continuation_ids, k):
+        from strict_gate.runs.records import ScoredStep
+
+        self.calls += 1
+        return [ScoredStep(t, self.lps.get(t), tuple(self.top)) for t in continuation_ids]
+
+
+def test_vote_reads_each_token_where_it_was_scored_and_never_gives_a_negative_gap():
+    from strict_gate.golden.vote import GoldenError, vote
+
+    # the candidate's token outside the first pass's top-k: a second pass scores it
+    g = _Claims([(10, -0.1), (11, -2.0)], {10: -0.1, 11: -2.0, 12: -7.0})
+    v = vote(g, [1], [2], 11, 12)
+    assert g.calls == 2 and (v.golden_argmax, v.side) == (10, Side.NEITHER)
+    assert (v.reference_gap, v.candidate_gap) == pytest.approx((1.9, 6.9))
+    # a side's token scored above the golden's own top-1 is its argmax: no negative gap
+    v = vote(_Claims([(10, -0.5)], {10: -0.5, 11: -0.2, 12: -0.3}), [1], [], 11, 12)
+    assert (v.golden_argmax, v.side, v.reference_gap) == (11, Side.REFERENCE, 0.0)
+    assert v.candidate_gap == pytest.approx(0.1)
+    with pytest.raises(GoldenError):  # no logprob for the candidate's token anywhere: no vote
+        vote(_Claims([(10, -0.1)], {10: -0.1}), [1], [], 10, 12)

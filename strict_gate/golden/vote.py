@@ -98,8 +98,8 @@ def vote(golden: GoldenScorer, prompt_ids: Sequence[int], prefix_ids: Sequence[i
         lp_cand = _logprob(_at(golden, prompt_ids, prefix_ids, cand_token), cand_token)
     if lp_ref is None or lp_cand is None:
         raise GoldenError("the golden gave no logprob for a side's token")
-    argmax, top_lp = first.top[0]
-    top_lp = max(top_lp, lp_ref, lp_cand)  # a top-k that is not sorted, or a token above it, is no gap below 0
+    # a side's token scored above the golden's own top-1 is its argmax (no gap below 0); a tie keeps its top-1
+    argmax, top_lp = max([first.top[0], (ref_token, lp_ref), (cand_token, lp_cand)], key=lambda p: p[1])
     return Vote(len(prefix_ids), argmax, ref_token, cand_token, top_lp - lp_ref, top_lp - lp_cand)
 
 
