@@ -30,12 +30,12 @@ def _arm(name: str, *args: str, script: str = "golden_engine.py") -> dict:
     return {"kind": "command", "command": ["python", script, name, *args]}
 
 
-def _setup(tmp_path: Path, monkeypatch, *, ref=(), cand=(), golden=(), **golden_keys) -> None:
+def _setup(tmp_path: Path, monkeypatch, *, ref=(), cand=(), golden=(), policy="near-tie", **golden_keys) -> None:
     monkeypatch.chdir(tmp_path)
     shutil.copy(ENGINE, "golden_engine.py")
     shutil.copy(ENGINE, "oracle.py")  # the golden's own copy: a test can take it away
     Path("prompts.jsonl").write_text("".join(json.dumps({"id": i, "token_ids": t}) + "\n" for i, t in PROMPTS.items()))
-    write_gate(Path("."), name="golden", prompts="prompts.jsonl", max_tokens=6, top_logprobs=5, policy="near-tie",
+    write_gate(Path("."), name="golden", prompts="prompts.jsonl", max_tokens=6, top_logprobs=5, policy=policy,
                band=0.5, output_dir="reports", reference=_arm("reference", *ref), candidate=_arm("candidate", *cand),
                golden={**_arm("golden", *golden, script="oracle.py"), **golden_keys})
 
@@ -77,6 +77,18 @@ def test_without_blame_the_vote_annotates_and_the_gate_exits_1(tmp_path, monkeyp
     golden = report["features"]["golden"]
     assert golden["verdict"] == "reference off the golden" and golden["exit_code"] == 0
     assert "blame = false: informational" in golden["section"]["headline"]
+
+
+def test_a_reference_off_the_golden_within_the_band_is_no_blame(tmp_path, monkeypatch):
+    """A near-tie flip the strict policy fails, the golden on the candidate's side by 0.3 nats (band
+    0.5): two precisions' rounding could land either way, so blame does not name the reference."""
+    near = ("--gap", "0.3")
+    code, out, _, report = _gate(tmp_path, monkeypatch, ref=("--off", str(OFF), *near), cand=near, golden=near,
+                                 policy="strict", blame=True)
+    assert code == 1, out
+    assert report["features"]["golden"]["verdict"] == "informational"
+    for v in _votes(report).values():
+        assert v["side"] == "candidate" and v["reference_gap"] == pytest.approx(0.3)
 
 
 def test_a_candidate_off_the_golden_is_named_and_blame_leaves_exit_1(tmp_path, monkeypatch):

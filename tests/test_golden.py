@@ -109,7 +109,7 @@ def test_the_golden_section_reloads_and_renders_the_same(gate):
     x = result.feature("golden")
     assert isinstance(x, GoldenResult) and x.to_json() == section(report, "golden")
     assert_reloads(x, load_golden, SECTION, "golden", result)
-    blamed = GoldenResult(None, True, ("a",), (_vote("a", Side.CANDIDATE), PromptVote("b", 2, None, "refused")), None,
+    blamed = GoldenResult(None, True, 0.5, ("a",), (_vote("a", Side.CANDIDATE), PromptVote("b", 2, None, "refused")), None,
                           ("a note",))
     assert_reloads(blamed, load_golden, SECTION, "golden", result)
 
@@ -129,21 +129,22 @@ def _vote(pid: str, side: Side) -> PromptVote:
 
 
 def test_blame_exits_6_only_when_every_failing_prompt_has_the_reference_off():
-    all_off = GoldenResult(None, True, ("a", "b"), (_vote("a", Side.CANDIDATE), _vote("b", Side.CANDIDATE)))
+    all_off = GoldenResult(None, True, 0.5, ("a", "b"), (_vote("a", Side.CANDIDATE), _vote("b", Side.CANDIDATE)))
     assert all_off.exit_code == ExitCode.REFERENCE_OFF_GOLDEN and all_off.section_verdict == "reference off the golden"
     mixed = replace(all_off, votes=(_vote("a", Side.CANDIDATE), _vote("b", Side.REFERENCE)))
     neither = replace(all_off, votes=(_vote("a", Side.CANDIDATE), _vote("b", Side.NEITHER)))
     unvoted = replace(all_off, votes=(_vote("a", Side.CANDIDATE),))  # a failing prompt the golden never voted on
     failed = replace(all_off, votes=(_vote("a", Side.CANDIDATE), PromptVote("b", 3, None, "scoring refused")))
     nothing_fails = replace(all_off, failing=())
-    for r in (mixed, neither, unvoted, nothing_fails):
+    near_tie = replace(all_off, band=1.0)  # the reference's gap (1.0) within the band: too close to blame
+    for r in (mixed, neither, unvoted, nothing_fails, near_tie):
         assert r.exit_code == ExitCode.PASS and not r.reference_off
     assert failed.exit_code == ExitCode.ENGINE_FAILURE and failed.section_verdict == "incomplete"
     assert replace(all_off, blame=False).exit_code == ExitCode.PASS
 
 
 def test_the_golden_restates_a_token_failure_and_never_makes_a_pass():
-    off = GoldenResult(None, True, ("a",), (_vote("a", Side.CANDIDATE),))
+    off = GoldenResult(None, True, 0.5, ("a",), (_vote("a", Side.CANDIDATE),))
     assert overall_exit_code(ExitCode.FAIL, [off]) == ExitCode.REFERENCE_OFF_GOLDEN
     assert overall_exit_code(ExitCode.ENGINE_FAILURE, [off]) == ExitCode.ENGINE_FAILURE  # incomplete stays 3
     assert overall_exit_code(ExitCode.PASS, [off]) == ExitCode.PASS  # nothing fails: no blame to state

@@ -23,9 +23,9 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
     """The golden's section of a judged gate; the golden started only when it has work, and
     stopped on every way out."""
     prompts = diverged(result.comparison.prompts)
-    fail = failing(result.verdict)
+    fail, band = failing(result.verdict), result.comparison.band
     if not prompts and not gc.check_reference:
-        return GoldenResult(None, gc.blame, fail, ())
+        return GoldenResult(None, gc.blame, band, fail, ())
     engine: Engine = gc.arm.build()
     engine.set_log_path(log)
     with engine_log(log, engine.log_libraries):
@@ -38,7 +38,7 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
             info = engine.info() if why is None else None
         finally:
             engine.close()
-    return GoldenResult(info, gc.blame, fail, votes, health, () if why is None else (why,))
+    return GoldenResult(info, gc.blame, band, fail, votes, health, () if why is None else (why,))
 
 
 @dataclass(frozen=True)

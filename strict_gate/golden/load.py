@@ -48,6 +48,7 @@ class HealthShape(Shape, frozen=True):
 class GoldenSection(Shape, frozen=True):
     golden: EngineDoc | None
     blame: bool
+    band: float
     failing: list[str]
     headline: str  # derived
     votes: list[_Vote]
@@ -74,5 +75,5 @@ def load_golden(d: dict) -> GoldenResult:
     s = read_section(d, GoldenSection, "golden")
     g = s.golden
     golden = None if g is None else EngineInfo.from_json({f: getattr(g, f) for f in g.__struct_fields__})
-    return GoldenResult(golden, s.blame, tuple(s.failing), tuple(_vote(v) for v in s.votes),
+    return GoldenResult(golden, s.blame, s.band, tuple(s.failing), tuple(_vote(v) for v in s.votes),
                         None if s.health is None else read_health(s.health), tuple(s.notes))

@@ -2,9 +2,9 @@
 reference's own tokens, and the one rule by which it touches the exit code (docs/golden.md).
 
 Informational by default: the votes annotate. With `blame = true`, a gate whose tokens fail
-and whose every failing prompt has the reference off the golden and the candidate on it exits
-6 (REFERENCE_OFF_GOLDEN) instead of 1: still not a pass, but a caller learns that the oracle is
-the side to look at. A vote the golden could not give is "incomplete" (exit 3 when the tokens
+and whose every failing prompt has the reference off the golden (by more than the band) and the
+candidate on it exits 6 (REFERENCE_OFF_GOLDEN) instead of 1: still not a pass, but a caller
+learns that the oracle is the side to look at. A vote the golden could not give is "incomplete" (exit 3 when the tokens
 pass), never a silent agreement.
 """
 
@@ -80,6 +80,7 @@ class GoldenResult:
 
     golden: EngineInfo | None  # None: it never started
     blame: bool  # the config's `blame`
+    band: float  # the gate's: a reference gap within it is a near-tie, too close for blame
     failing: tuple[str, ...]  # the prompts the token verdict fails (or leaves unverified), by id
     votes: tuple[PromptVote, ...]
     health: HealthCheck | None = None
@@ -94,9 +95,11 @@ class GoldenResult:
 
     @property
     def reference_off(self) -> bool:
-        """Every failing prompt (at least one) has the reference off the golden and the candidate on it."""
+        """Every failing prompt (at least one) has the reference off the golden by more than the band
+        and the candidate on it."""
         by_id = {v.id: v.vote for v in self.votes}
-        return bool(self.failing) and all((vt := by_id.get(p)) is not None and vt.reference_off for p in self.failing)
+        return bool(self.failing) and all((vt := by_id.get(p)) is not None and vt.reference_off
+                                          and vt.reference_gap > self.band for p in self.failing)
 
     @property
     def incomplete(self) -> bool:
@@ -126,7 +129,7 @@ class GoldenResult:
         if self.unvoted:
             head += f", not voted {len(self.unvoted)} (incomplete)"
         if self.reference_off:
-            head += (f"; the REFERENCE is off the golden at every failing prompt ({len(self.failing)}), "
+            head += (f"; the REFERENCE is off the golden beyond the band at every failing prompt ({len(self.failing)}), "
                      "the candidate on it" + ("" if self.blame else " (blame = false: informational)"))
         return head
 
@@ -134,6 +137,7 @@ class GoldenResult:
         return {
             "golden": None if self.golden is None else self.golden.to_json(),
             "blame": self.blame,
+            "band": self.band,
             "failing": list(self.failing),
             "headline": self.headline(),
             "votes": [_vote_json(v) for v in self.votes],

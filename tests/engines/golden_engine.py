@@ -2,13 +2,14 @@
 """A command engine (strict-gate/engine@1) over a toy model whose distribution is a pure function
 of the token prefix, for the golden's tests (tests/test_adversarial_golden.py).
 
-    python golden_engine.py NAME [--off J] [--score-refuses] [--no-score] [--score-short]
+    python golden_engine.py NAME [--off J] [--gap G] [--score-refuses] [--no-score] [--score-short]
 
 NAME only names it (a golden and a clean arm are then two configs). Without flags it decodes the
 model greedily and scores from it: the golden's truth. With:
-  --off J          at generated position J it emits the token the model ranks 2.0 nats below its
-                   argmax, claiming it as its own top-1 and the argmax 2.0 nats below it (its decode
-                   and its score op agree: the run audit passes and the gate sees a real divergence)
+  --off J          at generated position J it emits the token the model ranks G nats below its
+                   argmax, claiming it as its own top-1 and the argmax G nats below it (its decode
+                   and its score op agree: the run audit passes and the gate sees the divergence)
+  --gap G          the model's runner-up sits G nats below its argmax (default 2.0: a real divergence)
   --score-refuses  it declares `score` and answers every score request with an error
   --no-score       its hello declares no `score`
   --score-short    its score op answers one step fewer than it was asked
@@ -20,17 +21,15 @@ import argparse
 import json
 import sys
 
-OFF_GAP = 2.0
 
-
-def model(prefix: list[int]) -> list[tuple[int, float]]:
-    """The toy model's top-5 after `prefix`, sorted: argmax a, the 2-nat-off token a + 100, fillers."""
+def model(prefix: list[int], gap: float) -> list[tuple[int, float]]:
+    """The toy model's top-5 after `prefix`, sorted: argmax a, the runner-up a + 100 `gap` nats off, fillers."""
     a = (sum(prefix) * 31 + len(prefix) * 7) % 40 + 10
-    return [(a, -0.1), (a + 100, -0.1 - OFF_GAP), (a + 200, -4.0), (a + 300, -5.0), (a + 400, -6.0)]
+    return [(a, -0.1), (a + 100, -0.1 - gap), (a + 200, -4.0), (a + 300, -5.0), (a + 400, -6.0)]
 
 
 def view(prompt: list[int], tokens: list[int], j: int, a: argparse.Namespace) -> list[tuple[int, float]]:
-    top = model(prompt + tokens[:j])
+    top = model(prompt + tokens[:j], a.gap)
     if j == a.off:
         return [(top[1][0], top[0][1]), (top[0][0], top[1][1]), *top[2:]]
     return top
@@ -60,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name")
     ap.add_argument("--off", type=int, default=None)
+    ap.add_argument("--gap", type=float, default=2.0)
     ap.add_argument("--score-refuses", action="store_true")
     ap.add_argument("--no-score", action="store_true")
     ap.add_argument("--score-short", action="store_true")
