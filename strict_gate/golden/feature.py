@@ -33,7 +33,7 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
             why = started(engine)
             votes = vote_all(engine, prompts, result.reference_records, why)
             ids = [p.id for p in result.comparison.prompts]
-            health = (check_reference(engine, result.reference_records, ids, result.comparison.band, why)
+            health = (check_reference(engine, result.reference_records, ids, band, why)
                       if gc.check_reference else None)
             info = engine.info() if why is None else None
         finally:
