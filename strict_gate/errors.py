@@ -15,6 +15,7 @@ class ExitCode(IntEnum):
     ENGINE_FAILURE = 3  # an engine failed, the run is incomplete, or a speed ratio is not separable (never a pass)
     SLOWER = 4  # the tokens pass, the candidate is below `min_speed_ratio` (or not comparable)
     NOT_INVARIANT = 5  # the tokens pass, they move with batch, concurrency, chunked prefill or the prefix cache
+    REFERENCE_OFF_GOLDEN = 6  # the tokens fail, and at every failing prompt the golden sides with the candidate ([golden] blame = true)
 
 
 class StrictGateError(Exception):

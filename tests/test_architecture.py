@@ -30,6 +30,7 @@ WINGS: dict[str, frozenset[str]] = {
     "drift": frozenset({"judge", "speed", "runs", "core", "errors"}),
     "invariance": frozenset({"judge", "engines", "runs", "core", "errors"}),
     "noise": frozenset({"invariance", "judge", "engines", "runs", "core", "errors"}),
+    "golden": frozenset({"judge", "engines", "runs", "core", "errors"}),
     "report": frozenset({"judge", "runs", "core", "errors"}),
     "localize": frozenset({"judge", "engines", "runs", "core", "errors"}),
     # the gate imports no feature folder: it reaches each through core/features.py's registry
@@ -40,10 +41,10 @@ WINGS: dict[str, frozenset[str]] = {
     "shards": frozenset({"runs", "core", "errors"}),
     "cluster": frozenset({"engines", "runs", "core", "errors"}),
     "fetch": frozenset({"core", "errors"}),
-    "face": frozenset({"cluster", "shards", "fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise", "invariance", "judge", "speed",
-                       "engines", "runs", "core", "errors"}),
+    "face": frozenset({"cluster", "shards", "fetch", "battery", "nightly", "gate", "localize", "report", "drift", "noise",
+                       "invariance", "judge", "speed", "golden", "engines", "runs", "core", "errors"}),
 }
-CORES = frozenset({"speed", "drift", "invariance", "noise", "localize"})  # the feature folders' cores
+CORES = frozenset({"speed", "drift", "invariance", "noise", "localize", "golden"})  # the feature folders' cores
 # commands above the gate that read a feature's core as a gate would: `check-engine` (localize's
 # capture to probe dump), `compare` (the noise profile)
 WINGS["check_engine"] = WINGS["gate"] | {"gate"} | CORES
@@ -62,6 +63,7 @@ FACES: dict[str, frozenset[str]] = {
     "drift": frozenset({"feature", "render"}),
     "invariance": frozenset({"feature", "phase", "render"}),
     "localize": frozenset({"feature", "next_step", "phase", "render"}),
+    "golden": frozenset({"command", "feature", "render"}),
 }
 WINGS.update({f"{feature}.face": WINGS["gate"] | {"gate"} | CORES for feature in FACES})
 WINGS["face"] = WINGS["face"] | {f"{feature}.face" for feature in FACES}

@@ -46,7 +46,7 @@ def test_every_docs_page_is_in_the_index():
 def test_every_command_has_a_docs_page_that_shows_it():
     rows = command_rows()
     commands = {name for name, _ in rows}
-    expected = {"gate", "bench", "invariance", "noise", "run", "check-engine", "capture", "compare",
+    expected = {"gate", "bench", "invariance", "noise", "golden", "run", "check-engine", "capture", "compare",
                 "diagnose", "show", "prompts", "nightly", "diff", "battery", "bisect", "localize", "model", "merge"}
     assert commands == expected, f"the commands table lists {sorted(commands)}"
     for name, page in rows:

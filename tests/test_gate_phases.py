@@ -161,6 +161,6 @@ def test_every_registered_feature_imports_and_names_its_config():
     from strict_gate.gate.feature import Feature, feature_classes
 
     names = [cls.name for cls in feature_classes()]
-    assert names == ["speed", "drift", "localize", "invariance", "noise"]  # the order their hooks run
+    assert names == ["speed", "drift", "localize", "invariance", "noise", "golden"]  # the order their hooks run
     assert all(issubclass(cls, Feature) for cls in feature_classes())
     assert all(by_name()[n].config is not None or n in {f.name for f in fields(GateConfig)} for n in names)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 pass, 1 fail, 2 bad input or config, 3 engine failure or incomplete run (or a
 speed ratio not separable from its bar), 4 slower than the [speed] bar or not comparable, 5 tokens
-that move with the [invariance] variants (4 and 5 only when the token verdict passed; 5 wins over 4).
+that move with the [invariance] variants (4 and 5 only when the token verdict passed; 5 wins over 4),
+6 a token failure where the [golden] (blame = true) sides with the candidate at every failing prompt.
 Heavy engines are imported only by the commands that run them; --help and compare need no torch.
 """
 
@@ -29,6 +30,7 @@ app.command()(gate.gate)
 app.command()(gate.bench)
 app.command()(gate.invariance)
 app.command()(gate.noise)
+app.command()(gate.golden)
 app.command()(runs.run)
 app.command("check-engine")(runs.check_engine)
 app.command()(runs.capture)

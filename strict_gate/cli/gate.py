@@ -1,4 +1,4 @@
-"""Commands that run a gate or one of its phases: gate, bench, invariance, noise, diagnose, localize."""
+"""Commands that run a gate or one of its phases: gate, bench, invariance, noise, golden, diagnose, localize."""
 
 from __future__ import annotations
 
@@ -144,6 +144,28 @@ def invariance(
     print_invariance(outcome.result, console)
     console.print(f"  report: {visible(str(outcome.report_dir))}/invariance.md")
     raise typer.Exit(int(outcome.result.exit_code))
+
+
+@fail_cleanly
+def golden(
+    config: Annotated[Path, typer.Argument(help="gate TOML with a [golden] table: its [reference] is checked")],
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="where the report directory goes")] = None,
+) -> None:
+    """Check the reference on its own against the [golden] (docs/golden.md): its greedy tokens
+    teacher-forced through the golden, sealed into golden.json. Exit 0, 1 the reference is off
+    the golden's argmax by more than the band, 2 bad input, 3 the golden could not score."""
+    from strict_gate.gate.config import load_gate_config
+    from strict_gate.golden.command import check_lines, golden_check
+    from strict_gate.report.text import visible
+
+    progress, hook = progress_bars()
+    with progress:
+        outcome = golden_check(load_gate_config(config, require_candidate=False), output_dir=output_dir,
+                               progress=hook)
+    for line in check_lines(outcome.health, outcome.golden):
+        console.print(visible(line), soft_wrap=True)
+    console.print(f"  check: {visible(str(outcome.report_dir / 'golden.json'))}")
+    raise typer.Exit(int(outcome.health.exit_code))
 
 
 @fail_cleanly

@@ -73,7 +73,7 @@ class RayExecuted(Engine):
         host = ray.remote(EngineHost).options(
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=dict(s.resources) or None, max_restarts=0,
             runtime_env={"env_vars": {**self.env, **s.env}} if (self.env or s.env) else None)
-        log_dir = str(Path(self.log_path).parent) if self.log_path else None
+        log_dir = str(Path(self.log_path).parent.resolve()) if self.log_path else None  # an actor has its own cwd
         out = {}
         for _ in range(n):
             handle = host.remote(self.inner.kind, self.options, self.env, str(self.base_dir), log_dir)

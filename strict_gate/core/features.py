@@ -1,4 +1,4 @@
-"""The one registry of a gate's features: speed, drift, localisation, invariance, noise.
+"""The one registry of a gate's features: speed, drift, localisation, invariance, noise, golden.
 
 A feature lives in its own folder and owns everything of it: its config table and its phase
 (its `Feature` class, gate/feature.py's hooks), its verdict (its result's `exit_code` and
@@ -52,6 +52,9 @@ FEATURES: tuple[FeatureEntry, ...] = (
     FeatureEntry("noise", "strict_gate.noise.feature:Noise", "strict_gate.noise.setting:from_gate",
                  "strict_gate.noise.render:SECTION", "strict_gate.noise.load:load_noise", 3,
                  "strict_gate.noise.load:NoiseSection"),
+    FeatureEntry("golden", "strict_gate.golden.feature:Golden", "strict_gate.golden.config:from_gate",
+                 "strict_gate.golden.render:SECTION", "strict_gate.golden.load:load_golden", 5,
+                 "strict_gate.golden.load:GoldenSection"),  # last: it votes once every engine of the gate is stopped
 )
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from strict_gate.core.model_files import (
     find_tokenizer_json,
@@ -23,7 +23,7 @@ from strict_gate.core.model_files import (
     portable_model_ref,
     resolve_model,
 )
-from strict_gate.core.options import Checked, Device, DType, NonNegativeInt, PositiveInt
+from strict_gate.core.options import Checked, Device, NonNegativeInt, PositiveInt
 from strict_gate.engines.base import (
     DumpReply,
     DumpRequest,
@@ -41,10 +41,15 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+# the weights' dtype (auto: the model's own); float64 for a [golden] arm (docs/golden.md), which
+# vLLM does not run, so it is transformers' own and not core/options.py's DType
+HFDType = Literal["float32", "bfloat16", "float16", "float64", "auto"]
+
+
 @dataclass(frozen=True)
 class HFOptions(Checked):
     model: str
-    dtype: DType = "float32"
+    dtype: HFDType = "float32"
     device: Device = "cpu"
     batch: PositiveInt = 1
     trust_remote_code: bool = False
@@ -295,7 +300,8 @@ class HFEngine(Engine):
         ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=model.device)
         try:
             with torch.inference_mode():
-                logits = model(input_ids=ids).logits[0].float()
+                logits = model(input_ids=ids).logits[0]
+            logits = logits if logits.dtype == torch.float64 else logits.float()  # a float64 golden stays float64
         except Exception as e:
             raise EngineError(f"hf: scoring failed: {type(e).__name__}: {e}") from None
         n = len(prompt_ids)

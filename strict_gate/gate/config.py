@@ -51,6 +51,7 @@ class GateKeys(Checked):
     speed: dict | None = None
     invariance: dict | None = None
     noise: dict | None = None
+    golden: dict | None = None
 
 
 @dataclass(frozen=True)

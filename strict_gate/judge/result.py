@@ -127,10 +127,13 @@ def overall_exit_code(token_exit: ExitCode, sections: Iterable[FeatureResult]) -
     """The token verdict's code when it is not 0, else the most serious of the sections' codes
     (SECTION_PRECEDENCE; docs/reading-a-report.md, "Exit codes and their precedence"): a wrong
     token is the first thing a caller must learn, and no section turns a token failure into a
-    pass. The one rule every command's exit code comes from."""
+    pass; a golden with `blame` may only restate exit 1 as 6 (docs/golden.md). The one rule every
+    command's exit code comes from."""
+    codes = {ExitCode(s.exit_code) for s in sections if s.exit_code}
+    if token_exit == ExitCode.FAIL and ExitCode.REFERENCE_OFF_GOLDEN in codes:
+        return ExitCode.REFERENCE_OFF_GOLDEN  # restates the failure, never a pass (docs/golden.md)
     if token_exit != ExitCode.PASS:
         return ExitCode(token_exit)
-    codes = {ExitCode(s.exit_code) for s in sections if s.exit_code}
     return next((c for c in SECTION_PRECEDENCE if c in codes), ExitCode.PASS)
 
 
@@ -140,6 +143,8 @@ def overall_verdict(r: GateResult) -> tuple[str, str | None]:
     gate passes; else "fail" (or "incomplete", exit 3) and the name of the section whose code the
     gate exits with."""
     code = r.exit_code
+    if code == ExitCode.REFERENCE_OFF_GOLDEN:
+        return str(r.verdict.verdict), next(n for n in sorted(r.features) if r.features[n].exit_code == code)
     if code == ExitCode.PASS or r.verdict.exit_code != ExitCode.PASS:
         return str(r.verdict.verdict), None
     name = next(n for n in sorted(r.features) if ExitCode(r.features[n].exit_code) == code)

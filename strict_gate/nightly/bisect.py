@@ -3,8 +3,8 @@
 Each step builds the candidate's checkout with the user's command and runs the gate against a
 stored reference (the config's recorded baseline, or the live reference run once before the
 bisection, into the bisect directory: vLLM is never reloaded), tokens only (no [speed], no
-drift, no teacher-forced diagnosis, no [invariance], no [localize]: nothing that loads another
-engine or judges anything but the tokens), unless `--variant NAME` asks to bisect on one
+drift, no teacher-forced diagnosis, no [invariance], no [localize], no [golden]: nothing that
+loads another engine or judges anything but the tokens), unless `--variant NAME` asks to bisect on one
 [invariance] variant of the candidate (a commit where it moves is bad). The gate's exit code
 becomes git's: pass -> good (0), fail -> bad (1), an engine failure or incomplete gate, or a
 build that fails -> skip (125), bad input -> abort (128, the message kept). Both ends are
@@ -197,7 +197,7 @@ def step_config(cfg: GateConfig, prompts: Path, reference: Path, out: Path, vari
     """The gate each step runs: tokens only (or with one variant), against the stored reference."""
     recorded = ArmConfig("reference", "recorded", RecordedOptions(path=str(reference.resolve())),
                          base_dir=cfg.reference.base_dir)
-    kept = {k: v for k, v in cfg.features.items() if k not in ("speed", "localize", "invariance", "drift")}
+    kept = {k: v for k, v in cfg.features.items() if k not in ("speed", "localize", "invariance", "drift", "golden")}
     if variant is not None:
         kept["invariance"] = only_variant(cfg, variant)
     return replace(cfg, prompts=prompts, reference=recorded, rescorer=None, diagnose=False, drift=False,

@@ -9,6 +9,8 @@ A report directory (`<output_dir>/<gate>-<time>/`; `strict-gate bench` writes `<
     invariance/<arm>/<run>/ [invariance]'s run directories, sealed as the arms' are (gate/kept.py)
     rescorer.log            a [rescorer] process's output
     localize-reference.log  a [localize.reference] process's output
+    golden.log              a [golden] process's output
+    golden.json             `strict-gate golden`'s check of the reference against the golden, sealed
     report.md report.html junit.xml
     report.json             written last: its presence means the set is whole
     speed.json              `strict-gate bench`'s figures
@@ -50,6 +52,8 @@ class ReportFile(StrEnum):
     JUNIT = "junit.xml"
     RESCORER_LOG = "rescorer.log"
     LOCALIZE_REFERENCE_LOG = "localize-reference.log"
+    GOLDEN_LOG = "golden.log"
+    GOLDEN = "golden.json"
     SPEED = "speed.json"
     DIFF = "diff.json"
     SUMMARY = "summary.md"
@@ -126,6 +130,14 @@ class ReportDir:
     @property
     def localize_reference_log(self) -> Path:
         return self.path / ReportFile.LOCALIZE_REFERENCE_LOG
+
+    @property
+    def golden_log(self) -> Path:
+        return self.path / ReportFile.GOLDEN_LOG
+
+    @property
+    def golden(self) -> Path:
+        return self.path / ReportFile.GOLDEN
 
     @property
     def speed(self) -> Path:
