@@ -8,7 +8,9 @@ wrong type, an unknown status, verdict or policy, or a key `to_json` never write
 
 What `to_json` derives is derived again, not read: the verdicts of the whole and its exit code,
 each variant's near-ties and cost, the acceptance rate and mean accepted length, a moved
-prompt's label. Two things a moved prompt does not write are restored from what is written: a
+prompt's label, and a candidate variant's prompts classified beside the reference's
+(`beside_reference`, moves.py): derived again from both arms' variants, for a body that says it
+was paired. Two things a moved prompt does not write are restored from what is written: a
 speculative variant's moves are exact (the variant's `exact`), and what the variant varied (its
 `cause`, named in the label: "prefill-chunk dependence") is read from the label, or from the
 variant's name where the label does not say it, as the runner names it (run.py).
@@ -24,7 +26,16 @@ import msgspec
 from strict_gate.core.sections import Shape, read_section
 from strict_gate.engines.speculative import Acceptance
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
-from strict_gate.invariance.verdict import CAUSES, LABELS, InvarianceResult, Moved, VariantResult, VariantVerdict
+from strict_gate.invariance.moves import paired
+from strict_gate.invariance.verdict import (
+    CAUSES,
+    LABELS,
+    InvarianceResult,
+    Moved,
+    Pairing,
+    VariantResult,
+    VariantVerdict,
+)
 from strict_gate.judge.compare import Status
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -77,6 +88,8 @@ class _Variant(Shape, frozen=True):
     cost: float | None  # derived
     exact: bool
     acceptance: _Acceptance | None
+    # derived (moves.py); a report written before it has none
+    beside_reference: dict[Pairing, list[str]] | None = None
 
 
 class InvarianceSection(Shape, frozen=True):
@@ -94,8 +107,9 @@ def load_invariance(d: dict) -> InvarianceResult:
     """The InvarianceResult whose `to_json()` is `d` (report.json's `invariance`); InputError
     naming the field when `d` is not such a body."""
     s = read_section(d, InvarianceSection, "invariance")
-    return InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
-                            dict(s.baselines), tuple(s.problems))
+    inv = InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
+                           dict(s.baselines), tuple(s.problems))
+    return paired(inv) if any(v.beside_reference is not None for v in s.variants) else inv
 
 
 def _variant(v: _Variant) -> VariantResult:

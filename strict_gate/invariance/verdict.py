@@ -55,6 +55,18 @@ class VariantVerdict(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     INCOMPLETE = "incomplete"
+    # a reference variant run beside the candidate's that moved: its moves are what the
+    # candidate's are judged against (moves.py), never a failure of the gate
+    YARDSTICK = "yardstick"
+
+
+class Pairing(StrEnum):
+    """A prompt of a variant both arms ran: the candidate's move beside the reference's (moves.py)."""
+
+    WITH_REFERENCE = "moves with the reference"
+    CANDIDATE_ONLY = "the candidate moves where the reference stays"
+    REFERENCE_ONLY = "the reference moves, the candidate does not"
+    DIFFERENTLY = "both move differently"
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,17 @@ class VariantResult:
     baseline_seconds: float | None = None
     exact: bool = False  # a speculative variant: no near-tie allowance
     acceptance: Acceptance | None = None  # its acceptance counts; None: unknown
+    # a candidate variant beside the reference's of the same name (moves.py): each prompt that
+    # moved on either arm, classified; None: no reference variant ran beside it
+    pairs: tuple[tuple[str, Pairing], ...] | None = None
+    reference_moves: tuple[Moved, ...] = ()  # the reference variant's moves, for the reports
+
+    def pairing(self, pid: str) -> Pairing | None:
+        """The prompt's class beside the reference (None: not paired, or not measured there)."""
+        return dict(self.pairs or ()).get(pid)
+
+    def paired_ids(self, kind: Pairing) -> list[str]:
+        return [pid for pid, k in self.pairs or () if k == kind]
 
     @property
     def cost(self) -> float | None:
@@ -130,7 +153,8 @@ class VariantResult:
                 # variant (load.py) prints the very digits the live one did
                 "seconds": self.seconds, "baseline_seconds": self.baseline_seconds,
                 "cost": None if self.cost is None else round(self.cost, 3), "exact": self.exact,
-                "acceptance": None if self.acceptance is None else self.acceptance.to_json()}
+                "acceptance": None if self.acceptance is None else self.acceptance.to_json(),
+                "beside_reference": None if self.pairs is None else {k.value: self.paired_ids(k) for k in Pairing}}
 
 
 @dataclass(frozen=True)
@@ -206,7 +230,8 @@ def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], caus
                  _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact)
 
 
-def _fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
+def fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
+    """Whether a prompt of this status fails a variant under the policy."""
     near_ok = policy == InvariancePolicy.NEAR_TIE and not exact
     allowed = (Status.MATCH, Status.NEAR_TIE) if near_ok else (Status.MATCH,)
     return status not in allowed
@@ -292,7 +317,7 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
     statuses = [p.status for p, _ in worst.values()]
     if problems or not runs or any(s in UNCOMPARED for s in statuses):
         verdict = VariantVerdict.INCOMPLETE
-    elif any(_fails(s, policy, exact) for s in statuses):
+    elif any(fails(s, policy, exact) for s in statuses):
         verdict = VariantVerdict.FAIL
     else:
         verdict = VariantVerdict.INCOMPLETE if unverified else VariantVerdict.PASS
