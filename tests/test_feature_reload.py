@@ -390,6 +390,18 @@ def test_a_paired_body_with_a_class_it_never_writes_is_refused(variants):
     refuses(load_invariance, bad, "report.json's invariance", f"field variants[{at}].beside_reference")
 
 
+def test_a_yardstick_anywhere_but_beside_the_candidate_is_refused(variants):
+    """A reference variant's `yardstick` with no candidate variant of its name, or a candidate's:
+    a move that fails read as none, refused naming the field."""
+    body = as_written(variants["beside the reference"])
+    ref = next(i for i, v in enumerate(body["variants"]) if v["verdict"] == "yardstick")
+    alone = changed(body, ("variants",), [body["variants"][ref]])
+    refuses(load_invariance, alone, "report.json's invariance", "field variants[0].verdict", "yardstick")
+    cand = next(i for i, v in enumerate(body["variants"]) if v["arm"] == "candidate")
+    refuses(load_invariance, changed(body, ("variants", cand, "verdict"), "yardstick"), f"field variants[{cand}].verdict")
+    assert load_invariance(body).variants[ref].verdict == VariantVerdict.YARDSTICK
+
+
 def test_an_invariance_body_missing_a_key_or_with_a_stray_one_is_refused(variants):
     body = as_written(variants["speculative honest"])
     spec = next(i for i, v in enumerate(body["variants"]) if v["exact"])

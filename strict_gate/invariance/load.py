@@ -25,8 +25,9 @@ import msgspec
 
 from strict_gate.core.sections import Shape, read_section
 from strict_gate.engines.speculative import Acceptance
+from strict_gate.errors import InputError
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
-from strict_gate.invariance.moves import paired
+from strict_gate.invariance.moves import CANDIDATE, REFERENCE, paired
 from strict_gate.invariance.verdict import (
     CAUSES,
     LABELS,
@@ -107,9 +108,20 @@ def load_invariance(d: dict) -> InvarianceResult:
     """The InvarianceResult whose `to_json()` is `d` (report.json's `invariance`); InputError
     naming the field when `d` is not such a body."""
     s = read_section(d, InvarianceSection, "invariance")
+    _yardsticks_stand_beside(s.variants)
     inv = InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
                            dict(s.baselines), tuple(s.problems))
     return paired(inv) if any(v.beside_reference is not None for v in s.variants) else inv
+
+
+def _yardsticks_stand_beside(variants: list[_Variant]) -> None:
+    """A `yardstick` verdict is a reference variant's beside the candidate's of its name: anywhere
+    else it would pass a move that fails (a hand-edited report), so it is refused."""
+    beside = {v.name for v in variants if v.arm == CANDIDATE}
+    for i, v in enumerate(variants):
+        if v.verdict == VariantVerdict.YARDSTICK and (v.arm != REFERENCE or v.name not in beside):
+            raise InputError(f"report.json's invariance: field variants[{i}].verdict: 'yardstick' is only a reference "
+                             "variant's, beside a candidate variant of the same name")
 
 
 def _variant(v: _Variant) -> VariantResult:
