@@ -142,6 +142,21 @@ def test_a_candidate_variant_that_did_not_run_says_nothing_of_the_references_mov
     assert inv.exit_code == 3
 
 
+def test_over_repeats_a_candidate_that_moves_two_ways_does_not_move_with_the_reference(tmp_path):
+    """Its first run moves p0 as the reference does and is the one reported (the same rank); its
+    second moves p0 another way: the reported run does not say all its moves, so no excuse."""
+    base = _run(tmp_path / "cb", BASE, 3.0)
+    runs = [_run(tmp_path / f"cv{k}", _moved({"p0": at}), 3.0) for k, at in enumerate(((2, 5), (1, 40)))]
+    cand = judge_variant("batch-4", "candidate", base, runs, policy=STRICT, band=0.5)
+    once = judge_variant("batch-4", "candidate", base, runs[:1], policy=STRICT, band=0.5)
+    ref = _arm(tmp_path, "reference", {"p0": (2, 5)}, name="batch-4")
+    (c,), (r,) = cand.divergences, ref.divergences
+    assert (c.run, c.position, c.outputs) == (1, 2, 3) and c.variant_tokens == r.variant_tokens
+    assert pairing(c, r) == Pairing.DIFFERENTLY and pairing(once.divergences[0], r) == Pairing.WITH_REFERENCE
+    inv = paired(InvarianceResult(STRICT, 0.5, {}, (cand, ref), {}))
+    assert inv.variants[0].verdict == VariantVerdict.FAIL and load_invariance(inv.to_json()) == inv
+
+
 def test_under_policy_near_tie_a_shared_move_beyond_the_band_passes(tmp_path):
     inv = paired(_inv(tmp_path, {"p1": (0, 70)}, {"p1": (0, 70)}, policy=NEAR))
     assert inv.variants[0].verdict == VariantVerdict.PASS and inv.exit_code == 0

@@ -68,6 +68,7 @@ class _Moved(Shape, frozen=True):
     reason: str
     baseline_tokens: list[int]
     variant_tokens: list[int]
+    outputs: Count = 2  # a report written before it has none
 
 
 class _Variant(Shape, frozen=True):
@@ -141,7 +142,7 @@ def _variant(v: _Variant) -> VariantResult:
 def _moved(m: _Moved, variant: str, exact: bool) -> Moved:
     return Moved(m.id, m.run, m.status, m.position, m.baseline_token, m.variant_token, m.baseline_gap,
                  m.variant_gap, m.reason, tuple(m.baseline_tokens), tuple(m.variant_tokens),
-                 _cause(m, variant, exact), exact)
+                 _cause(m, variant, exact), exact, m.outputs)
 
 
 def _cause(m: _Moved, variant: str, exact: bool) -> str:

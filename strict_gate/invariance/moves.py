@@ -32,9 +32,11 @@ CANDIDATE, REFERENCE = "candidate", "reference"
 def same_way(c: Moved, r: Moved) -> bool:
     """The same move: the same first moved position, the same batch-1 token there, and every
     token the variant emitted the same (so the candidate emits exactly the reference's tokens
-    under the variant, the tool's one claim, there as at batch 1)."""
+    under the variant, the tool's one claim, there as at batch 1). Over repeats the candidate's
+    reported run must say all of its moves (it moved one way: `outputs` 2); the reference's is
+    its furthest move."""
     return (c.position is not None and c.position == r.position and c.baseline_token == r.baseline_token
-            and c.variant_tokens == r.variant_tokens)
+            and c.variant_tokens == r.variant_tokens and c.outputs <= 2)
 
 
 def pairing(c: Moved | None, r: Moved | None) -> Pairing | None:

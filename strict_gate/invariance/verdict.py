@@ -86,6 +86,9 @@ class Moved:
     variant_tokens: tuple[int, ...] = ()
     cause: str = "batch"  # what the variant varied (CAUSES)
     exact: bool = False  # of a speculative variant
+    # token sequences the prompt had over the batch-1 run and the repeats: 2 when every run that
+    # moved moved the same way (the reported run says all of them)
+    outputs: int = 2
 
     @property
     def label(self) -> str:
@@ -98,7 +101,8 @@ class Moved:
                 "position": self.position, "baseline_token": self.baseline_token,
                 "variant_token": self.variant_token, "baseline_gap": self.baseline_gap,
                 "variant_gap": self.variant_gap, "reason": self.reason,
-                "baseline_tokens": list(self.baseline_tokens), "variant_tokens": list(self.variant_tokens)}
+                "baseline_tokens": list(self.baseline_tokens), "variant_tokens": list(self.variant_tokens),
+                "outputs": self.outputs}
 
 
 @dataclass(frozen=True)
@@ -222,12 +226,13 @@ def _tokens(run: Run, pid: str) -> tuple[int, ...]:
     return () if rec is None or rec.error is not None else tuple(rec.token_ids)
 
 
-def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str, exact: bool) -> Moved:
+def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str, exact: bool,
+           outputs: int) -> Moved:
     d = p.first_divergence
     return Moved(p.id, k, p.status, d.position if d else None, d.reference_token if d else None,
                  d.candidate_token if d else None, d.reference_gap if d else None,
                  d.candidate_gap if d else None, d.reason if d else p.detail,
-                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact)
+                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact, outputs)
 
 
 def fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
@@ -327,7 +332,7 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
         positions_total=sum(width.values()), positions_matched=sum(matched.values()),
         distinct_outputs=max(distinct.values(), default=0),
         prompts_distinct=sum(1 for n in distinct.values() if n > 1),
-        divergences=tuple(_moved(p, k, baseline, runs, cause, exact) for p, k in worst.values()
+        divergences=tuple(_moved(p, k, baseline, runs, cause, exact, distinct.get(p.id, 0)) for p, k in worst.values()
                           if p.status != Status.MATCH),
         verdict=verdict, problems=(*problems, *unverified[:NAMED]), seconds=seconds,
         baseline_seconds=baseline_seconds, exact=exact, acceptance=acceptance,
