@@ -173,6 +173,13 @@ def test_under_informational_its_own_move_is_reported_and_exits_0(tmp_path):
     assert "the candidate moves where the reference stays" in "\n".join(markdown_section(inv))
 
 
+def test_a_variant_neither_arm_moved_is_paired_silently(tmp_path):
+    inv = paired(_inv(tmp_path, {}, {}))
+    c = inv.variants[0]
+    assert c.pairs == () and beside_line(c) is None and inv.exit_code == 0
+    assert c.to_json()["beside_reference"] == {k.value: [] for k in Pairing}
+
+
 def test_only_the_candidate_arm_changes_nothing(tmp_path):
     inv = _inv(tmp_path, {"p0": (2, 5)}, None)
     assert paired(inv) is inv and inv.variants[0].pairs is None

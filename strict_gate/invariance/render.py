@@ -96,7 +96,8 @@ def said(v: VariantResult, m: Moved) -> str:
     if k is None:
         return _why(m)
     theirs = next((r for r in v.reference_moves if r.id == m.id), None)
-    where = f" (the reference's: {_why(theirs)})" if k == Pairing.DIFFERENTLY and theirs is not None else ""
+    where = f" (the reference's: {theirs.label} at position {theirs.position})" \
+        if k == Pairing.DIFFERENTLY and theirs is not None else ""
     return f"{_why(m)}: {k.value}{where}"
 
 
@@ -110,8 +111,9 @@ def moves(v: VariantResult) -> list[tuple[Moved, str]]:
 
 
 def beside_line(v: VariantResult) -> str | None:
-    """A candidate variant's prompts beside the reference's, counted by class."""
-    if v.pairs is None:
+    """A candidate variant's prompts beside the reference's, counted by class (None: not paired,
+    or neither arm moved)."""
+    if not v.pairs:
         return None
     counts = "; ".join(f"{k.value}: {len(v.paired_ids(k))}" for k in Pairing)
     return f"{v.arm} {v.name} beside the reference's: {counts} (its verdict counts the candidate's own moves)"
