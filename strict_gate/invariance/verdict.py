@@ -21,6 +21,9 @@ a flipped near-tie too (verification recomputes the very logits the plain run ch
 near-tie that flips says its verify pass sums in another order, worth seeing). Its acceptance
 counts ride along; counts that say it drafted nothing, or no counts at all, make it incomplete
 (speculation was never shown to run: a plain run is lossless too).
+
+With both arms, moves.py then judges each candidate variant against the reference's own moves
+(`Pairing`, each prompt's class; `YARDSTICK`, the reference's verdict where its moves would fail it).
 """
 
 from __future__ import annotations
