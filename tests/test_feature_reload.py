@@ -38,7 +38,7 @@ from strict_gate.gate.config import load_gate_config
 from strict_gate.invariance import render as invariance_render
 from strict_gate.invariance.load import load_invariance
 from strict_gate.invariance.phase import run_invariance_gate
-from strict_gate.invariance.verdict import InvarianceResult, VariantVerdict
+from strict_gate.invariance.verdict import InvarianceResult, Pairing, VariantVerdict
 from strict_gate.judge.compare import Status
 from strict_gate.judge.result import GateResult, with_feature
 from strict_gate.judge.result import to_json as report_json
@@ -274,14 +274,14 @@ def test_a_speed_body_with_a_key_to_json_never_writes_or_two_verdicts_is_refused
 
 
 def invariance_gate(tmp: Path, mode: str, invariance: dict, *, extra: tuple[str, ...] = (),
-                    engine: str = VARIANT_ENGINE) -> InvarianceResult:
+                    engine: str = VARIANT_ENGINE, reference_flags: tuple[str, ...] = ()) -> InvarianceResult:
     """`strict-gate invariance` in process on a real command engine over six prompts."""
     tmp.mkdir()
     prompts = tmp / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [3 + i, 11, 20 + 5 * i, 7, 2 + i]}) + "\n"
                                for i in range(6)), encoding="utf-8")
     arm = {"kind": "command", "command": [sys.executable, engine, "--mode", mode, *extra], "timeout_s": 10.0}
-    reference = {"kind": "command", "command": [sys.executable, VARIANT_ENGINE]}
+    reference = {"kind": "command", "command": [sys.executable, VARIANT_ENGINE, *reference_flags]}
     path = write_gate(tmp, prompts=str(prompts), max_tokens=4, top_logprobs=2, output_dir=str(tmp / "out"),
                       reference=reference, candidate=arm, invariance=invariance)
     return run_invariance_gate(load_gate_config(path)).result
@@ -315,6 +315,14 @@ def variants(tmp_path_factory) -> dict[str, InvarianceResult]:
             tmp / f"s-{mode}", mode, {"policy": "strict", "batch": [4],
                                       "speculative": [{"method": "ngram", "num_speculative_tokens": 3}]},
             engine=SPEC_ENGINE) for mode in ("honest", "some", "silent")},
+        # both arms (issue 52): a chunk that moves the candidate's prompts where the reference moves
+        # half of them, where the reference moves them all, and where it moves them another way
+        **{case: invariance_gate(tmp / f"m{k}", "chunk", {"policy": "strict", "arms": ["candidate", "reference"],
+                                                          "chunked_prefill": [2]}, extra=cand, reference_flags=ref)
+           for k, (case, cand, ref) in enumerate((
+               ("beside the reference", (), ("--mode", "chunk", "--every", "2")),
+               ("the reference's alone", ("--every", "2"), ("--mode", "chunk")),
+               ("moves another way", (), ("--mode", "chunk", "--move-at", "1"))))},
     }
     return out
 
@@ -324,8 +332,9 @@ def test_every_kind_of_variant_is_covered(variants):
     assert {"batch dependence", "prefill-chunk dependence", "batch-variant near-tie"} <= moved, moved
     assert any(m.exact for inv in variants.values() for v in inv.variants for m in v.divergences)
     verdicts = {v.verdict for inv in variants.values() for v in inv.variants}
-    assert verdicts == {VariantVerdict.PASS, VariantVerdict.FAIL, VariantVerdict.INCOMPLETE}
-    assert {inv.verdict for inv in variants.values()} == set(VariantVerdict)
+    assert verdicts == set(VariantVerdict)
+    assert {inv.verdict for inv in variants.values()} == set(VariantVerdict) - {VariantVerdict.YARDSTICK}
+    assert {k for inv in variants.values() for v in inv.variants for _, k in v.pairs or ()} == set(Pairing)
     assert any(v.acceptance is not None and v.acceptance.drafted for inv in variants.values() for v in inv.variants)
     assert any(v.exact and v.acceptance is not None and not v.acceptance.replies  # counts unknown
                for inv in variants.values() for v in inv.variants)
@@ -372,6 +381,25 @@ def test_a_hostile_invariance_body_is_an_input_error_naming_the_field(variants, 
     body = as_written(variants["in flight"])
     body["variants"].sort(key=lambda v: not v["divergences"])  # a moved variant first
     refuses(load_invariance, changed(body, path, value), "report.json's invariance", f"field {field}")
+
+
+def test_a_paired_body_with_a_class_it_never_writes_is_refused(variants):
+    body = as_written(variants["beside the reference"])
+    at = next(i for i, v in enumerate(body["variants"]) if v["beside_reference"] is not None)
+    bad = changed(body, ("variants", at, "beside_reference"), {"moves a bit like the reference": ["q0"]})
+    refuses(load_invariance, bad, "report.json's invariance", f"field variants[{at}].beside_reference")
+
+
+def test_a_yardstick_anywhere_but_beside_the_candidate_is_refused(variants):
+    """A reference variant's `yardstick` with no candidate variant of its name, or a candidate's:
+    a move that fails read as none, refused naming the field."""
+    body = as_written(variants["beside the reference"])
+    ref = next(i for i, v in enumerate(body["variants"]) if v["verdict"] == "yardstick")
+    alone = changed(body, ("variants",), [body["variants"][ref]])
+    refuses(load_invariance, alone, "report.json's invariance", "field variants[0].verdict", "yardstick")
+    cand = next(i for i, v in enumerate(body["variants"]) if v["arm"] == "candidate")
+    refuses(load_invariance, changed(body, ("variants", cand, "verdict"), "yardstick"), f"field variants[{cand}].verdict")
+    assert load_invariance(body).variants[ref].verdict == VariantVerdict.YARDSTICK
 
 
 def test_an_invariance_body_missing_a_key_or_with_a_stray_one_is_refused(variants):

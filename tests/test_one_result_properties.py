@@ -18,6 +18,7 @@ and resume_gate of the finished gate; once per module, a real `strict-gate diagn
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -44,12 +45,15 @@ from strict_gate.gate.rewrite import keep_sections, rewrite_reports
 from strict_gate.gate.run import run_gate
 from strict_gate.gate.state import read_gate_state, record_verdicts, verdicts
 from strict_gate.invariance.phase import run_invariance_gate
+from strict_gate.invariance.render import beside_line
+from strict_gate.invariance.verdict import Pairing
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.stored import load_report
 from strict_gate.noise.annotate import judge_noise
 from strict_gate.noise.profile import load_profile
 from strict_gate.report import write_reports
 from strict_gate.report.console import print_result
+from strict_gate.report.text import md
 from strict_gate.runs.layout import ReportDir
 from strict_gate.runs.records import ScoredStep
 
@@ -85,10 +89,11 @@ def _prompts(where: Path) -> Path:
     return path
 
 
-def _gate_config(where: Path, *candidate_flags: str, **tables) -> Path:
+def _gate_config(where: Path, *candidate_flags: str, reference_flags: tuple[str, ...] = (), **tables) -> Path:
     where.mkdir(parents=True)
     return write_gate(where, prompts=_prompts(where), max_tokens=4, top_logprobs=2, output_dir=where / "out",
-                      policy="strict", reference={"kind": "command", "command": [sys.executable, VARIANT]},
+                      policy="strict", reference={"kind": "command", "command": [sys.executable, VARIANT,
+                                                                                 *reference_flags]},
                       candidate={"kind": "command", "command": [sys.executable, VARIANT, *candidate_flags],
                                  "timeout_s": 10.0}, **tables)
 
@@ -106,8 +111,9 @@ def gates(tmp_path_factory) -> dict[bool, tuple[Path, GateResult]]:
     return out
 
 
-def _invariance(tmp: Path, name: str, invariance: dict, *flags: str):
-    cfg = load_gate_config(_gate_config(tmp / name, *flags, invariance={"policy": "strict"} | invariance))
+def _invariance(tmp: Path, name: str, invariance: dict, *flags: str, reference: tuple[str, ...] = ()):
+    cfg = load_gate_config(_gate_config(tmp / name, *flags, reference_flags=reference,
+                                        invariance={"policy": "strict"} | invariance))
     return run_invariance_gate(cfg).result
 
 
@@ -128,8 +134,12 @@ def pool(tmp_path_factory, gates) -> dict[str, list]:
                     "1", "--no-cache"),
         _invariance(tmp, "moved-and-unserved", {"batch": [4], "chunked_prefill": [2]}, "--mode", "in_flight",
                     "--no-chunk"),
+        # both arms (issue 52): the candidate moves with the reference (a yardstick beside a pass),
+        # then where the reference moves half the prompts alone
+        *(_invariance(tmp, f"beside-{k}", {"arms": ["candidate", "reference"], "chunked_prefill": [2]}, "--mode",
+                      "chunk", reference=("--mode", "chunk", *more)) for k, more in enumerate(((), ("--every", "2")))),
     ]
-    assert [int(x.exit_code) for x in inv] == [0, 5, 3, 3], [x.verdict_line for x in inv]
+    assert [int(x.exit_code) for x in inv] == [0, 5, 3, 3, 0, 5], [x.verdict_line for x in inv]
     speed = [speed_fixtures.speed(case) for case in speed_fixtures.CASES]
     assert {int(s.exit_code) for s in speed} == {0, 3, 4}
     profile_path = ROOT / "baselines" / "tiny-llama-vllm-fp32" / "noise.json"
@@ -213,6 +223,29 @@ def assert_formats_agree(d: Path, r: GateResult) -> None:
     if code == 3:
         assert errors >= 1, (code, failures, errors)
     assert_console_agrees(console_text(r), r)
+    assert_moves_said(d, r)
+
+
+def assert_moves_said(d: Path, r: GateResult) -> None:
+    """A candidate variant judged beside the reference's: its classes counted in every format,
+    each prompt under its class in report.json."""
+    inv = r.features.get("invariance")
+    for v in inv.variants if inv is not None else ():
+        line = beside_line(v)
+        if line is None:
+            continue
+        page = html.unescape((d / "report.html").read_text(encoding="utf-8"))
+        junit = " ".join(x.text or "" for x in ET.parse(d / "junit.xml").getroot().iter())
+        said = {"report.md": (d / "report.md").read_text(encoding="utf-8"), "report.html": page, "junit.xml": junit,
+                "console": console_text(r)}
+        for f, text in said.items():
+            want = md(line) if f == "report.md" else line
+            assert " ".join(want.split()) in " ".join(text.split()), (f, line)
+        doc = json.loads((d / "report.json").read_text(encoding="utf-8"))
+        (body,) = [x for x in doc["features"]["invariance"]["section"]["variants"]
+                   if (x["arm"], x["name"]) == (v.arm, v.name)]
+        assert {k: ids for k, ids in body["beside_reference"].items() if ids} == {
+            k.value: v.paired_ids(k) for k in Pairing if v.paired_ids(k)}
 
 
 # ---------------------------------------------------------------------------- the property
@@ -337,3 +370,26 @@ def test_a_real_diagnose_keeps_every_section_and_every_format_agrees(gates, pool
     assert_formats_agree(d, before)
     assert_console_agrees(p.stdout, before)
     assert resume_gate(d).exit_code == 5
+
+
+@pytest.mark.parametrize("k", [-2, -1])
+def test_a_real_diagnose_and_resume_keep_the_moves_beside_the_reference(gates, pool, tmp_path, k):
+    """A candidate variant judged beside the reference's (issue 52: all its moves shared, then half
+    its own): `strict-gate diagnose` keeps the section byte for byte, every format still says each
+    class, and `gate --resume` of the finished gate reads the same classes back."""
+    src, base = gates[False]
+    d = _finished_copy(src, tmp_path / src.name)
+    report = ReportDir(d)
+    inv = pool["invariance"][k]
+    assert inv.variants[0].pairs, inv.verdict_line
+    before = replace(base, features={"invariance": inv})
+    record_verdicts(report, read_gate_state(report), verdicts(before), before.exit_code)
+    write_reports(before, d)
+    old_sections = section_json(json.loads(report.report_json.read_text(encoding="utf-8")))
+    p = subprocess.run([sys.executable, "-m", "strict_gate.cli", "diagnose", str(d)], capture_output=True, text=True,
+                       timeout=300, env=os.environ | {"COLUMNS": "200"})
+    assert p.returncode == int(before.exit_code), p.stdout + p.stderr
+    assert section_json(json.loads(report.report_json.read_text(encoding="utf-8"))) == old_sections
+    assert_formats_agree(d, before)
+    resumed = resume_gate(d)
+    assert resumed.outcome.result.features["invariance"] == inv

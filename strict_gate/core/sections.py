@@ -41,6 +41,8 @@ def field_error(e: msgspec.ValidationError) -> str:
     text, sep, where = str(e).rpartition(" - at `")
     if not sep:
         return str(e)
+    if where.startswith("key` in `"):  # a mapping's key: "... - at `key` in `$.a.b`"
+        where, text = where.removeprefix("key` in `"), f"a key: {text}"
     field = where.rstrip("`").removeprefix("$").removeprefix(".")
     return f"field {field or '(top level)'}: {text}"
 

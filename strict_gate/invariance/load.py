@@ -8,7 +8,9 @@ wrong type, an unknown status, verdict or policy, or a key `to_json` never write
 
 What `to_json` derives is derived again, not read: the verdicts of the whole and its exit code,
 each variant's near-ties and cost, the acceptance rate and mean accepted length, a moved
-prompt's label. Two things a moved prompt does not write are restored from what is written: a
+prompt's label, and a candidate variant's prompts classified beside the reference's
+(`beside_reference`, moves.py): derived again from both arms' variants, for a body that says it
+was paired. Two things a moved prompt does not write are restored from what is written: a
 speculative variant's moves are exact (the variant's `exact`), and what the variant varied (its
 `cause`, named in the label: "prefill-chunk dependence") is read from the label, or from the
 variant's name where the label does not say it, as the runner names it (run.py).
@@ -23,8 +25,18 @@ import msgspec
 
 from strict_gate.core.sections import Shape, read_section
 from strict_gate.engines.speculative import Acceptance
+from strict_gate.errors import InputError
 from strict_gate.invariance.config import InvariancePolicy, VariantKind
-from strict_gate.invariance.verdict import CAUSES, LABELS, InvarianceResult, Moved, VariantResult, VariantVerdict
+from strict_gate.invariance.moves import CANDIDATE, REFERENCE, paired
+from strict_gate.invariance.verdict import (
+    CAUSES,
+    LABELS,
+    InvarianceResult,
+    Moved,
+    Pairing,
+    VariantResult,
+    VariantVerdict,
+)
 from strict_gate.judge.compare import Status
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -56,6 +68,7 @@ class _Moved(Shape, frozen=True):
     reason: str
     baseline_tokens: list[int]
     variant_tokens: list[int]
+    outputs: Count = 2  # a report written before it has none
 
 
 class _Variant(Shape, frozen=True):
@@ -77,6 +90,8 @@ class _Variant(Shape, frozen=True):
     cost: float | None  # derived
     exact: bool
     acceptance: _Acceptance | None
+    # derived (moves.py); a report written before it has none
+    beside_reference: dict[Pairing, list[str]] | None = None
 
 
 class InvarianceSection(Shape, frozen=True):
@@ -94,8 +109,20 @@ def load_invariance(d: dict) -> InvarianceResult:
     """The InvarianceResult whose `to_json()` is `d` (report.json's `invariance`); InputError
     naming the field when `d` is not such a body."""
     s = read_section(d, InvarianceSection, "invariance")
-    return InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
-                            dict(s.baselines), tuple(s.problems))
+    _yardsticks_stand_beside(s.variants)
+    inv = InvarianceResult(s.policy, s.band, dict(s.config), tuple(_variant(v) for v in s.variants),
+                           dict(s.baselines), tuple(s.problems))
+    return paired(inv) if any(v.beside_reference is not None for v in s.variants) else inv
+
+
+def _yardsticks_stand_beside(variants: list[_Variant]) -> None:
+    """A `yardstick` verdict is a reference variant's beside the candidate's of its name: anywhere
+    else it would pass a move that fails (a hand-edited report), so it is refused."""
+    beside = {v.name for v in variants if v.arm == CANDIDATE}
+    for i, v in enumerate(variants):
+        if v.verdict == VariantVerdict.YARDSTICK and (v.arm != REFERENCE or v.name not in beside):
+            raise InputError(f"report.json's invariance: field variants[{i}].verdict: 'yardstick' is only a reference "
+                             "variant's, beside a candidate variant of the same name")
 
 
 def _variant(v: _Variant) -> VariantResult:
@@ -115,7 +142,7 @@ def _variant(v: _Variant) -> VariantResult:
 def _moved(m: _Moved, variant: str, exact: bool) -> Moved:
     return Moved(m.id, m.run, m.status, m.position, m.baseline_token, m.variant_token, m.baseline_gap,
                  m.variant_gap, m.reason, tuple(m.baseline_tokens), tuple(m.variant_tokens),
-                 _cause(m, variant, exact), exact)
+                 _cause(m, variant, exact), exact, m.outputs)
 
 
 def _cause(m: _Moved, variant: str, exact: bool) -> str:

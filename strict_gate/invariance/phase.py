@@ -27,6 +27,7 @@ from strict_gate.gate.kept import Planned, Runs
 from strict_gate.gate.state import GateState, reopen, report_lock, write_gate_state
 from strict_gate.invariance.config import BASELINE, of
 from strict_gate.invariance.load import load_invariance
+from strict_gate.invariance.moves import paired
 from strict_gate.invariance.render import FILES, write_invariance_reports
 from strict_gate.invariance.run import Runner, counted, planned, restarts, run_invariance
 from strict_gate.invariance.verdict import InvarianceResult
@@ -47,13 +48,14 @@ class InvarianceOutcome:
 
 
 def invariance_phase(cfg: GateConfig, inputs: list[PromptInput], report_dir: Path, runner: Runner) -> InvarianceResult:
-    """Every variant of cfg.invariance into report_dir/invariance/, through the gate's runner."""
+    """Every variant of cfg.invariance into report_dir/invariance/, through the gate's runner; with
+    both arms, the candidate's judged against the reference's own moves (moves.py)."""
     inv = of(cfg)
     assert inv is not None
     builders = {role: (cfg.reference if role == "reference" else cfg.candidate).build  # type: ignore[union-attr]
                 for role in inv.arms}
     try:
-        return run_invariance(inv, builders, inputs, report_dir / INVARIANCE_DIR, runner, band=cfg.band)
+        return paired(run_invariance(inv, builders, inputs, report_dir / INVARIANCE_DIR, runner, band=cfg.band))
     finally:
         scrub_tree(report_dir / INVARIANCE_DIR)  # engine logs too: a server may log its key
 

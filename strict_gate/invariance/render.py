@@ -1,6 +1,8 @@
 """The invariance variants in every format: a variants x figures table (md, console), one
-agreement strip per moved prompt and variant (html), one test case per variant (JUnit), and
-the files of `strict-gate invariance` on its own (invariance.json last, .md, .html, junit.xml).
+agreement strip per moved prompt and variant (html), one test case per variant (JUnit), the
+table again in `show`, and the files of `strict-gate invariance` on its own (invariance.json
+last, .md, .html, junit.xml). A candidate variant run beside the reference's says, in each, how
+its prompts moved beside the reference's (moves.py's words) and each move's class.
 `SECTION` is its entry in report/sections.py's registry.
 """
 
@@ -17,9 +19,11 @@ from rich.text import Text
 
 from strict_gate.core.redact import scrub_obj
 from strict_gate.invariance.config import InvariancePolicy
-from strict_gate.invariance.verdict import InvarianceResult, Moved, VariantResult, VariantVerdict
+from strict_gate.invariance.load import load_invariance
+from strict_gate.invariance.verdict import InvarianceResult, Moved, Pairing, VariantResult, VariantVerdict
 from strict_gate.judge.compare import UNCOMPARED, Status
 from strict_gate.judge.result import GateResult
+from strict_gate.judge.schema import ReportDoc
 from strict_gate.report.html_prompt import escape
 from strict_gate.report.junit import suite_xml
 from strict_gate.report.sections import Section
@@ -86,6 +90,44 @@ def _why(m: Moved) -> str:
     return f"{m.label} at position {m.position}" + (f" ({gaps})" if gaps else "")
 
 
+def said(v: VariantResult, m: Moved) -> str:
+    """A move as every format words it: beside the reference's, its class too."""
+    k = v.pairing(m.id)
+    if k is None:
+        return _why(m)
+    theirs = next((r for r in v.reference_moves if r.id == m.id), None)
+    where = f" (the reference's: {theirs.label} at position {theirs.position})" \
+        if k == Pairing.DIFFERENTLY and theirs is not None else ""
+    return f"{_why(m)}: {k.value}{where}"
+
+
+def moves(v: VariantResult) -> list[tuple[Moved, str]]:
+    """(move, words) of each move the variant lists: its own, then the reference's alone (shown
+    as the reference's, never counted against the candidate)."""
+    theirs = {r.id: r for r in v.reference_moves}
+    own = [(m, said(v, m)) for m in v.divergences]
+    return own + [(theirs[pid], f"{Pairing.REFERENCE_ONLY.value}: the reference's {_why(theirs[pid])}")
+                  for pid in v.paired_ids(Pairing.REFERENCE_ONLY)]
+
+
+def beside_line(v: VariantResult) -> str | None:
+    """A candidate variant's prompts beside the reference's, counted by class (None: not paired,
+    or neither arm moved)."""
+    if not v.pairs:
+        return None
+    counts = "; ".join(f"{k.value}: {len(v.paired_ids(k))}" for k in Pairing)
+    return f"{v.arm} {v.name} beside the reference's: {counts} (its verdict counts the candidate's own moves)"
+
+
+def _beside_lines(inv: InvarianceResult) -> list[str]:
+    return [line for v in inv.variants if (line := beside_line(v)) is not None]
+
+
+BESIDE = ("With both arms, a candidate variant is judged against the reference's own moves: a prompt that "
+          "moves with the reference (same first moved position, same batch-1 token there, the same variant "
+          "tokens) is not counted against it; the reference's own moves are the yardstick, never a failure.")
+
+
 def markdown_section(inv: InvarianceResult) -> list[str]:
     out = ["## Invariance", "", f"**{md(inv.verdict_line)}**: each variant's runs against the arm's own batch-1 "
            f"run, by the gate's comparator (band {inv.band} nats). Cost: the variant's serving time over the "
@@ -93,24 +135,27 @@ def markdown_section(inv: InvarianceResult) -> list[str]:
     out += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     out += ["| " + " | ".join(md(c) for c in row(v)) + " |" for v in inv.variants]
     out.append("")
+    if beside := _beside_lines(inv):
+        out += [md(BESIDE), "", *(f"- {md(line)}" for line in beside), ""]
     if spec := _speculative(inv):
         out += ["Speculative decoding, judged exactly (a lossless speculator flips not even a near-tie); counts "
                 "as the engine reports them; mean accepted length: tokens per verification step, the "
                 "verifier's own included.", "", "| " + " | ".join(SPEC_HEAD) + " |", "|" + "---|" * len(SPEC_HEAD)]
         out += ["| " + " | ".join(md(c) for c in speculation_row(v)) + " |" for v in spec] + [""]
     for v in inv.variants:
-        if v.divergences or v.problems:
+        if (listed := moves(v)) or v.problems:
             out += [f"### {md(v.arm)} {md(v.name)}", ""]
             out += [f"- problem: {md(p)}" for p in v.problems]
-            out += [f"- `{md(m.id)}` (run {m.run}): {md(_why(m))}" for m in v.divergences[:MOVED_CAP]]
-            if len(v.divergences) > MOVED_CAP:
-                out.append(f"- {len(v.divergences) - MOVED_CAP} more in the JSON")
+            out += [f"- `{md(m.id)}` (run {m.run}): {md(text)}" for m, text in listed[:MOVED_CAP]]
+            if len(listed) > MOVED_CAP:
+                out.append(f"- {len(listed) - MOVED_CAP} more in the JSON")
             out.append("")
     out += [f"- problem: {md(p)}" for p in inv.problems]
     return out
 
 
-_STYLE = {VariantVerdict.PASS: "bold green", VariantVerdict.FAIL: "bold red", VariantVerdict.INCOMPLETE: "bold yellow"}
+_STYLE = {VariantVerdict.PASS: "bold green", VariantVerdict.FAIL: "bold red", VariantVerdict.INCOMPLETE: "bold yellow",
+          VariantVerdict.YARDSTICK: "bold cyan"}
 
 
 def console_table(inv: InvarianceResult) -> Table:
@@ -143,11 +188,13 @@ def print_invariance(inv: InvarianceResult, console: Console) -> None:
                                    f"{cells['accepted']} ({cells['acceptance']}), mean accepted length "
                                    f"{cells['mean accepted length']}; time {cells['time (batch-1 run)']}")))
     console.print(Text.assemble((inv.lead.value.upper(), _STYLE[inv.lead]), f"  {visible(inv.verdict_line)}"))
+    for line in _beside_lines(inv):
+        console.print(Text(visible(f"  {line}")))
     for v in sorted(inv.variants, key=lambda v: v.verdict != VariantVerdict.FAIL):  # what moved first, as the line
         for p in v.problems[:2]:
             console.print(Text(visible(f"  {v.arm} {v.name}: {p}")))
-        for m in v.divergences[:3]:
-            console.print(Text(visible(f"  {v.arm} {v.name}: {m.id}: {_why(m)}")))
+        for m, text in moves(v)[:3]:
+            console.print(Text(visible(f"  {v.arm} {v.name}: {m.id}: {text}")))
 
 
 def _strip(m: Moved) -> str:
@@ -169,8 +216,8 @@ def html_section(inv: InvarianceResult) -> str:
     rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row(v)) + "</tr>" for v in inv.variants)
     strips = []
     for v in inv.variants:
-        items = "".join(f"<li>{_strip(m)} <code>{escape(m.id)}</code> {escape(_why(m))}</li>"
-                        for m in v.divergences[:MOVED_CAP])
+        items = "".join(f"<li>{_strip(m)} <code>{escape(m.id)}</code> {escape(text)}</li>"
+                        for m, text in moves(v)[:MOVED_CAP])
         probs = "".join(f"<li>problem: {escape(p)}</li>" for p in v.problems)
         if items or probs:
             strips.append(f"<h3>{escape(v.arm)} {escape(v.name)}</h3><ul>{probs}{items}</ul>")
@@ -179,10 +226,12 @@ def html_section(inv: InvarianceResult) -> str:
         shead = "".join(f"<th>{escape(h)}</th>" for h in SPEC_HEAD)
         srows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in speculation_row(v)) + "</tr>" for v in spec)
         rows += f"</table><table class='speed'><tr>{shead}</tr>{srows}"
+    beside = "".join(f"<li>{escape(line)}</li>" for line in _beside_lines(inv))
+    beside = f"<p class='none'>{escape(BESIDE)}</p><ul>{beside}</ul>" if beside else ""
     return (f"<h2 id='invariance'>Invariance</h2><p class='speedv {escape(inv.verdict.value)}'>"
             f"{escape(inv.verdict_line)}</p><p class='none'>Each variant against the arm's own batch-1 run; one "
             f"strip per prompt that moved (hover a cell for the tokens).</p><table class='speed'><tr>{head}</tr>"
-            f"{rows}</table>{''.join(strips)}")
+            f"{rows}</table>{beside}{''.join(strips)}")
 
 
 def junit_cases(suite: ET.Element, inv: InvarianceResult, cls: str) -> None:
@@ -190,13 +239,14 @@ def junit_cases(suite: ET.Element, inv: InvarianceResult, cls: str) -> None:
     informational policy both pass with the figures in system-out (it changes no exit code)."""
     for v in inv.variants:
         case = ET.SubElement(suite, "testcase", classname=cls, name=visible(f"invariance {v.arm} {v.name}"))
-        why = visible("\n".join([*v.problems, *(f"{m.id}: {_why(m)}" for m in v.divergences)]) or v.verdict.value,
-                      keep_newlines=True)
+        lines = [*v.problems, *([line] if (line := beside_line(v)) else []), *(f"{m.id}: {t}" for m, t in moves(v))]
+        why = visible("\n".join(lines) or v.verdict.value, keep_newlines=True)
         if inv.policy != InvariancePolicy.INFORMATIONAL and v.verdict == VariantVerdict.FAIL:
             ET.SubElement(case, "failure", message=visible(f"{v.name} moved")).text = why
         elif inv.policy != InvariancePolicy.INFORMATIONAL and v.verdict == VariantVerdict.INCOMPLETE:
             ET.SubElement(case, "error", message=visible(f"{v.name} incomplete")).text = why
-        out = " | ".join(row(v)) + ("\n" + " | ".join(speculation_row(v)) if v.exact else "")
+        out = "\n".join([" | ".join(row(v)), *([" | ".join(speculation_row(v))] if v.exact else []),
+                         *([why] if v.pairs is not None or v.verdict == VariantVerdict.YARDSTICK else [])])
         ET.SubElement(case, "system-out").text = visible(out, keep_newlines=True)
 
 
@@ -229,6 +279,12 @@ def _console(r: GateResult, console: Console) -> None:
         print_invariance(inv, console)
 
 
+def _show(report: ReportDoc, console: Console) -> None:
+    """`show`: the variants as the gate printed them, read back from report.json."""
+    if (sec := report.features.get("invariance")) is not None:
+        print_invariance(load_invariance(sec.section), console)
+
+
 def _cases(suite: ET.Element, r: GateResult, cls: str) -> None:
     if (inv := of(r)) is not None:
         junit_cases(suite, inv, cls)
@@ -243,4 +299,5 @@ SECTION = Section(
     html=lambda r: "" if (inv := of(r)) is None else html_section(inv),
     console=_console,
     junit_cases=_cases,
+    show=_show,
 )

@@ -21,6 +21,9 @@ a flipped near-tie too (verification recomputes the very logits the plain run ch
 near-tie that flips says its verify pass sums in another order, worth seeing). Its acceptance
 counts ride along; counts that say it drafted nothing, or no counts at all, make it incomplete
 (speculation was never shown to run: a plain run is lossless too).
+
+With both arms, moves.py then judges each candidate variant against the reference's own moves
+(`Pairing`, each prompt's class; `YARDSTICK`, the reference's verdict where its moves would fail it).
 """
 
 from __future__ import annotations
@@ -55,6 +58,18 @@ class VariantVerdict(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     INCOMPLETE = "incomplete"
+    # a reference variant run beside the candidate's that moved: its moves are what the
+    # candidate's are judged against (moves.py), never a failure of the gate
+    YARDSTICK = "yardstick"
+
+
+class Pairing(StrEnum):
+    """A prompt of a variant both arms ran: the candidate's move beside the reference's (moves.py)."""
+
+    WITH_REFERENCE = "moves with the reference"
+    CANDIDATE_ONLY = "the candidate moves where the reference stays"
+    REFERENCE_ONLY = "the reference moves, the candidate does not"
+    DIFFERENTLY = "both move differently"
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,9 @@ class Moved:
     variant_tokens: tuple[int, ...] = ()
     cause: str = "batch"  # what the variant varied (CAUSES)
     exact: bool = False  # of a speculative variant
+    # token sequences the prompt had over the batch-1 run and the repeats: 2 when every run that
+    # moved moved the same way (the reported run says all of them)
+    outputs: int = 2
 
     @property
     def label(self) -> str:
@@ -86,7 +104,8 @@ class Moved:
                 "position": self.position, "baseline_token": self.baseline_token,
                 "variant_token": self.variant_token, "baseline_gap": self.baseline_gap,
                 "variant_gap": self.variant_gap, "reason": self.reason,
-                "baseline_tokens": list(self.baseline_tokens), "variant_tokens": list(self.variant_tokens)}
+                "baseline_tokens": list(self.baseline_tokens), "variant_tokens": list(self.variant_tokens),
+                "outputs": self.outputs}
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,17 @@ class VariantResult:
     baseline_seconds: float | None = None
     exact: bool = False  # a speculative variant: no near-tie allowance
     acceptance: Acceptance | None = None  # its acceptance counts; None: unknown
+    # a candidate variant beside the reference's of the same name (moves.py): each prompt that
+    # moved on either arm, classified; None: no reference variant ran beside it
+    pairs: tuple[tuple[str, Pairing], ...] | None = None
+    reference_moves: tuple[Moved, ...] = ()  # the reference variant's moves, for the reports
+
+    def pairing(self, pid: str) -> Pairing | None:
+        """The prompt's class beside the reference (None: not paired, or not measured there)."""
+        return dict(self.pairs or ()).get(pid)
+
+    def paired_ids(self, kind: Pairing) -> list[str]:
+        return [pid for pid, k in self.pairs or () if k == kind]
 
     @property
     def cost(self) -> float | None:
@@ -130,7 +160,8 @@ class VariantResult:
                 # variant (load.py) prints the very digits the live one did
                 "seconds": self.seconds, "baseline_seconds": self.baseline_seconds,
                 "cost": None if self.cost is None else round(self.cost, 3), "exact": self.exact,
-                "acceptance": None if self.acceptance is None else self.acceptance.to_json()}
+                "acceptance": None if self.acceptance is None else self.acceptance.to_json(),
+                "beside_reference": None if self.pairs is None else {k.value: self.paired_ids(k) for k in Pairing}}
 
 
 @dataclass(frozen=True)
@@ -198,15 +229,17 @@ def _tokens(run: Run, pid: str) -> tuple[int, ...]:
     return () if rec is None or rec.error is not None else tuple(rec.token_ids)
 
 
-def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str, exact: bool) -> Moved:
+def _moved(p: PromptComparison, k: int, baseline: Run, runs: Sequence[Run], cause: str, exact: bool,
+           outputs: int) -> Moved:
     d = p.first_divergence
     return Moved(p.id, k, p.status, d.position if d else None, d.reference_token if d else None,
                  d.candidate_token if d else None, d.reference_gap if d else None,
                  d.candidate_gap if d else None, d.reason if d else p.detail,
-                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact)
+                 _tokens(baseline, p.id), _tokens(runs[k - 1], p.id), cause, exact, outputs)
 
 
-def _fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
+def fails(status: Status, policy: InvariancePolicy, exact: bool) -> bool:
+    """Whether a prompt of this status fails a variant under the policy."""
     near_ok = policy == InvariancePolicy.NEAR_TIE and not exact
     allowed = (Status.MATCH, Status.NEAR_TIE) if near_ok else (Status.MATCH,)
     return status not in allowed
@@ -292,7 +325,7 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
     statuses = [p.status for p, _ in worst.values()]
     if problems or not runs or any(s in UNCOMPARED for s in statuses):
         verdict = VariantVerdict.INCOMPLETE
-    elif any(_fails(s, policy, exact) for s in statuses):
+    elif any(fails(s, policy, exact) for s in statuses):
         verdict = VariantVerdict.FAIL
     else:
         verdict = VariantVerdict.INCOMPLETE if unverified else VariantVerdict.PASS
@@ -302,7 +335,7 @@ def judge_variant(name: str, arm: str, baseline: Run, runs: Sequence[Run], *, po
         positions_total=sum(width.values()), positions_matched=sum(matched.values()),
         distinct_outputs=max(distinct.values(), default=0),
         prompts_distinct=sum(1 for n in distinct.values() if n > 1),
-        divergences=tuple(_moved(p, k, baseline, runs, cause, exact) for p, k in worst.values()
+        divergences=tuple(_moved(p, k, baseline, runs, cause, exact, distinct.get(p.id, 0)) for p, k in worst.values()
                           if p.status != Status.MATCH),
         verdict=verdict, problems=(*problems, *unverified[:NAMED]), seconds=seconds,
         baseline_seconds=baseline_seconds, exact=exact, acceptance=acceptance,

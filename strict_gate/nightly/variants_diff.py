@@ -5,6 +5,12 @@ Read from report.json's `invariance.variants[]` (no engine, no torch). A variant
 ran is listed as added or removed, never as a regression; a report without the object has no
 variants to compare. A speculative variant is compared the same way (exact prompts, verdict);
 its acceptance rate rides along, so a night whose speculation stopped paying is listed too.
+
+A candidate variant run beside the reference's (`beside_reference`, invariance/moves.py) holds
+a prompt that moves with the reference as it holds an exact one: a night where vLLM and the
+candidate both moved one more prompt the same way is no regression of the candidate. A
+reference variant whose moves are the yardstick (`yardstick`) ranks as a pass: its moves are
+vLLM's own, never the candidate's.
 """
 
 from __future__ import annotations
@@ -12,15 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strict_gate.errors import InputError
+from strict_gate.invariance.verdict import Pairing
 
-_ORDER = {"pass": 0, "fail": 1, "incomplete": 2}
+_ORDER = {"pass": 0, "yardstick": 0, "fail": 1, "incomplete": 2}
+WITH_REFERENCE = Pairing.WITH_REFERENCE.value
 
 
 @dataclass(frozen=True)
 class VariantChange:
     arm: str
     name: str
-    old: dict | None  # {"verdict", "prompts_exact", "prompts_total"}; None: not run last night
+    old: dict | None  # {"verdict", "prompts_exact", "prompts_total"[, "with_reference"]}; None: not run last night
     new: dict | None
 
     @property
@@ -29,15 +37,25 @@ class VariantChange:
 
     @property
     def started_moving(self) -> bool:
-        """Both nights ran it, and tonight fewer prompts held, or its verdict is worse."""
+        """Both nights ran it, and tonight fewer prompts held (exact, or moved with the reference),
+        or its verdict is worse."""
         if self.old is None or self.new is None:
             return False
-        return (self.new["prompts_exact"] < self.old["prompts_exact"]
-                or _ORDER[self.new["verdict"]] > _ORDER[self.old["verdict"]])
+        return _held(self.new) < _held(self.old) or _ORDER[self.new["verdict"]] > _ORDER[self.old["verdict"]]
 
     def to_json(self) -> dict:
         return {"arm": self.arm, "name": self.name, "old": self.old, "new": self.new,
                 "started_moving": self.started_moving}
+
+
+def _held(x: dict) -> int:
+    return x["prompts_exact"] + x.get("with_reference", 0)
+
+
+def _with_reference(beside: object) -> int | None:
+    """How many prompts moved with the reference, when the variant ran beside it."""
+    ids = beside.get(WITH_REFERENCE) if isinstance(beside, dict) else None
+    return len(ids) if isinstance(ids, list) else None
 
 
 def _variants(report: dict, path: str) -> dict[tuple[str, str], dict]:
@@ -60,6 +78,9 @@ def _variants(report: dict, path: str) -> dict[tuple[str, str], dict]:
         rate = _rate(v.get("acceptance"))
         if rate is not None:
             out[(v["arm"], v["name"])]["acceptance_rate"] = rate
+        shared = _with_reference(v.get("beside_reference"))
+        if shared is not None:
+            out[(v["arm"], v["name"])]["with_reference"] = shared
     return out
 
 
@@ -89,7 +110,8 @@ def markdown_lines(changes: tuple[VariantChange, ...]) -> list[str]:
         if x is None:
             return "not run"
         rate = f", acceptance {x['acceptance_rate']:.1%}" if "acceptance_rate" in x else ""
-        return f"{x['verdict']}, {x['prompts_exact']}/{x['prompts_total']} exact{rate}"
+        shared = f", {x['with_reference']} {WITH_REFERENCE}" if "with_reference" in x else ""
+        return f"{x['verdict']}, {x['prompts_exact']}/{x['prompts_total']} exact{shared}{rate}"
 
     out = ["### Invariance variants", "", "| variant | last night | tonight | |", "|---|---|---|---|"]
     out += [f"| {md(c.label)} | {cell(c.old)} | {cell(c.new)} | {'started to move' if c.started_moving else ''} |"

@@ -3,6 +3,7 @@
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
                              [--score] [--garbage] [--stop J] [--delay S] [--tag NAME] [--speculative] [--at N]
+                             [--move-at I] [--every N]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
 in flight really are served together), and answers a group in reverse order (so the gate must
@@ -23,6 +24,8 @@ runner-up G nats below, whatever the prefix (the model above). --garbage: where 
 every later token is one that model ranks nowhere (token + 500), claimed as the engine's own top-1.
 --stop J: where token 2 moved, the reply stops after position J (finish "stop", J + 1 tokens, the
 last an ordinary token, no end-of-sequence id) where the batch-1 run went on to max_tokens.
+--move-at I: the token that moves is token I (2 by default). --every N: only a prompt whose ids sum
+to a multiple of N moves (1 by default: every prompt), so two engines can move on different prompts.
 --speculative declares "speculative": a request carrying it gets the same tokens and honest
 acceptance counts, a function of the prompt (K drafted per verification, one verification every
 other token, sum(ids) % (min(drafted, emitted - 1) + 1) accepted), and its line in
@@ -82,14 +85,15 @@ def speculated(req: dict, emitted: int) -> dict:
             "drafts": steps}
 
 
-def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False, stop: int | None = None) -> dict:
+def tokens(req: dict, moved: bool, gap: float, shift: int = 0, garbage: bool = False, stop: int | None = None,
+           at: int = 2) -> dict:
     ids = req["prompt_token_ids"]
     k = max(1, req.get("top_logprobs", 1))
     toks, tops = [], []
     for i in range(req["max_tokens"]):
-        best = _best(ids, i, shift) + (500 if garbage and moved and i > 2 else 0)
+        best = _best(ids, i, shift) + (500 if garbage and moved and i > at else 0)
         runner = best + 1
-        chosen = runner if moved and i == 2 else best
+        chosen = runner if moved and i == at else best
         other = best if chosen == runner else runner
         top = [[chosen, -0.1], [other, -0.1 - gap]] + [[VOCAB + 10 + j, -9.0 - j] for j in range(max(0, k - 2))]
         toks.append(chosen)
@@ -160,6 +164,8 @@ def main() -> int:
     ap.add_argument("--tag", default="engine")
     ap.add_argument("--speculative", action="store_true")
     ap.add_argument("--at", type=int, default=64)
+    ap.add_argument("--move-at", type=int, default=2)
+    ap.add_argument("--every", type=int, default=1)
     args = ap.parse_args()
     note(args.tag, "start", sys.stdin.fileno())
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
@@ -196,8 +202,9 @@ def main() -> int:
                      "cache": any(len(s) >= 2 and ids[: len(s)] == s for s in seen),
                      "boundary": (chunk == args.at and len(ids) > args.at)
                      or any(len(s) == args.at and s != ids and ids[: args.at] == s for s in seen)}.get(args.mode, False)
+            moved = moved and sum(ids) % args.every == 0
             seen.add(ids)
-            reply = tokens(req, moved, args.gap, args.shift, args.garbage, args.stop)
+            reply = tokens(req, moved, args.gap, args.shift, args.garbage, args.stop, args.move_at)
             if "speculative" in req:
                 reply["speculative"] = speculated(req, len(reply["token_ids"]))
             if args.mode == "stray_id" and n == 1:
