@@ -274,7 +274,7 @@ class ConfigDoc(Doc, frozen=True):
 class WallClockDoc(Doc, frozen=True):
     prompts: Count
     tokens: Count
-    seconds: float
+    seconds: float | None  # null: a clock that gave no finite figure
     tokens_per_s: float | None = None
     median_ttft_s: float | None = None
 
