@@ -113,6 +113,8 @@ class HFEngine(Engine):
         kwargs = {"dtype": dtype, "trust_remote_code": self.options.trust_remote_code}
         if self.options.attn_implementation:
             kwargs["attn_implementation"] = self.options.attn_implementation
+        if self.options.dtype == "float64":
+            kwargs["experts_implementation"] = "eager"  # grouped_mm, the MoE default (Kimi-Linear), takes no float64
         try:
             config = _transformers_config(self.model_path, self.options.trust_remote_code)
             if config is not None:
