@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,5 @@ class EngineHost:
 
 
 def _with_total(r: Record, seconds: float) -> Record:
-    from dataclasses import replace
-
     return replace(r, timing=Timing(ttft_s=r.timing.ttft_s if r.timing else None, total_s=seconds))
 

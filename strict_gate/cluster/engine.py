@@ -12,7 +12,6 @@ actor count), so a resumed run is compared with the same engine.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from strict_gate.cluster.actor import EngineHost
 from strict_gate.cluster.settings import RaySettings
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, MissingExtraError
-from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep
+from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, write_json_atomic
 
 
 def _ray() -> Any:
@@ -51,6 +50,7 @@ class RayExecuted(Engine):
         self.served: dict[str, int] = {}
         self.resent: list[dict[str, Any]] = []
         self.spawned = 0
+        self.scored = 0  # score calls so far: the next goes to the next actor
         self.started_ray = False
 
     # -- lifecycle
@@ -198,7 +198,8 @@ class RayExecuted(Engine):
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int) -> list[ScoredStep]:
         """Re-scoring goes to the actors in turn."""
         ray = _ray()
-        a = sorted(self.actors)[len(self.served) % len(self.actors)]
+        a = sorted(self.actors)[self.scored % len(self.actors)]
+        self.scored += 1
         return ray.get(self.actors[a].score.remote(list(prompt_ids), list(continuation_ids), k))
 
     def _write_executor(self) -> None:
@@ -210,9 +211,7 @@ class RayExecuted(Engine):
                            for i, h in sorted(self.hellos.items())],
                 "nodes": sorted({h["node"] for h in self.hellos.values()}),
                 "served": self.served, "resent": self.resent}
-        from strict_gate.runs.records import write_json_atomic
-
-        write_json_atomic(Path(self.log_path).parent / "executor.json", json.loads(json.dumps(body)))
+        write_json_atomic(Path(self.log_path).parent / "executor.json", body)
 
 
 def _cause(e: BaseException) -> str:

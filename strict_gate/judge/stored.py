@@ -166,7 +166,8 @@ def _checked(report: ReportDoc, where: str) -> ReportDoc:
     for arm in ("reference", "candidate", "rescorer"):
         engine = getattr(report.engines, arm)
         try:
-            _ = engine.known if engine is not None else None
+            if engine is not None:
+                engine.known  # noqa: B018 (decoded here: a hostile option is exit 2 now, not a traceback later)
         except msgspec.ValidationError as e:
             raise InputError(f"cannot read the report: field engines.{arm}.options: {field_error(e)}", path=where) from None
     if report.schema == REPORT_V1:  # its `speed` was each arm's wall clock, not a speed arm
