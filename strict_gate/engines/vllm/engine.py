@@ -242,7 +242,7 @@ class VLLMEngine(Engine):
         pick = {
             "model_config": ("dtype", "max_model_len", "max_logprobs", "logprobs_mode", "enforce_eager", "seed"),
             "cache_config": ("block_size", "enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes",
-                             "gpu_memory_utilization"),
+                             "gpu_memory_utilization", "mamba_block_size", "mamba_cache_mode"),
             "scheduler_config": ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"),
             "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"),
             "compilation_config": ("mode", "backend", "cudagraph_mode", "cudagraph_capture_sizes"),
