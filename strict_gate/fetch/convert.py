@@ -35,6 +35,7 @@ from strict_gate.core.registry_models import (
     resolve_registry_model,
 )
 from strict_gate.errors import ConfigError, MissingExtraError
+from strict_gate.fetch.hf_config import complete_config_file
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ def convert(spec: str, *, force: bool = False) -> Converted:
     tmp = new_temp_dir(final.parent, f".{model.name}-")
     try:
         versions = _dequantise(source, tmp, model.dtype)
+        complete_config_file(tmp, source, model.dtype)  # keys other engines' loaders need (docs/models.md)
         _write_manifest(tmp, model, versions)
         if final.exists():
             shutil.rmtree(final)

@@ -18,6 +18,10 @@ ROLE `reference` decodes the model greedily. ROLE `candidate` decodes it too, ex
                    token (a greedy choice within the gate's 1e-3 tolerance), and so does its score op
   --stop J         it stops after position J (finish "stop") on the model's argmax there, an
                    ordinary token, not an end-of-sequence id: an early stop nothing judged
+  --chosen-only    a greedy loop with no logits (docs/engine-protocol.md, "A greedy loop without
+                   logits"): each step lists only the chosen token and its logprob, and it does
+                   not declare `score`
+  --no-logprobs    the same loop giving nothing but token ids: no "top_logprobs" at all
 Both roles take --needs-key NAME: without a non-empty NAME in its environment it answers as a
 server without its key would (a fallback model): its score op ranks every token it is given its
 argmax at -0.1, so it vouches for whatever a candidate emitted.
@@ -89,8 +93,11 @@ def generate(req: dict, a: argparse.Namespace) -> dict:
         if tokens[-1] == EOS or j == a.stop:
             break
     finish = "stop" if len(tokens) < req["max_tokens"] or tokens[-1] == EOS else "length"
-    return {"id": req["id"], "prompt_token_ids": prompt, "token_ids": tokens, "finish_reason": finish,
-            "top_logprobs": tops}
+    out = {"id": req["id"], "prompt_token_ids": prompt, "token_ids": tokens, "finish_reason": finish,
+           "top_logprobs": [[[t, lp(top, t)]] for t, top in zip(tokens, tops)] if a.chosen_only else tops}
+    if a.no_logprobs:
+        del out["top_logprobs"]
+    return out
 
 
 def keyless(req: dict) -> dict:
@@ -126,10 +133,13 @@ def main() -> None:
     ap.add_argument("--lean", type=int, action="append", default=[])
     ap.add_argument("--eos-at", type=int, action="append", default=[])
     ap.add_argument("--needs-key", default=None)
+    ap.add_argument("--chosen-only", action="store_true")
+    ap.add_argument("--no-logprobs", action="store_true")
     a = ap.parse_args()
     EOS_AT.update(a.eos_at)
+    scores = not (a.chosen_only or a.no_logprobs)
     send({"hello": "strict-gate/engine@1", "name": f"cascade-{a.role}", "version": "1", "model": "toy",
-          "capabilities": ["generate", "score"], "versions": {}})
+          "capabilities": ["generate", "score"] if scores else ["generate"], "versions": {}})
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("op") == "shutdown":
