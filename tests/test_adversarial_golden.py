@@ -213,3 +213,62 @@ def test_a_bisect_step_runs_the_tokens_without_the_golden(tmp_path, monkeypatch)
     assert "golden" in cfg.features
     step = step_config(cfg, Path("prompts.jsonl"), tmp_path, tmp_path / "bisect")
     assert "golden" not in step.features
+
+
+VARIANT_ENGINE = Path(__file__).parent / "engines" / "variant_engine.py"
+
+
+def _variant_gate(tmp_path: Path, monkeypatch, *golden_args: str, policy: str = "informational") -> tuple[int, str, dict]:
+    """Both arms the same engine, whose token 2 moves under a cut prefill (every prompt, both arms);
+    the golden the same model scoring (tests/engines/variant_engine.py)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(VARIANT_ENGINE, "variant_engine.py")
+    Path("prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1 + i, 2, 3, 4]}) + "\n"
+                                             for i in range(3)))
+    arm = {"kind": "command", "command": ["python", "variant_engine.py", "--mode", "chunk"]}
+    write_gate(Path("."), name="golden-variants", prompts="prompts.jsonl", max_tokens=4, top_logprobs=2,
+               policy="strict", band=0.5, output_dir="reports", reference=arm, candidate=arm,
+               invariance={"arms": ["candidate", "reference"], "chunked_prefill": [2], "policy": policy},
+               golden={"kind": "command", "command": ["python", "variant_engine.py", "--score", "--tag", "golden",
+                                                      *golden_args]})
+    result = CliRunner().invoke(app, ["gate", "gate.toml"], terminal_width=200)
+    (d,) = sorted(p for p in Path("reports").iterdir() if p.is_dir())
+    return result.exit_code, " ".join(result.output.split()), json.loads((d / "report.json").read_text())
+
+
+@pytest.mark.parametrize("how", ["error", "garbage"])
+def test_a_golden_that_breaks_mid_variant_voting_leaves_them_unjudged_and_the_exit_code_alone(tmp_path, monkeypatch,
+                                                                                              how):
+    """The golden answers its first score request (p0, one vote for both arms' same move) and then
+    breaks: the moves after it are unjudged, never an agreement, and the exit code is the tokens'
+    and the variants' (the candidate moves with the reference under strict: 0). A reply the
+    protocol refuses (garbage) restarts the command engine, whose count starts again: p2 is voted."""
+    code, out, report = _variant_gate(tmp_path, monkeypatch, "--score-breaks-after", "1", "--score-break", how,
+                                      policy="strict")
+    assert code == 0, out
+    assert report["verdict"] == "pass"
+    golden = report["features"]["golden"]
+    assert golden["exit_code"] == 0 and golden["verdict"] == "informational"  # the token votes: none to give
+    vv = section(report, "golden")["variant_votes"]
+    assert vv["verdict"] == "unjudged" and vv["moves"] == 6
+    by = {(v["arm"], v["id"]): v for v in vv["votes"]}
+    assert by["candidate", "p0"]["side"] == by["reference", "p0"]["side"] == "batch-1"
+    broken = [v for v in by.values() if v["side"] is None]
+    assert {("candidate", "p1"), ("reference", "p1")} <= {(v["arm"], v["id"]) for v in broken}
+    assert len(broken) == (4 if how == "error" else 2)
+    assert all(v["error"] and v["golden_argmax"] is None and v["batch1_gap"] is None for v in broken)
+    assert f"not voted {len(broken)} (unjudged)" in vv["headline"] and f"not voted {len(broken)} (unjudged)" in out
+
+
+def test_the_variant_votes_with_a_cap_of_0_start_no_golden_and_say_unjudged(tmp_path, monkeypatch):
+    code, out, report = _variant_gate(tmp_path, monkeypatch)
+    assert code == 0, out
+    assert section(report, "golden")["variant_votes"]["verdict"] == "informational"
+    (tmp_path / "gate.toml").write_text((tmp_path / "gate.toml").read_text().replace(
+        "[golden]\n", "[golden]\nvariant_votes = 0\n"))
+    assert CliRunner().invoke(app, ["gate", "gate.toml"]).exit_code == 0
+    latest = sorted(p for p in Path("reports").iterdir() if p.is_dir())[-1]
+    doc = json.loads((latest / "report.json").read_text())
+    vv = section(doc, "golden")["variant_votes"]
+    assert vv["votes"] == [] and vv["verdict"] == "unjudged" and "6 beyond the cap of 0" in vv["headline"]
+    assert section(doc, "golden")["golden"] is None  # never started

@@ -84,6 +84,17 @@ def test_a_candidate_that_drops_the_state_is_off_the_golden_and_moves_at_the_cut
     assert "the golden sides with the reference" in out and "REFERENCE is off" not in out
     assert _moved(report, "reference") == set()
     assert _moved(report, "candidate") == set(CUTS) - {"prefill-cut-64"}
+    # the golden at every moved cut (measured: 8 moves, batch-1 at 4, the variant at 0, neither at 4,
+    # the variant's token 0.098 to 0.23 nats below the golden's argmax): a cut hands the state where
+    # the planted bug drops it once more, so the variant's token is never the golden's argmax
+    vv = section(report, "golden")["variant_votes"]
+    moved = sum(len(v["divergences"]) for v in section(report, "invariance")["variants"] if v["arm"] == "candidate")
+    assert vv["moves"] == len(vv["votes"]) == moved > 0 and vv["verdict"] == "informational"
+    for v in vv["votes"]:
+        assert v["arm"] == "candidate" and v["variant"] in CUTS and v["error"] is None
+        assert v["side"] in ("batch-1", "neither") and v["variant_gap"] > BAND
+        assert (v["side"] == "batch-1") == (v["batch1_gap"] == 0 and v["golden_argmax"] == v["batch1_token"])
+    assert "with the variant at 0" in vv["headline"] and "with the variant at 0" in out
 
 
 @pytest.mark.parametrize("bug", ["drop", "double"])

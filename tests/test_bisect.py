@@ -194,3 +194,51 @@ def test_bisect_finds_the_commit_that_broke_speculation_alone(tmp_path):
     steps = {s["commit"]: s for s in json.loads((out / "bisect.json").read_text())["steps"]}
     assert steps[shas[2]]["verdict"] == "bad" and steps[shas[2]]["exit_code"] == 5
     assert steps[shas[0]]["verdict"] == "good"
+
+
+PAIRED_ENGINE = SPEC_ENGINE.replace("BROKEN = {broken}", "MOVES = {moves}").replace(
+    'flip = BROKEN and spec is not None and req["id"] == "p1"', 'flip = spec is not None and req["id"] in MOVES')
+
+
+def test_bisect_with_the_reference_in_the_arms_calls_a_move_with_the_reference_good(tmp_path):
+    """The reference itself moves p1 under speculation. Commit 1 moves nothing, commit 2 moves p1
+    as the reference does (good: it emits the reference's tokens under the variant too), commit 4
+    moves p3 as well, where the reference stays (bad). The reference's variant runs once, before
+    the first step, and every step is judged beside it."""
+    from bisect_repo import PROMPTS, commit
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    shas = [commit(repo, "1: engine", **{"engine.py": PAIRED_ENGINE.format(moves=set())}),
+            commit(repo, "2: verifier as vLLM's", **{"engine.py": PAIRED_ENGINE.format(moves={"p1"})}),
+            commit(repo, "3: docs", README="v3\n"),
+            commit(repo, "4: a faster verifier", **{"engine.py": PAIRED_ENGINE.format(moves={"p1", "p3"})}),
+            commit(repo, "5: docs", README="v5\n")]
+    (tmp_path / "ref.py").write_text(PAIRED_ENGINE.format(moves={"p1"}))
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    config = tmp_path / "gate.toml"
+    config.write_text(
+        f'name = "paired-bisect"\nprompts = "{tmp_path / "p.jsonl"}"\nmax_tokens = 4\ntop_logprobs = 2\n'
+        f'policy = "strict"\noutput_dir = "{tmp_path / "reports"}"\n'
+        f'[reference]\nkind = "command"\ncommand = {json.dumps([sys.executable, str(tmp_path / "ref.py")])}\n'
+        f'[candidate]\nkind = "command"\ncommand = {json.dumps([sys.executable, str(repo / "engine.py")])}\n'
+        '[invariance]\narms = ["candidate", "reference"]\npolicy = "strict"\n'
+        'speculative = [{ method = "ngram", num_speculative_tokens = 3 }]\n')
+    r = bisect(config, "--repo", repo, "--good", shas[1], "--bad", "main", "--build", BUILD,
+               "--variant", "speculative-ngram-3")
+    assert r.exit_code == 0, r.output  # a --good that moved with the reference is good, not "it fails"
+    assert f"first bad commit: {shas[3]}" in r.output
+    clean(repo, shas[4])
+    (out,) = (tmp_path / "reports").glob("paired-bisect-bisect-*/")
+    state = json.loads((out / "state.json").read_text())
+    assert state["reference_variant"] == str(out / "reference-variant.json")
+    ref = json.loads((out / "reference-variant.json").read_text())
+    (v,) = ref["variants"]
+    assert v["arm"] == "reference" and [m["id"] for m in v["divergences"]] == ["p1"]
+    assert len(list((out / "reference-variant" / "reference").iterdir())) == 2  # batch-1 and the variant, once
+    steps = {s["commit"]: s for s in json.loads((out / "bisect.json").read_text())["steps"]}
+    assert steps[shas[1]]["verdict"] == "good" and steps[shas[1]]["exit_code"] == 0
+    assert steps[shas[3]]["verdict"] == "bad" and steps[shas[3]]["exit_code"] == 5

@@ -477,3 +477,27 @@ def test_a_noise_body_missing_a_key_or_with_a_stray_one_is_refused(judged):
                         (("rates", 0, "largest_gap"), "largest_gap")):
         refuses(load_noise, changed(body, path, drop=True), "report.json's noise", f"`{field}`")
     refuses(load_noise, changed(body, ("seal",), "x"), "report.json's noise", "`seal`")
+
+
+# -- golden: its votes at the [invariance] moves (issue 52)
+
+
+def test_a_real_golden_result_with_variant_votes_reloads_and_renders_the_same(timed, tmp_path, monkeypatch):
+    """A gate whose golden voted at some variant moves and broke on the rest: voted and unjudged
+    rows both come back, and every format renders the same from the reloaded section."""
+    from test_adversarial_golden import _variant_gate
+
+    from strict_gate.golden import render as golden_render
+    from strict_gate.golden.load import load_golden
+
+    _, out, report = _variant_gate(tmp_path, monkeypatch, "--score-breaks-after", "1")
+    body = report["features"]["golden"]["section"]
+    g = load_golden(body)
+    assert g.variants is not None and g.variants.unjudged and len(g.variants.votes) == 6
+    assert g.to_json() == body
+    assert_reloads(g, load_golden, golden_render.SECTION, "golden", timed)
+    refuses(load_golden, changed(body, ("variant_votes", "votes", 0, "side"), "reference"), "variant_votes.votes[0].side")
+    refuses(load_golden, changed(body, ("variant_votes", "moves"), 2), "6 votes for 2 move(s)")
+    refuses(load_golden, changed(body, ("variant_votes", "verdict"), "pass"), "variant_votes.verdict")
+    refuses(load_golden, changed(body, ("variant_votes", "votes", 1, "batch1_gap"), -1.0), "batch1_gap")
+    refuses(load_golden, changed(body, ("variant_votes",), drop=True), "variant_votes")

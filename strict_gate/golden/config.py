@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from strict_gate.core.features import TableContext
-from strict_gate.core.options import Checked, field_types, parse_options
+from strict_gate.core.options import Checked, NonNegativeInt, field_types, parse_options
 from strict_gate.errors import ConfigError
+from strict_gate.golden.variants import DEFAULT_CAP
 
 
 @dataclass(frozen=True)
 class GoldenKeys(Checked):
     blame: bool = False  # a failing gate whose every failing prompt has the reference off the golden exits 6
     check_reference: bool = False  # also score the reference's whole run through the golden (the health check)
+    variant_votes: NonNegativeInt = DEFAULT_CAP  # [invariance] moves voted on at most (0: none)
 
 
 OWN_KEYS = frozenset(field_types(GoldenKeys))
@@ -25,6 +27,7 @@ class GoldenConfig:
     arm: Any  # gate/config.py's ArmConfig, role "golden"
     blame: bool = False
     check_reference: bool = False
+    variant_votes: int = DEFAULT_CAP
 
 
 def parse_golden(table: Any, ctx: TableContext) -> GoldenConfig:
@@ -45,7 +48,7 @@ def parse_golden(table: Any, ctx: TableContext) -> GoldenConfig:
     if not arm.engine_type.can_score:
         raise ConfigError(f"[golden] kind {arm.kind!r} cannot score (teacher-forced logprobs): a golden votes by "
                           "scoring both arms' tokens", path=ctx.path, line=line_of("kind"))
-    return GoldenConfig(arm, keys.blame, keys.check_reference)
+    return GoldenConfig(arm, keys.blame, keys.check_reference, keys.variant_votes)
 
 
 def from_gate(ctx: TableContext) -> GoldenConfig | None:

@@ -15,17 +15,34 @@ from strict_gate.golden.config import GoldenConfig, of
 from strict_gate.golden.load import load_golden
 from strict_gate.golden.result import GoldenResult
 from strict_gate.golden.run import check_reference, diverged, failing, started, vote_all
+from strict_gate.golden.variants import Move, VariantVotes, vote_moves
+from strict_gate.invariance.verdict import InvarianceResult
 from strict_gate.judge.result import GateResult, with_feature
 from strict_gate.judge.stored import load_report
 
 
+def variant_moves(result: GateResult) -> tuple[Move, ...] | None:
+    """Every prompt an [invariance] variant moved where both runs emitted a token, in the result's
+    order (arm, variant, prompt); None when the gate ran no variant."""
+    inv = result.feature("invariance")
+    if not isinstance(inv, InvarianceResult):
+        return None
+    return tuple(Move(v.arm, v.name, m.id, m.position, m.baseline_tokens[: m.position], m.baseline_token,
+                      m.variant_token)
+                 for v in inv.variants for m in v.divergences
+                 if m.position is not None and m.baseline_token is not None and m.variant_token is not None
+                 and m.baseline_token != m.variant_token and len(m.baseline_tokens) > m.position)
+
+
 def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenResult:
-    """The golden's section of a judged gate; the golden started only when it has work, and
-    stopped on every way out."""
+    """The golden's section of a judged gate; the golden started (once) only when it has work,
+    and stopped on every way out."""
     prompts = diverged(result.comparison.prompts)
     fail, band = failing(result.verdict), result.comparison.band
-    if not prompts and not gc.check_reference:
-        return GoldenResult(None, gc.blame, band, fail, ())
+    moves = variant_moves(result)
+    if not prompts and not gc.check_reference and not (moves and gc.variant_votes):
+        return GoldenResult(None, gc.blame, band, fail, (),
+                            variants=None if moves is None else VariantVotes(gc.variant_votes, len(moves), ()))
     engine: Engine = gc.arm.build()
     engine.set_log_path(log)
     with engine_log(log, engine.log_libraries):
@@ -35,10 +52,12 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
             ids = [p.id for p in result.comparison.prompts]
             health = (check_reference(engine, result.reference_records, ids, band, why)
                       if gc.check_reference else None)
+            variants = None if moves is None else vote_moves(engine, moves, result.reference_records,
+                                                              gc.variant_votes, why)
             info = engine.info() if why is None else None
         finally:
             engine.close()
-    return GoldenResult(info, gc.blame, band, fail, votes, health, () if why is None else (why,))
+    return GoldenResult(info, gc.blame, band, fail, votes, health, () if why is None else (why,), variants)
 
 
 @dataclass(frozen=True)

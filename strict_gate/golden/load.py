@@ -5,12 +5,14 @@ the side of each vote, the health line) is derived again, not read."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from strict_gate.core.sections import Shape, read_section
+from strict_gate.errors import InputError
 from strict_gate.golden.result import CheckedPrompt, GoldenResult, HealthCheck, PromptVote
+from strict_gate.golden.variants import MoveVote, VariantVotes
 from strict_gate.golden.vote import Disagreement, Side, Vote
 from strict_gate.judge.schema import EngineDoc, TokenId
 from strict_gate.runs.records import EngineInfo
@@ -45,6 +47,28 @@ class HealthShape(Shape, frozen=True):
     prompts: list[_Checked]
 
 
+class _MoveVote(Shape, frozen=True):
+    arm: str
+    variant: str
+    id: str
+    position: Count
+    error: str | None
+    side: Literal["batch-1", "variant", "neither"] | None  # derived
+    golden_argmax: TokenId | None
+    batch1_token: TokenId | None
+    variant_token: TokenId | None
+    batch1_gap: Gap | None
+    variant_gap: Gap | None
+
+
+class VariantVotesShape(Shape, frozen=True):
+    cap: Count
+    moves: Count
+    verdict: Literal["informational", "unjudged"]  # derived
+    headline: str  # derived
+    votes: list[_MoveVote]
+
+
 class GoldenSection(Shape, frozen=True):
     golden: EngineDoc | None
     blame: bool
@@ -54,6 +78,7 @@ class GoldenSection(Shape, frozen=True):
     votes: list[_Vote]
     health: HealthShape | None
     notes: list[str]
+    variant_votes: VariantVotesShape | None
 
 
 def _vote(v: _Vote) -> PromptVote:
@@ -62,6 +87,22 @@ def _vote(v: _Vote) -> PromptVote:
         return PromptVote(v.id, v.position, None, v.error or "not stored")
     return PromptVote(v.id, v.position, Vote(v.position, v.golden_argmax, v.reference_token, v.candidate_token,
                                              v.reference_gap, v.candidate_gap), v.error)
+
+
+def _move(v: _MoveVote) -> MoveVote:
+    if v.golden_argmax is None or v.batch1_token is None or v.variant_token is None \
+            or v.batch1_gap is None or v.variant_gap is None:
+        return MoveVote(v.arm, v.variant, v.id, v.position, None, v.error or "not stored")
+    return MoveVote(v.arm, v.variant, v.id, v.position, Vote(v.position, v.golden_argmax, v.batch1_token,
+                                                             v.variant_token, v.batch1_gap, v.variant_gap), v.error)
+
+
+def read_variants(s: VariantVotesShape) -> VariantVotes:
+    """The variant votes as written; more votes than moves, or than the cap, is no section the writer makes."""
+    if len(s.votes) > min(s.moves, s.cap):
+        raise InputError(f"report.json's golden: field variant_votes.votes: {len(s.votes)} votes for "
+                         f"{s.moves} move(s) under a cap of {s.cap}")
+    return VariantVotes(s.cap, s.moves, tuple(_move(v) for v in s.votes))
 
 
 def read_health(h: HealthShape) -> HealthCheck:
@@ -76,4 +117,5 @@ def load_golden(d: dict) -> GoldenResult:
     g = s.golden
     golden = None if g is None else EngineInfo.from_json({f: getattr(g, f) for f in g.__struct_fields__})
     return GoldenResult(golden, s.blame, s.band, tuple(s.failing), tuple(_vote(v) for v in s.votes),
-                        None if s.health is None else read_health(s.health), tuple(s.notes))
+                        None if s.health is None else read_health(s.health), tuple(s.notes),
+                        None if s.variant_votes is None else read_variants(s.variant_votes))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from strict_gate.golden.load import load_golden
 from strict_gate.golden.result import GoldenResult, HealthCheck, PromptVote
+from strict_gate.golden.variants import VariantVotes
 from strict_gate.golden.vote import Side
 from strict_gate.judge.result import GateResult
 from strict_gate.judge.schema import ReportDoc
@@ -52,6 +53,39 @@ def _rows(g: GoldenResult, dec: Decoder | None) -> list[tuple[str, ...]]:
 HEAD = ("prompt", "pos", "reference's token", "candidate's token", "golden argmax", "ref gap", "cand gap", "golden sides with")
 
 
+VHEAD = ("arm", "variant", "prompt", "pos", "batch-1 token", "variant token", "golden argmax", "batch-1 gap",
+         "variant gap", "golden sides with")
+
+
+def _variant_rows(vv: VariantVotes, dec: Decoder | None) -> list[tuple[str, ...]]:
+    def tok(t: int) -> str:
+        return f"{t} {dec.token(t)!r}" if dec is not None and dec.available else str(t)
+
+    return [(m.arm, m.variant, m.id, str(m.position), "–", "–", "–", "–", "–", f"unjudged: {m.error}")
+            if (v := m.vote) is None else
+            (m.arm, m.variant, m.id, str(m.position), tok(v.reference_token), tok(v.candidate_token),
+             tok(v.golden_argmax), _g(v.reference_gap), _g(v.candidate_gap),
+             f"{m.side}: REFERENCE's batch-1 off the golden" if m.reference_right_in_variant else str(m.side))
+            for m in vv.votes]
+
+
+def _variants_md(vv: VariantVotes, dec: Decoder | None) -> list[str]:
+    out = ["", "### The golden at the variants' moves", "", f"{md(vv.headline())} (informational; docs/golden.md).", ""]
+    if vv.votes:
+        out += ["| " + " | ".join(VHEAD) + " |", "|" + "---|" * len(VHEAD)]
+        out += ["| " + " | ".join(md(c) for c in row) + " |" for row in _variant_rows(vv, dec)]
+    return out
+
+
+def _variants_html(vv: VariantVotes | None) -> str:
+    if vv is None:
+        return ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in VHEAD)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in _variant_rows(vv, None))
+    return (f"<h3>The golden at the variants' moves</h3><p>{escape(vv.headline())}</p>"
+            + (f"<table><tr>{head}</tr>{rows}</table>" if rows else ""))
+
+
 def _health_md(h: HealthCheck) -> list[str]:
     out = ["", f"The reference checked against the golden: {md(h.line())}.", ""]
     rows = [p for p in h.prompts if p.error is not None or (p.check is not None and p.check.first is not None)]
@@ -71,6 +105,8 @@ def markdown_section(g: GoldenResult, dec: Decoder | None) -> list[str]:
         out += ["| " + " | ".join(md(c) for c in row) + " |" for row in _rows(g, dec)]
     if g.health is not None:
         out += _health_md(g.health)
+    if g.variants is not None:
+        out += _variants_md(g.variants, dec)
     return out + [f"- note: {md(n)}" for n in g.notes] + [""]
 
 
@@ -80,7 +116,7 @@ def html_section(g: GoldenResult) -> str:
     health = "" if g.health is None else f"<p>The reference checked against the golden: {escape(g.health.line())}</p>"
     notes = "".join(f"<li class='none'>note: {escape(n)}</li>" for n in g.notes)
     return (f"<h2 id='golden'>The golden's votes</h2><p><b>{escape(g.headline())}</b></p>"
-            + (f"<table><tr>{head}</tr>{rows}</table>" if rows else "") + health
+            + (f"<table><tr>{head}</tr>{rows}</table>" if rows else "") + health + _variants_html(g.variants)
             + (f"<ul>{notes}</ul>" if notes else ""))
 
 
@@ -91,12 +127,18 @@ def console_lines(g: GoldenResult) -> list[str]:
         out.append(f"golden: ... {len(g.votes) - CONSOLE_VOTES} more in report.md")
     if g.health is not None:
         out.append(f"golden: {g.health.line()}")
+    if g.variants is not None:
+        out += [f"golden: {m.line()}" for m in g.variants.votes[:CONSOLE_VOTES]]
+        if len(g.variants.votes) > CONSOLE_VOTES:
+            out.append(f"golden: ... {len(g.variants.votes) - CONSOLE_VOTES} more variant vote(s) in report.md")
     return out
 
 
 def _properties(g: GoldenResult) -> list[tuple[str, str]]:
     out = [("golden", g.headline()), ("golden_verdict", g.section_verdict)]
-    return out + ([] if g.health is None else [("golden_reference_check", g.health.line())])
+    out += [] if g.health is None else [("golden_reference_check", g.health.line())]
+    return out + ([] if g.variants is None else [("golden_variants", g.variants.headline()),
+                                                 ("golden_variants_verdict", g.variants.verdict)])
 
 
 def _show(report: ReportDoc, console: Console) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strict_gate.errors import ExitCode
+from strict_gate.golden.variants import VariantVotes
 from strict_gate.golden.vote import Disagreement, Side, Vote
 from strict_gate.runs.records import EngineInfo
 
@@ -85,6 +86,7 @@ class GoldenResult:
     votes: tuple[PromptVote, ...]
     health: HealthCheck | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    variants: VariantVotes | None = None  # its votes at the [invariance] moves; None: the gate ran no variant
 
     @property
     def unvoted(self) -> tuple[str, ...]:
@@ -131,6 +133,8 @@ class GoldenResult:
         if self.reference_off:
             head += (f"; the REFERENCE is off the golden beyond the band at every failing prompt ({len(self.failing)}), "
                      "the candidate on it" + ("" if self.blame else " (blame = false: informational)"))
+        if self.variants is not None:  # informational: never in exit_code nor section_verdict
+            head += f"; {self.variants.headline()}"
         return head
 
     def to_json(self) -> dict:
@@ -143,6 +147,7 @@ class GoldenResult:
             "votes": [_vote_json(v) for v in self.votes],
             "health": None if self.health is None else health_json(self.health),
             "notes": list(self.notes),
+            "variant_votes": None if self.variants is None else self.variants.to_json(),
         }
 
 

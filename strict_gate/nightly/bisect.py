@@ -5,7 +5,9 @@ stored reference (the config's recorded baseline, or the live reference run once
 bisection, into the bisect directory: vLLM is never reloaded), tokens only (no [speed], no
 drift, no teacher-forced diagnosis, no [invariance], no [localize], no [golden]: nothing that
 loads another engine or judges anything but the tokens), unless `--variant NAME` asks to bisect on one
-[invariance] variant of the candidate (a commit where it moves is bad). The gate's exit code
+[invariance] variant of the candidate (a commit where it moves is bad; with the reference in the
+variants' `arms`, where it moves otherwise than the reference's own run of it, made once:
+bisect_variant.py). The gate's exit code
 becomes git's: pass -> good (0), fail -> bad (1), an engine failure or incomplete gate, or a
 build that fails -> skip (125), bad input -> abort (128, the message kept). Both ends are
 tested first: a --good that fails or a --bad that passes is bad input, not a bisection.
@@ -37,6 +39,7 @@ from strict_gate.gate.run import run_gate
 from strict_gate.invariance.config import InvarianceConfig, InvariancePolicy
 from strict_gate.invariance.config import of as invariance_of
 from strict_gate.judge.stored import load_report
+from strict_gate.nightly.bisect_variant import judged_step, reference_variant
 from strict_gate.nightly.bisect_watch import Watchdog
 from strict_gate.runs.records import write_text_atomic
 
@@ -228,16 +231,18 @@ def _gate_step(commit: str, state: dict, out: Path) -> Step:
         cfg = load_gate_config(state["config"])
         cfg = step_config(cfg, Path(state["prompts"]), Path(state["reference"]), out, state.get("variant"))
         outcome = run_gate(cfg)
+        result = judged_step(outcome.result, state["reference_variant"]) if state.get("reference_variant") \
+            else outcome.result
     except StrictGateError as e:
         verdict = VERDICT_OF_EXIT.get(e.exit_code, StepVerdict.SKIP)
         return Step(commit, verdict, e.exit_code, None, str(e))
     except Exception as e:  # an engine bug at this commit: it cannot be judged here
         return Step(commit, StepVerdict.SKIP, 3, None, f"{type(e).__name__}: {e}")
-    code = outcome.result.exit_code
+    code = result.exit_code
     moved = {ExitCode.NOT_INVARIANT: StepVerdict.BAD} if state.get("variant") else {}
     verdict = (VERDICT_OF_EXIT | moved).get(code, StepVerdict.SKIP)
     return Step(commit, verdict, code, str(outcome.report_dir), "" if verdict is not StepVerdict.SKIP
-                else "; ".join(outcome.result.problems) or "the gate was incomplete")
+                else "; ".join(result.problems) or "the gate was incomplete")
 
 
 # ---------------------------------------------------------------------------- the bisection
@@ -302,10 +307,11 @@ def run_bisect(cfg: GateConfig, *, repo: Path, good: str, bad: str, build: str,
     out = new_report_dir(output_dir or cfg.output_dir, f"{cfg.name}-bisect").resolve()
     prompts = _subset(cfg, ids, out) if ids is not None else cfg.prompts
     state = out / STATE_FILE
+    paired_with = reference_variant(cfg, only_variant(cfg, variant), Path(prompts), out) if variant else None
     write_text_atomic(state, json.dumps({
         "repo": str(root), "out": str(out), "build": build, "config": str(Path(cfg.path).resolve()),
         "prompts": str(Path(prompts).resolve()), "reference": str(_stored_reference(cfg, prompts, out).resolve()),
-        "variant": variant,
+        "variant": variant, "reference_variant": None if paired_with is None else str(paired_with),
     }))
     original, started = _original_head(root), False
     watchdog = Watchdog(root, original)  # restores the repository should we be killed

@@ -3,6 +3,7 @@
 
     python variant_engine.py [--mode MODE] [--max-in-flight N] [--gap G] [--shift S] [--no-chunk] [--no-cache]
                              [--score] [--garbage] [--stop J] [--delay S] [--tag NAME] [--speculative] [--at N]
+                             [--score-breaks-after N] [--score-break error|garbage]
                              [--move-at I] [--every N]
 
 It reads every request already waiting on stdin before it answers (so requests the gate keeps
@@ -24,6 +25,8 @@ runner-up G nats below, whatever the prefix (the model above). --garbage: where 
 every later token is one that model ranks nowhere (token + 500), claimed as the engine's own top-1.
 --stop J: where token 2 moved, the reply stops after position J (finish "stop", J + 1 tokens, the
 last an ordinary token, no end-of-sequence id) where the batch-1 run went on to max_tokens.
+--score-breaks-after N: from its (N+1)th score request on, the score op breaks (--score-break:
+`error` answers an error, `garbage` answers steps with no top-k), as a golden failing mid-way.
 --move-at I: the token that moves is token I (2 by default). --every N: only a prompt whose ids sum
 to a multiple of N moves (1 by default: every prompt), so two engines can move on different prompts.
 --speculative declares "speculative": a request carrying it gets the same tokens and honest
@@ -166,7 +169,10 @@ def main() -> int:
     ap.add_argument("--at", type=int, default=64)
     ap.add_argument("--move-at", type=int, default=2)
     ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--score-breaks-after", type=int, default=None)
+    ap.add_argument("--score-break", choices=["error", "garbage"], default="error")
     args = ap.parse_args()
+    scored = 0
     note(args.tag, "start", sys.stdin.fileno())
     caps = ["generate"] + ([] if args.no_chunk else ["prefill_chunk"]) + (["score"] if args.score else [])
     caps += ["speculative"] if args.speculative else []
@@ -188,7 +194,14 @@ def main() -> int:
         time.sleep(args.delay)
         if group[0].get("op") == "score":
             for req in group:
-                send(score(req, args.gap, args.shift))
+                scored += 1
+                if args.score_breaks_after is None or scored <= args.score_breaks_after:
+                    send(score(req, args.gap, args.shift))
+                elif args.score_break == "error":
+                    send({"id": req["id"], "error": "the golden broke mid-way"})
+                else:
+                    send({"id": req["id"], "steps": [{"token_id": t, "logprob": None, "top": []}
+                                                     for t in req["continuation_ids"]]})
             continue
         if args.mode == "refuse" and len(group) > 1:
             stdin.drain()
