@@ -500,4 +500,6 @@ def test_a_real_golden_result_with_variant_votes_reloads_and_renders_the_same(ti
     refuses(load_golden, changed(body, ("variant_votes", "moves"), 2), "6 votes for 2 move(s)")
     refuses(load_golden, changed(body, ("variant_votes", "verdict"), "pass"), "variant_votes.verdict")
     refuses(load_golden, changed(body, ("variant_votes", "votes", 1, "batch1_gap"), -1.0), "batch1_gap")
-    refuses(load_golden, changed(body, ("variant_votes",), drop=True), "variant_votes")
+    # a section written before the variant votes existed reads back as "none voted" (they never move
+    # an exit code, so the older report is not turned into another verdict by it)
+    assert load_golden(changed(body, ("variant_votes",), drop=True)).variants is None

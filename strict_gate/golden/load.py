@@ -78,7 +78,7 @@ class GoldenSection(Shape, frozen=True):
     votes: list[_Vote]
     health: HealthShape | None
     notes: list[str]
-    variant_votes: VariantVotesShape | None
+    variant_votes: VariantVotesShape | None = None  # absent in reports written before the variant votes
 
 
 def _vote(v: _Vote) -> PromptVote:
