@@ -196,3 +196,124 @@ def test_a_driver_sigkilled_mid_gate_continues_with_resume(cluster, tmp_path, mo
     assert _records(report / "candidate") == _records(Path("one"))
     resumed = json.loads((report / "candidate" / "manifest.json").read_text())["resumed"]
     assert resumed and resumed[-1]["kept"] == kept and resumed[-1]["remaining"] == N - kept
+
+
+SERVER = Path(__file__).parent / "engines" / "fake_openai_server.py"
+CASCADE = Path(__file__).parent / "engines" / "cascade_engine.py"
+
+
+def test_launched_openai_servers_run_in_the_actors_and_stop_with_them(cluster, tmp_path, monkeypatch):
+    """A launched openai arm: each actor launches its own server (tests/engines/fake_openai_server.py,
+    one per actor, each writing its pids to pids-PORT.txt); the records equal the single-process
+    run's, and once the run is over no server (nor its child) is left running."""
+    from helpers import pid_alive
+
+    address, env, node = cluster
+    node()
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SERVER, "server.py")
+    Path("p.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "token_ids": [1, 2, i + 3]}) + "\n" for i in range(6)))
+    arm = ('kind = "openai"\nserve = ["python", "server.py", "--port", "{port}", "--spawn-child", "--pidfile", '
+           '"pids-{port}.txt"]\nstartup_timeout_s = 60\nstop_timeout_s = 20\n')
+    Path("one.toml").write_text(arm)
+    Path("pool.toml").write_text(arm + f'[ray]\naddress = "{address}"\nactors = 2\nstart_timeout_s = 120\n')
+    r = cli("run", "one.toml", "-p", "p.jsonl", "--out", "one", "--max-tokens", "4", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    alone = set(Path(".").glob("pids-*.txt"))
+    r = cli("run", "pool.toml", "-p", "p.jsonl", "--out", "pool", "--max-tokens", "4", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _records(Path("pool")) == _records(Path("one"))
+    ex = json.loads(Path("pool/executor.json").read_text())
+    assert len(ex["actors"]) == 2 and set(ex["served"].values()) == {0, 1}, ex
+    pooled = set(Path(".").glob("pids-*.txt")) - alone
+    assert len(pooled) == 2, pooled  # one server launched in each actor, none in the driver
+    pids = [int(p) for f in pooled for p in f.read_text().split()]
+    deadline = time.monotonic() + 5  # the actors' close stopped them; a watchdog would take stop_timeout_s (20 s)
+    while time.monotonic() < deadline and any(map(pid_alive, pids)):
+        time.sleep(0.2)
+    assert not [p for p in pids if pid_alive(p)], "a launched server outlived its actor"
+    logs = list(Path("pool").glob("engine-*.log"))
+    assert len(logs) == 2 and all("fake server listening" in f.read_text() for f in logs), logs
+
+
+def _cascade_gate(name: str, ray: str) -> str:
+    """A gate whose candidate flips the near-tie at position 2 of every prompt (tests/engines/
+    cascade_engine.py): every prompt is re-scored by the reference (served by `ray`, if any)."""
+    Path(f"{name}.toml").write_text(
+        f'name = "{name}"\nprompts = "p.jsonl"\nmax_tokens = 6\ntop_logprobs = 5\nband = 0.5\noutput_dir = "reports"\n'
+        '[reference]\nkind = "command"\ncommand = ["python", "cascade_engine.py", "reference"]\n' + ray +
+        '[candidate]\nkind = "command"\ncommand = ["python", "cascade_engine.py", "candidate", "--flip", "2"]\n')
+    return f"{name}.toml"
+
+
+def _verdict(report: Path) -> tuple:
+    doc = json.loads((report / "report.json").read_text())
+    return doc["verdict"], doc["summary"], [(p["id"], p["status"], p.get("outcome"), p.get("diagnosis"))
+                                            for p in doc["prompts"]]
+
+
+def test_flips_are_rescored_by_the_actors_in_turn_with_the_single_process_verdict(cluster, tmp_path, monkeypatch):
+    address, env, node = cluster
+    node()
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(CASCADE, "cascade_engine.py")
+    Path("p.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [1, 2, i + 3]}) + "\n" for i in range(4)))
+    codes = []
+    for gate in (_cascade_gate("alone", ""), _cascade_gate("pooled", f'[reference.ray]\naddress = "{address}"\n'
+                                                                      'actors = 2\nstart_timeout_s = 120\n')):
+        r = cli("gate", gate, cwd=tmp_path, env=env)
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+        codes.append(r.returncode)
+    assert codes[0] == codes[1]
+    (alone,) = Path("reports").glob("alone-*")
+    (pooled,) = Path("reports").glob("pooled-*")
+    assert _verdict(pooled) == _verdict(alone)
+    diagnosed = [d for _, _, _, d in _verdict(alone)[2] if d]
+    assert len(diagnosed) == 4, _verdict(alone)  # every prompt's flip was re-scored
+    ex = json.loads((pooled / "reference" / "executor.json").read_text())
+    assert sum(ex["scored"].values()) >= 4 and len(ex["scored"]) == 2, ex  # 4 flips, both actors scored
+
+
+def test_a_table_asking_for_gpus_the_cluster_has_not_fails_within_start_timeout(cluster, tmp_path, monkeypatch):
+    address, env, _ = cluster
+    monkeypatch.chdir(tmp_path)
+    _workdir(tmp_path, address, actors=1, delay=0.0)
+    Path("gpu.toml").write_text(Path("pool.toml").read_text().replace("start_timeout_s = 60", "start_timeout_s = 3")
+                                + "num_gpus = 1\n")
+    t0 = time.monotonic()
+    r = cli("run", "gpu.toml", "-p", "p.jsonl", "--out", "gpu", "--max-tokens", "4", cwd=tmp_path, env=env)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "no room for them within start_timeout_s = 3 s" in r.stderr + r.stdout and "GPU 0 in all" in r.stderr + \
+        r.stdout, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 90
+
+
+def test_what_drives_one_engine_says_it_is_not_pooled(cluster, tmp_path, monkeypatch):
+    """A Ray candidate with [invariance], [speed] and localize: its invariance variants run on one
+    engine in the driver, each variant run's manifest saying so; the speed arm and localisation
+    say why they did not run on the pool (report.json), never a stored-run or cannot-dump story."""
+    address, env, _ = cluster
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(Path(__file__).parent / "engines" / "variant_engine.py", "engine.py")
+    Path("p.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "token_ids": [3 + i, 11, 20 + 5 * i, 7]}) + "\n"
+                                       for i in range(3)))
+    Path("g.toml").write_text(
+        'name = "said"\nprompts = "p.jsonl"\nmax_tokens = 4\ntop_logprobs = 2\noutput_dir = "reports"\nlocalize = true\n'
+        '[reference]\nkind = "command"\ncommand = ["python", "engine.py", "--score"]\n'
+        '[candidate]\nkind = "command"\ncommand = ["python", "engine.py", "--score", "--shift", "1"]\n'
+        f'[candidate.ray]\naddress = "{address}"\nactors = 1\nstart_timeout_s = 120\n'
+        '[invariance]\narms = ["candidate"]\nbatch = [2]\n[speed]\nwarmup = 0\nruns = 2\nrungs = ["4/4"]\n')
+    r = cli("gate", "g.toml", cwd=tmp_path, env=env)
+    assert r.returncode in (1, 3), r.stdout + r.stderr  # the candidate diverges everywhere
+    (report,) = Path("reports").glob("said-*")
+    manifests = list((report / "invariance" / "candidate").rglob("manifest.json"))
+    assert manifests, r.stdout + r.stderr
+    for m in manifests:
+        executor = json.loads(m.read_text())["engine"]["options"]["executor"]
+        assert executor == {"kind": "driver", "pooled": False, "note": "not pooled: ran in the driver process"}, m
+    assert json.loads((report / "candidate" / "manifest.json").read_text())["engine"]["options"]["executor"][
+        "kind"] == "ray"
+    text = (report / "report.json").read_text()
+    assert "served by a pool of Ray actors ([candidate.ray]): not timed (not pooled" in text, text
+    assert "not localised: the candidate (command) is served by a pool of Ray actors" in text, text
+    assert "stored run" not in text and "cannot dump" not in text

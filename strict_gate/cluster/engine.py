@@ -12,6 +12,8 @@ actor count), so a resumed run is compared with the same engine.
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +24,8 @@ from strict_gate.cluster.settings import RaySettings
 from strict_gate.engines.base import Engine, PromptInput
 from strict_gate.errors import EngineError, MissingExtraError
 from strict_gate.runs.records import EngineInfo, Record, Sampling, ScoredStep, write_json_atomic
+
+CLOSE_S = 90.0  # the most the actors' engines get to close (an openai server's stop_timeout_s, then its kill wait)
 
 
 def _ray() -> Any:
@@ -39,6 +43,7 @@ class RayExecuted(Engine):
     in_process: ClassVar[bool] = False  # the engines run in the actors; the arm's env goes to them
     writes_log: ClassVar[bool] = True  # for the run directory's path: executor.json goes beside engine.log
     measurable: ClassVar[bool] = False  # the speed arm times one engine, not a pool
+    pooled = "served by a pool of Ray actors ([<role>.ray])"
 
     def __init__(self, options, env: dict[str, str] | None = None, base_dir: str | Path = ".", *,
                  settings: RaySettings):
@@ -51,6 +56,7 @@ class RayExecuted(Engine):
         self.resent: list[dict[str, Any]] = []
         self.spawned = 0
         self.scored = 0  # score calls so far: the next goes to the next actor
+        self.scores: dict[int, int] = {}  # actor index -> score calls it answered (executor.json)
         self.started_ray = False
 
     # -- lifecycle
@@ -59,7 +65,7 @@ class RayExecuted(Engine):
             return
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=self.settings.cluster(), logging_level="ERROR", log_to_driver=False)
+            _connect(ray, self.settings.cluster(), self.settings.start_timeout_s)
             self.started_ray = True
         self._spawn(self.settings.actors)
         hello = self.hellos[min(self.hellos)]
@@ -88,10 +94,10 @@ class RayExecuted(Engine):
         try:
             hellos = ray.get([ref for _, ref in launched.values()], timeout=self.settings.start_timeout_s)
         except Exception as e:
-            for handle, _ in launched.values():
+            for handle, _ in launched.values():  # maybe never placed: a close call would wait for room
                 ray.kill(handle)
-            why = ("the cluster has no room for them within start_timeout_s"
-                   if isinstance(e, ray.exceptions.GetTimeoutError) else _cause(e))
+            why = (f"the cluster has no room for them within start_timeout_s = {self.settings.start_timeout_s:g} s "
+                   f"({_room(ray, self.settings)})" if isinstance(e, ray.exceptions.GetTimeoutError) else _cause(e))
             raise EngineError(f"{n} Ray actor(s) of the {self.inner.kind} engine did not start: {why}") from None
         for (index, (handle, _)), hello in zip(launched.items(), hellos, strict=True):
             self.hellos[index] = hello
@@ -99,9 +105,7 @@ class RayExecuted(Engine):
 
     def close(self) -> None:
         if self.actors:
-            ray = _ray()
-            for handle in self.actors.values():
-                ray.kill(handle)
+            _stop(list(self.actors.values()))  # each engine closed in its actor (a launched server stopped)
             self.actors = {}
             self._write_executor()
         if self.started_ray:
@@ -200,6 +204,7 @@ class RayExecuted(Engine):
         ray = _ray()
         a = sorted(self.actors)[self.scored % len(self.actors)]
         self.scored += 1
+        self.scores[a] = self.scores.get(a, 0) + 1
         return ray.get(self.actors[a].score.remote(list(prompt_ids), list(continuation_ids), k))
 
     def _write_executor(self) -> None:
@@ -210,8 +215,59 @@ class RayExecuted(Engine):
                 "actors": [{"index": i, "node": h["node"], "host": h["host"], "pid": h["pid"]}
                            for i, h in sorted(self.hellos.items())],
                 "nodes": sorted({h["node"] for h in self.hellos.values()}),
-                "served": self.served, "resent": self.resent}
+                "served": self.served, "scored": {str(a): n for a, n in sorted(self.scores.items())},
+                "resent": self.resent}
         write_json_atomic(Path(self.log_path).parent / "executor.json", body)
+
+
+def _connect(ray: Any, address: str, timeout_s: float) -> None:
+    """ray.init, bounded: an address where nothing listens is refused at once, and one that does
+    not answer as a cluster within `timeout_s` fails the arm (ray.init alone retries for minutes)."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if address != "auto" and host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=min(timeout_s, 10.0)).close()
+        except OSError as e:
+            raise EngineError(f"the Ray cluster at {address!r} does not answer ({e}): start it (`ray start --head`) "
+                              "or fix [<role>.ray] address") from None
+    failed: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except BaseException as e:  # handed to the caller's thread
+            failed.append(e)
+
+    t = threading.Thread(target=init, name="ray-init", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise EngineError(f"the Ray cluster at {address!r} did not answer within start_timeout_s = {timeout_s:g} s")
+    if failed:
+        raise EngineError(f"cannot connect to the Ray cluster at {address!r}: {_cause(failed[0])}")
+
+
+def _stop(handles: list[Any]) -> None:
+    """Each actor's engine closed in its actor (a launched server stopped as a group, a command
+    engine's process), at most CLOSE_S, then the actor killed; one already dead is only killed."""
+    ray = _ray()
+    refs = [h.close.remote() for h in handles]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=CLOSE_S)
+    for h in handles:
+        ray.kill(h)
+
+
+def _room(ray: Any, s: RaySettings) -> str:
+    """What each actor asks against what the cluster has in all, for a start that found no room."""
+    ask = {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources}
+    try:
+        have = ray.cluster_resources()
+    except Exception:
+        have = {}
+    return "each asks " + ", ".join(f"{k} {v:g}" for k, v in ask.items() if v) + "; the cluster has " + \
+        ", ".join(f"{k} {have.get(k, 0):g}" for k, v in ask.items() if v) + " in all"
 
 
 def _cause(e: BaseException) -> str:
@@ -226,4 +282,20 @@ def ray_engine_class(inner: type[Engine]) -> type[RayExecuted]:
                                                           "inner": inner})
 
 
-__all__ = ["RayExecuted", "ray_engine_class"]
+IN_DRIVER = {"kind": "driver", "pooled": False, "note": "not pooled: ran in the driver process"}
+
+
+def driver_engine_class(inner: type[Engine]) -> type[Engine]:
+    """`inner`'s kind run in the driver (the gate's own process), for what drives one engine of a
+    Ray arm (invariance variants: a batch or concurrency variant is one engine serving several
+    sequences at once, which a pool of batch-1 actors is not); its manifests say so under
+    `options.executor`."""
+
+    def info(self) -> EngineInfo:
+        i: EngineInfo = inner.info(self)
+        return EngineInfo(i.kind, i.model, {**i.options, "executor": dict(IN_DRIVER)}, i.env, i.versions, i.tokenizer)
+
+    return type(f"Driver{inner.__name__}", (inner,), {"info": info})
+
+
+__all__ = ["IN_DRIVER", "RayExecuted", "driver_engine_class", "ray_engine_class"]

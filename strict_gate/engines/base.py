@@ -95,6 +95,9 @@ class Engine(ABC):
     speaks_http: ClassVar[bool] = False  # an HTTP server (OpenAI completions): no hello, no line protocol
     # The speed arm (strict_gate/speed): what it may ask of an engine, timed from outside.
     measurable: ClassVar[bool] = True  # a live engine (a stored run has no speed)
+    # set on an engine served by a pool of Ray actors (cluster/engine.py): why what drives one
+    # engine (speed, localisation) does not run on it; None for an engine of its own
+    pooled: ClassVar[str | None] = None
     streams: ClassVar[bool] = False  # stream_one() reports each token as it arrives
     can_batch: ClassVar[bool] = False  # generate_batch() serves several sequences at once
     # Localisation (strict_gate/localize): activations at canonical points along the depth.
@@ -128,6 +131,14 @@ class Engine(ABC):
     def check_options(cls, options, *, where: str, line_of) -> None:
         """Checks of parsed options that need the engine's own knowledge, run when the config is
         read (before anything is built): a ConfigError at line_of(key) of file line_of.path."""
+
+    @classmethod
+    def pool_refusal(cls, options) -> str | None:
+        """Why an arm of this kind with these options cannot be served by a pool of Ray actors
+        (`[<role>.ray]`, strict_gate/cluster/), None when it can: each actor holds an engine of its own."""
+        if cls.replays_run:
+            return f"a {cls.kind!r} arm replays a stored run: it serves nothing, so there is nothing to pool"
+        return None
 
     def check_prompt_set(self, ps, arm: str) -> None:
         """Refuse a prompt set this arm cannot be fed (ConfigError naming the file): a text-only

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
-from strict_gate.cluster.engine import ray_engine_class
+from strict_gate.cluster.engine import driver_engine_class, ray_engine_class
 from strict_gate.cluster.settings import RaySettings
 from strict_gate.core.features import FEATURES, BandSource, TableContext, resolve
 from strict_gate.core.options import Bound, Checked, Example, Parse, PositiveInt, field_types, parse_options
@@ -92,6 +92,19 @@ class ArmConfig:
                                                                     settings=self.ray)
             else:
                 engine = self.engine_type(self.options, self.env, self.base_dir)
+        except ConfigError as e:
+            raise located(e, self.path, self.line) from None
+        engine.configured_at = (self.path, self.line)
+        return engine
+
+    def build_in_driver(self) -> Engine:
+        """One engine of the arm in this process, even when `[<role>.ray]` pools its gate run: for
+        what drives one engine (invariance variants), its manifests saying "not pooled: ran in the
+        driver process"; without a [ray] table, build()."""
+        if self.ray is None:
+            return self.build()
+        try:
+            engine = driver_engine_class(self.engine_type)(self.options, self.env, self.base_dir)
         except ConfigError as e:
             raise located(e, self.path, self.line) from None
         engine.configured_at = (self.path, self.line)
@@ -202,6 +215,9 @@ def _arm(role: str, table: dict, lines: _Lines, base_dir: Path) -> ArmConfig:
                           line=lines.find(name, f"{role}.env") or lines.find("env", role))
     env = restore_env(env)
     ray = _ray(role, table.get("ray"), lines)
+    if ray is not None and (why := cls.pool_refusal(options)):
+        raise ConfigError(f"[{role}.ray] {why}", path=lines.path,
+                          line=lines.header(f"{role}.ray") or lines.header("ray") or lines.find("ray", role))
     return ArmConfig(role, keys.kind, options, env, keys.runs, base_dir, lines.path,
                      lines.header(role) or lines.find("kind", role), ray)
 

@@ -246,7 +246,7 @@ def from_gate(ctx: TableContext) -> InvarianceConfig | None:
     reference's and candidate's engines (built, not started)."""
     if "invariance" not in ctx.data:
         return None
-    builders = {role: arm.build for role, arm in ctx.arms.items() if role in ("reference", "candidate")}
+    builders = {role: arm.build_in_driver for role, arm in ctx.arms.items() if role in ("reference", "candidate")}
     return parse_invariance(ctx.data["invariance"], builders, ctx.lines.table("invariance"))
 
 

@@ -52,8 +52,8 @@ def invariance_phase(cfg: GateConfig, inputs: list[PromptInput], report_dir: Pat
     both arms, the candidate's judged against the reference's own moves (moves.py)."""
     inv = of(cfg)
     assert inv is not None
-    builders = {role: (cfg.reference if role == "reference" else cfg.candidate).build  # type: ignore[union-attr]
-                for role in inv.arms}
+    builders = {role: (cfg.reference if role == "reference" else cfg.candidate).build_in_driver  # type: ignore[union-attr]
+                for role in inv.arms}  # a Ray arm's variants: one engine in this process, not its pool
     try:
         return paired(run_invariance(inv, builders, inputs, report_dir / INVARIANCE_DIR, runner, band=cfg.band))
     finally:

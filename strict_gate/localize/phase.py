@@ -44,8 +44,17 @@ def activation_reference(cfg, reference: Engine, report_dir: Path) -> tuple[Engi
         e = build_rescorer(cfg, report_dir)
         return e, True, (f"the reference ({reference.kind}) cannot dump activations: the [rescorer] arm "
                          f"({e.kind} {e.info().model}) is the activation reference")
+    if reference.pooled:
+        return None, False, _not_pooled("reference", reference) + " or give a [localize.reference] arm"
     return None, False, (f"not localised: the reference ({reference.kind}) cannot dump activations and no "
                          "[localize.reference] or dumping [rescorer] arm is configured")
+
+
+def _not_pooled(role: str, e: Engine) -> str:
+    """Why an arm served by Ray actors is not localised (localisation drives one engine)."""
+    assert e.pooled is not None
+    return (f"not localised: the {role} ({e.kind}) is {e.pooled.replace('<role>', role)}, and localisation "
+            "drives one engine's activations (not pooled): localise with the arm without its ray table")
 
 
 def _work_dir(report_dir: Path) -> Path:
@@ -64,6 +73,8 @@ def localize_result(cfg, result: GateResult, reference: Engine, candidate: Engin
                  only=only, later=result.later, cand_records=result.candidate_records)
     if not ts:
         return result
+    if candidate.pooled:
+        return replace(result, notes=(*result.notes, _not_pooled("candidate", candidate)))
     ref_engine, built, note = activation_reference(cfg, reference, report_dir)
     if ref_engine is None or not candidate.can_dump:
         why = f"not localised: the candidate ({candidate.kind}) cannot dump activations"

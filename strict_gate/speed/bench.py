@@ -87,7 +87,11 @@ class SpeedSession:
         if gate_records is not None:
             self.gate_records[role] = gate_records
         if not engine.measurable:
-            self.failed[role] = f"the {role} engine ({engine.kind}) is a stored run and cannot be timed"
+            self.failed[role] = (f"the {role} engine ({engine.kind}) is a stored run and cannot be timed"
+                                 if engine.pooled is None else
+                                 f"the {role} engine ({engine.kind}) is {engine.pooled.replace('<role>', role)}: "
+                                 "not timed (not pooled: the speed arm times one engine alone; time the arm "
+                                 "without its ray table, `strict-gate bench`)")
             return
         log = engine_log(RunDir(run_dir).engine_log, engine.log_libraries) if run_dir is not None else nullcontext()
         try:

@@ -32,7 +32,7 @@ from strict_gate.engines.openai.client import (
     Unreachable,
     parse_completion,
 )
-from strict_gate.engines.openai.options import OpenAIOptions, check_openai_options
+from strict_gate.engines.openai.options import OpenAIOptions, check_openai_options, connect_mode_refusal
 from strict_gate.engines.openai.pool import ServerFailed, dispatch
 from strict_gate.engines.openai.score import ScoringUnsupported, score_reply
 from strict_gate.engines.openai.server import Server, arm_servers, served_context
@@ -89,6 +89,10 @@ class OpenAIEngine(Engine):
     @classmethod
     def check_options(cls, options: OpenAIOptions, *, where: str, line_of) -> None:
         check_openai_options(options, where=where, line_of=line_of)
+
+    @classmethod
+    def pool_refusal(cls, options: OpenAIOptions) -> str | None:
+        return connect_mode_refusal(options)
 
     def check_prompt_set(self, ps, arm: str) -> None:
         if self.options.text_only:

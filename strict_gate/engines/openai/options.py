@@ -47,3 +47,14 @@ def check_openai_options(options: OpenAIOptions, *, where: str, line_of) -> None
             f"[{where}] text_only = true needs tokenizer (a tokenizer.json or the model directory): the "
             "server's text is tokenized with it, in context", path=getattr(line_of, "path", None),
             line=line_of("text_only"))
+
+
+def connect_mode_refusal(options: OpenAIOptions) -> str | None:
+    """Why this arm cannot be served by Ray actors ([<role>.ray]), None when it can: a launched
+    arm can (each actor launches its own server and stops it when it stops); connect mode cannot."""
+    if options.serve:
+        return None
+    return ("connect mode is not pooled: the servers at base_url are already where they are, and a Ray actor "
+            "would only relay their requests; spread the prompts over several running servers with the openai "
+            "arm's own list, base_url = [\"http://host-1:8000\", \"http://host-2:8000\"] (or give serve = [...] "
+            "so that each actor launches its own server)")
