@@ -104,12 +104,14 @@ def test_the_requests_eos_token_ids_end_the_sequence(tmp_path):
 
 
 def test_the_hello_says_what_the_cpu_plugin_compiled(tmp_path):
-    """f32 is pinned and read back; `native` reports the plugin's own defaults, whatever this CPU
-    makes of them (bf16 compute and a u8 KV cache on the AVX512-BF16 dev box)."""
+    """f32 (compute, KV cache, no dynamic quantisation of the activations) is pinned and read back;
+    `native` reports the plugin's own defaults, whatever this CPU makes of them (bf16 compute, a u8
+    KV cache and activation groups of 32 on the AVX512-BF16 dev box)."""
     eng = engine("int8", tmp_path / "e.log")
     pinned = eng.hello["settings"]
     eng.close()
     assert (pinned["INFERENCE_PRECISION_HINT"], pinned["KV_CACHE_PRECISION"]) == ("f32", "f32")
+    assert pinned["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"  # int8 weights, activations not quantised
     eng = engine("f32", tmp_path / "e.log", precision="native")
     native = eng.hello["settings"]
     eng.close()
