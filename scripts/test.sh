@@ -8,8 +8,9 @@
 # Installs (idempotent, each script says what it does): Debian's chromium when missing (for the report.html
 # test; needs root and apt), strict-gate and the real model (scripts/install.sh), the CTranslate2 engine
 # (its own venv), the llama.cpp engine (its own venv; a source build of the two libraries the binding
-# loads, cached under ~/.cache/strict-gate, keyed by the CPU), the C++ example engine. The CTranslate2
-# install and the C++ build run beside the llama.cpp build (that one is compile-bound, they are not).
+# loads, cached under ~/.cache/strict-gate, keyed by the CPU), the OpenVINO GenAI and mistral.rs engines
+# (their own venvs, wheels only), the C++ example engine. The CTranslate2, OpenVINO and mistral.rs
+# installs and the C++ build run beside the llama.cpp build (that one is compile-bound, they are not).
 # Each step prints its wall time; the tier and what it leaves out: docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,12 +30,21 @@ mkdir -p build
 command -v g++ >/dev/null || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq g++; }
 bash scripts/install-ctranslate2.sh > build/install-ctranslate2.log 2>&1 &
 ct2=$!
+bash scripts/install-openvino.sh > build/install-openvino.log 2>&1 &
+ov=$!
+bash scripts/install-mistralrs.sh > build/install-mistralrs.log 2>&1 &
+mrs=$!
 bash scripts/build-cpp-engine.sh
 bash scripts/install-llamacpp.sh
 step llama.cpp
 wait "$ct2" || { cat build/install-ctranslate2.log >&2; echo "install-ctranslate2.sh failed" >&2; exit 1; }
 tail -n 3 build/install-ctranslate2.log
 step ctranslate2
+wait "$ov" || { cat build/install-openvino.log >&2; echo "install-openvino.sh failed" >&2; exit 1; }
+tail -n 3 build/install-openvino.log
+wait "$mrs" || { cat build/install-mistralrs.log >&2; echo "install-mistralrs.sh failed" >&2; exit 1; }
+tail -n 3 build/install-mistralrs.log
+step "openvino, mistral.rs"
 if [ -n "$chromium" ]; then
   wait "$chromium" || { cat build/install-chromium.log >&2; echo "apt-get install chromium failed" >&2; exit 1; }
 fi

@@ -199,3 +199,32 @@ def test_the_llamacpp_adapter_passes(tmp_path, gate):
                                          in_flight="not_applicable", prefill_chunk="not_applicable",
                                          graft="not_applicable", graft_ops="not_applicable"), checklist.lines()
     assert statuses(checklist)["ties"] in ("pass", "not_applicable")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gate", ["openvino-f32.toml", "openvino-int8.toml"])
+def test_the_openvino_adapter_passes(tmp_path, gate):
+    _installed(ROOT / ".venvs" / "openvino" / "bin" / "python", ROOT / "build" / "openvino" / "tiny-llama-int8",
+               install="bash scripts/install-openvino.sh")
+    checklist = check_engine(load_engine_arm(ROOT / "gates" / gate), log_dir=tmp_path)
+    # generate (GenAI's greedy loop, ignore_eos included) and score (plain OpenVINO) only
+    assert statuses(checklist) == expect(ties=statuses(checklist)["ties"], stream="not_applicable",
+                                         in_flight="not_applicable", prefill_chunk="not_applicable",
+                                         dump="not_applicable", graft="not_applicable",
+                                         dump_decode="not_applicable", graft_ops="not_applicable"), checklist.lines()
+    assert statuses(checklist)["ties"] in ("pass", "not_applicable")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gate", ["mistralrs-f32.toml", "mistralrs-q8_0.toml"])
+def test_the_mistralrs_adapter_passes(tmp_path, gate):
+    _installed(ROOT / ".venvs" / "mistralrs" / "bin" / "python", ROOT / "build" / "mistralrs" / "tiny-llama",
+               install="bash scripts/install-mistralrs.sh")
+    checklist = check_engine(load_engine_arm(ROOT / "gates" / gate), log_dir=tmp_path)
+    # generate only: mistral.rs has no teacher-forced scoring, so prefill_decode has nothing to compare
+    assert statuses(checklist) == expect(ties=statuses(checklist)["ties"], prefill_decode="not_applicable",
+                                         stream="not_applicable", in_flight="not_applicable",
+                                         prefill_chunk="not_applicable", dump="not_applicable",
+                                         graft="not_applicable", dump_decode="not_applicable",
+                                         graft_ops="not_applicable"), checklist.lines()
+    assert statuses(checklist)["ties"] in ("pass", "not_applicable")
