@@ -125,3 +125,29 @@ def model_max_context(model_path: str) -> int | None:
         return None
     v = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+# model types whose state is carried from one prefill chunk to the next (linear attention, Mamba),
+# and the chunk of their kernel where known: fla's KDA (Kimi-Linear) and gated delta rule
+# (Qwen3-Next) kernels work 64 tokens at a time. vLLM calls these hybrid and keeps their prefix
+# cache off unless asked; the invariance phase cuts their prefill at the chunk.
+STATE_CHUNKS = {"kimi_linear": 64, "qwen3_next": 64}
+RECURRENT_TYPES = {"mamba", "mamba2", "jamba", "bamba", "falcon_h1", "falcon_mamba", "nemotron_h", "zamba",
+                   "zamba2", "granitemoehybrid", "lfm2", "minimax", "plamo2"}
+LINEAR_LAYERS = {"linear_attention", "mamba", "mamba2", "conv", "kda", "gdn"}
+
+
+def recurrent_config(cfg: dict) -> bool:
+    """A model config.json (as a dict) with a recurrent state: a known type or a linear layer."""
+    types = cfg.get("layer_types") or cfg.get("layers_block_type") or []
+    return (cfg.get("model_type") in STATE_CHUNKS or cfg.get("model_type") in RECURRENT_TYPES
+            or "linear_attn_config" in cfg or (isinstance(types, list) and bool(LINEAR_LAYERS & {str(t) for t in types})))
+
+
+def hybrid_model(model_path: str | Path) -> bool:
+    """The model directory's config.json declares a recurrent state (False when unreadable)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and recurrent_config(cfg)

@@ -15,17 +15,12 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from strict_gate.core.model_files import resolve_model
+from strict_gate.core.model_files import STATE_CHUNKS as CHUNKS
+from strict_gate.core.model_files import recurrent_config, resolve_model
 from strict_gate.engines.base import Engine
 from strict_gate.errors import ConfigError
 
 KEY = "state_boundaries"
-# model types whose state is carried between prefill chunks, and the chunk of their kernel where
-# known: fla's KDA (Kimi-Linear) and gated delta rule (Qwen3-Next) kernels work 64 tokens at a time
-CHUNKS = {"kimi_linear": 64, "qwen3_next": 64}
-RECURRENT = {"mamba", "mamba2", "jamba", "bamba", "falcon_h1", "falcon_mamba", "nemotron_h", "zamba", "zamba2",
-             "granitemoehybrid", "lfm2", "minimax", "plamo2"}
-LINEAR_LAYERS = {"linear_attention", "mamba", "mamba2", "conv", "kda", "gdn"}
 
 
 def _model_dir(engine: Engine) -> Path | None:
@@ -48,12 +43,6 @@ def _config(model_dir: Path) -> dict:
     return cfg if isinstance(cfg, dict) else {}
 
 
-def _recurrent(cfg: dict) -> bool:
-    types = cfg.get("layer_types") or cfg.get("layers_block_type") or []
-    return (cfg.get("model_type") in CHUNKS or cfg.get("model_type") in RECURRENT or "linear_attn_config" in cfg
-            or (isinstance(types, list) and bool(LINEAR_LAYERS & {str(t) for t in types})))
-
-
 def _chunk(cfg: dict) -> int | None:
     """The kernel's chunk a recurrent model's config gives: known by type, else its `chunk_size` (Mamba2)."""
     known = CHUNKS.get(str(cfg.get("model_type")))
@@ -70,7 +59,7 @@ def chunk_size(setting: bool | int, engines: Iterable[Engine], *, path: str | No
         raise ConfigError(f"[invariance] {KEY} = true: no arm names a model directory with a config.json to read "
                           f"the kernel's chunk from; give it: {KEY} = 64", path=path, line=line)
     cfg, file = _config(dirs[0]), dirs[0] / "config.json"
-    if not _recurrent(cfg):
+    if not recurrent_config(cfg):
         raise ConfigError(f"[invariance] {KEY} = true, and the model has no recurrent state ({file}: model_type "
                           f"{cfg.get('model_type')!r}, no linear-attention or Mamba layer): no state crosses a "
                           f"prefill chunk; drop the key, or give a chunk to cut at anyway: {KEY} = 64",

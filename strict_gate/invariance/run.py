@@ -108,6 +108,17 @@ def _timed_by_records(runs: Sequence[Run]) -> float:
     return sum(r.timing.total_s for run in runs for r in run.records.values() if r.timing and r.timing.total_s)
 
 
+def served_no_cache(arm: str, v: Variant, run: Run) -> str | None:
+    """A prefix-cache variant's run whose engine says it served no prefix cache (vLLM's effective
+    `enable_prefix_caching`, which it keeps off for a hybrid model unless asked): no prompt hit a
+    cached prefix, so the variant judged nothing and is incomplete, never a pass."""
+    effective = run.manifest.engine.options.get("effective")
+    if isinstance(effective, dict) and effective.get("enable_prefix_caching") is False:
+        return (f"{arm} {v.name}: the engine served no prefix cache (its effective enable_prefix_caching is "
+                f"false), so no prompt hit a cached prefix")
+    return None
+
+
 class _Arm:
     """One arm's variants: its engines in turn, its batch-1 run, the runs of each variant."""
 
@@ -208,6 +219,8 @@ class _Arm:
                 self.results += [not_run(x.name, self.arm, f"the batch-1 run failed: {problems[0]}")
                                  for x in self.inv.variants]
             return
+        if v.kind == VariantKind.PREFIX_CACHE:
+            problems += [p for r in runs if (p := served_no_cache(self.arm, v, r)) and p not in problems]
         self.pending.append(_Ran(v, runs, problems, seconds, accepted))
 
     def judge(self, build: Callable[[], Engine]) -> None:

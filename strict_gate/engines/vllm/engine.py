@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from strict_gate.core.model_files import (
     find_tokenizer_json,
+    hybrid_model,
     model_digest,
     model_source,
     portable_model_ref,
@@ -364,8 +365,11 @@ class VLLMEngine(Engine):
         return VLLMEngine(opts, self.env, self.base_dir)
 
     def with_prefix_cache(self) -> VLLMEngine:
-        """vLLM caches prefixes by default; an arm that turned it off gets an engine with it on."""
-        if self.options.engine_args.get("enable_prefix_caching", True):
+        """vLLM caches prefixes by default, but for a hybrid model (linear attention or Mamba layers:
+        Kimi-Linear, Qwen3-Next) only when asked; an arm that turned it off, or left a hybrid's
+        default, gets an engine with it on (the invariance phase still checks what vLLM served)."""
+        said = self.options.engine_args.get("enable_prefix_caching")
+        if said is True or (said is None and not hybrid_model(self.model_path)):
             return self
         args = dict(self.options.engine_args) | {"enable_prefix_caching": True}
         return VLLMEngine(replace(self.options, engine_args=args), self.env, self.base_dir)
