@@ -46,8 +46,28 @@ def test_a_golden_on_the_variants_token_on_the_reference_arm_is_named(tmp_path, 
     vv = section(report, "golden")["variant_votes"]
     assert all(v["side"] == "variant" and v["variant_gap"] == 0 and abs(v["batch1_gap"] - 19.9) < 1e-9
                for v in vv["votes"])
-    assert ("on the REFERENCE arm the golden sides with the variant's token at 3 move(s) (chunked_prefill-2): the "
-            "reference's own variant is right and its batch-1 run wrong") in vv["headline"]
+    assert ("on the REFERENCE arm the golden sides with the variant's token, the batch-1 token beyond the band 0.5, "
+            "at 3 move(s) (chunked_prefill-2): the reference's own variant is right and its batch-1 run wrong") \
+        in vv["headline"]
     assert "the REFERENCE's own variant is right, its batch-1 run wrong" in out
     assert report["exit_code"] == 0 and report["features"]["golden"]["verdict"] == "informational"
     assert json.loads(json.dumps(vv)) == vv
+
+
+def test_a_reference_move_the_golden_splits_within_the_band_is_a_near_tie_not_the_signal():
+    """The H100 run's case (benchmarks/results/gpu-vllm-session5): bf16 near-ties on vLLM's own
+    prefill cuts, the golden on the variant's side by 0.003 nats. The signal needs the batch-1
+    token beyond the band; within it the line says near-tie and never that a run is wrong."""
+    from strict_gate.golden.variants import MoveVote, VariantVotes
+    from strict_gate.golden.vote import Vote
+
+    near = MoveVote("reference", "prefill-cut-16", "p1", 3, Vote(3, 7, 5, 7, 0.003, 0.0))
+    far = MoveVote("reference", "prefill-cut-16", "p2", 1, Vote(1, 7, 5, 7, 0.9, 0.0))
+    vv = VariantVotes(64, 2, (near, far), 0.5)
+    assert vv.reference_right_in_variant == (far,) and vv.reference_near_ties == (near,)
+    assert "at 1 move(s) (prefill-cut-16)" in vv.headline()
+    assert "1 move(s) side with the variant within the band 0.5: near-ties, neither run wrong" in vv.headline()
+    assert "wrong" not in near.line(0.5).replace("neither run is wrong", "")
+    assert "its batch-1 run wrong" in far.line(0.5)
+    only_near = VariantVotes(64, 1, (near,), 0.5)
+    assert "40956" not in only_near.headline() and "is right" not in only_near.headline()

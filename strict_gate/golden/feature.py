@@ -42,7 +42,7 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
     moves = variant_moves(result)
     if not prompts and not gc.check_reference and not (moves and gc.variant_votes):
         return GoldenResult(None, gc.blame, band, fail, (),
-                            variants=None if moves is None else VariantVotes(gc.variant_votes, len(moves), ()))
+                            variants=None if moves is None else VariantVotes(gc.variant_votes, len(moves), (), band))
     engine: Engine = gc.arm.build()
     engine.set_log_path(log)
     with engine_log(log, engine.log_libraries):
@@ -53,7 +53,7 @@ def golden_section(gc: GoldenConfig, result: GateResult, log: Path) -> GoldenRes
             health = (check_reference(engine, result.reference_records, ids, band, why)
                       if gc.check_reference else None)
             variants = None if moves is None else vote_moves(engine, moves, result.reference_records,
-                                                              gc.variant_votes, why)
+                                                              gc.variant_votes, why, band)
             info = engine.info() if why is None else None
         finally:
             engine.close()

@@ -97,12 +97,12 @@ def _move(v: _MoveVote) -> MoveVote:
                                                              v.variant_token, v.batch1_gap, v.variant_gap), v.error)
 
 
-def read_variants(s: VariantVotesShape) -> VariantVotes:
+def read_variants(s: VariantVotesShape, band: float) -> VariantVotes:
     """The variant votes as written; more votes than moves, or than the cap, is no section the writer makes."""
     if len(s.votes) > min(s.moves, s.cap):
         raise InputError(f"report.json's golden: field variant_votes.votes: {len(s.votes)} votes for "
                          f"{s.moves} move(s) under a cap of {s.cap}")
-    return VariantVotes(s.cap, s.moves, tuple(_move(v) for v in s.votes))
+    return VariantVotes(s.cap, s.moves, tuple(_move(v) for v in s.votes), band)
 
 
 def read_health(h: HealthShape) -> HealthCheck:
@@ -118,4 +118,4 @@ def load_golden(d: dict) -> GoldenResult:
     golden = None if g is None else EngineInfo.from_json({f: getattr(g, f) for f in g.__struct_fields__})
     return GoldenResult(golden, s.blame, s.band, tuple(s.failing), tuple(_vote(v) for v in s.votes),
                         None if s.health is None else read_health(s.health), tuple(s.notes),
-                        None if s.variant_votes is None else read_variants(s.variant_votes))
+                        None if s.variant_votes is None else read_variants(s.variant_votes, s.band))

@@ -65,7 +65,7 @@ def _variant_rows(vv: VariantVotes, dec: Decoder | None) -> list[tuple[str, ...]
             if (v := m.vote) is None else
             (m.arm, m.variant, m.id, str(m.position), tok(v.reference_token), tok(v.candidate_token),
              tok(v.golden_argmax), _g(v.reference_gap), _g(v.candidate_gap),
-             f"{m.side}: REFERENCE's batch-1 off the golden" if m.reference_right_in_variant else str(m.side))
+             f"{m.side}: REFERENCE's batch-1 off the golden" if m.reference_right_in_variant(vv.band) else str(m.side))
             for m in vv.votes]
 
 
@@ -128,7 +128,7 @@ def console_lines(g: GoldenResult) -> list[str]:
     if g.health is not None:
         out.append(f"golden: {g.health.line()}")
     if g.variants is not None:
-        out += [f"golden: {m.line()}" for m in g.variants.votes[:CONSOLE_VOTES]]
+        out += [f"golden: {m.line(g.variants.band)}" for m in g.variants.votes[:CONSOLE_VOTES]]
         if len(g.variants.votes) > CONSOLE_VOTES:
             out.append(f"golden: ... {len(g.variants.votes) - CONSOLE_VOTES} more variant vote(s) in report.md")
     return out

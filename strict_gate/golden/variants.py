@@ -5,9 +5,11 @@ the same tokens up to the first moved position d and differ at d. The golden is 
 the prompt and that shared prefix (vote.py's `vote`, the one voting function: the batch-1 token in
 the reference's slot, the variant's in the candidate's) and sides with `batch-1`, the `variant`
 or `neither`, with both gaps. Informational: the votes never change an exit code. A move on the
-REFERENCE arm where the golden sides with the variant's token is vLLM issue 40956's signal: the
-reference's own variant (its chunked prefill) is right and its batch-1 run (its whole prefill)
-wrong. A vote the golden could not give is `unjudged`, never an agreement.
+REFERENCE arm where the golden sides with the variant's token, the batch-1 token beyond the band
+below the golden's argmax, is vLLM issue 40956's signal: the reference's own variant (its chunked
+prefill) is right and its batch-1 run (its whole prefill) wrong. Within the band it is a near-tie
+(bf16 rounding splits those about evenly): neither run is wrong, and it is said so. A vote the
+golden could not give is `unjudged`, never an agreement.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ class MoveVote:
     def side(self) -> str | None:
         return None if self.vote is None else SIDES[self.vote.side]
 
-    @property
-    def reference_right_in_variant(self) -> bool:
-        """On the reference arm, the golden's argmax is the variant's token: its batch-1 run is the side off."""
-        return self.arm == REFERENCE and self.side == "variant"
+    def reference_right_in_variant(self, band: float) -> bool:
+        """On the reference arm the golden's argmax is the variant's token and the batch-1 token sits
+        beyond the band below it: the reference's batch-1 run is the side off."""
+        return self.arm == REFERENCE and self.vote is not None and self.side == "variant" \
+            and self.vote.reference_gap > band
 
-    def line(self) -> str:
+    def line(self, band: float) -> str:
         where = f"golden at {self.arm}:{self.variant}: {self.id}: position {self.position}"
         if (v := self.vote) is None:
             return f"{where}: no vote (unjudged): {self.error}"
@@ -64,7 +67,9 @@ class MoveVote:
         words = {"batch-1": "the golden sides with batch-1 (the variant moved off the golden)",
                  "variant": "the golden sides with the variant (its batch-1 run is off the golden)",
                  "neither": f"the golden's argmax is neither token ({v.golden_argmax})"}[SIDES[v.side]]
-        signal = ": the REFERENCE's own variant is right, its batch-1 run wrong" if self.reference_right_in_variant else ""
+        signal = (": the REFERENCE's own variant is right, its batch-1 run wrong" if self.reference_right_in_variant(band)
+                  else f" (within the band {band:g}: a near-tie, neither run is wrong)" if v.side != Side.NEITHER
+                  and max(v.reference_gap, v.candidate_gap) <= band else "")
         return f"{where}: {words}{signal}; {gaps}"
 
 
@@ -75,6 +80,7 @@ class VariantVotes:
     cap: int
     moves: int  # moves where both runs emitted a token at the first moved position
     votes: tuple[MoveVote, ...]
+    band: float  # the gate's: a batch-1 token within it of the golden's argmax is a near-tie, not wrong
 
     @property
     def unjudged(self) -> tuple[MoveVote, ...]:
@@ -89,7 +95,13 @@ class VariantVotes:
 
     @property
     def reference_right_in_variant(self) -> tuple[MoveVote, ...]:
-        return tuple(v for v in self.votes if v.reference_right_in_variant)
+        return tuple(v for v in self.votes if v.reference_right_in_variant(self.band))
+
+    @property
+    def reference_near_ties(self) -> tuple[MoveVote, ...]:
+        """Reference-arm moves the golden sides with the variant on, within the band: near-ties."""
+        return tuple(v for v in self.votes if v.arm == REFERENCE and v.side == "variant"
+                     and not v.reference_right_in_variant(self.band))
 
     @property
     def verdict(self) -> str:
@@ -106,8 +118,12 @@ class VariantVotes:
             head += f", {self.beyond_cap} beyond the cap of {self.cap} not voted (unjudged)"
         if (ref := self.reference_right_in_variant):
             names = ", ".join(dict.fromkeys(v.variant for v in ref))
-            head += (f"; on the REFERENCE arm the golden sides with the variant's token at {len(ref)} move(s) ({names}): "
-                     "the reference's own variant is right and its batch-1 run wrong (vLLM issue 40956's signal)")
+            head += (f"; on the REFERENCE arm the golden sides with the variant's token, the batch-1 token beyond the "
+                     f"band {self.band:g}, at {len(ref)} move(s) ({names}): the reference's own variant is right and "
+                     "its batch-1 run wrong (vLLM issue 40956's signal)")
+        if (near := self.reference_near_ties):
+            head += (f"; on the REFERENCE arm {len(near)} move(s) side with the variant within the band {self.band:g}: "
+                     "near-ties, neither run wrong")
         return head
 
     def to_json(self) -> dict:
@@ -139,10 +155,10 @@ def _one(golden: GoldenScorer, m: Move, prompts: Mapping[str, Record], seen: dic
 
 
 def vote_moves(golden: GoldenScorer, moves: Sequence[Move], prompts: Mapping[str, Record], cap: int,
-               why_not: str | None) -> VariantVotes:
+               why_not: str | None, band: float) -> VariantVotes:
     """The golden's vote at the first `cap` moves, teacher-forced on each prompt (the reference's
     run: the gate feeds both arms the same ids) and the shared prefix; `why_not`: it cannot vote."""
     seen: dict[tuple, Vote] = {}
     votes = tuple(MoveVote(m.arm, m.variant, m.id, m.position, None, why_not) if why_not is not None
                   else _one(golden, m, prompts, seen) for m in moves[:cap])
-    return VariantVotes(cap, len(moves), votes)
+    return VariantVotes(cap, len(moves), votes, band)
