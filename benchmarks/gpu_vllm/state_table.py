@@ -23,10 +23,11 @@ from strict_gate.gate.config import load_gate_config
 from strict_gate.golden.result import GoldenResult
 from strict_gate.golden.run import check_reference, diverged, started, vote_all
 from strict_gate.golden.variants import Move, vote_moves
+from strict_gate.invariance.config import InvariancePolicy, VariantKind
 from strict_gate.invariance.continuation import compared
 from strict_gate.invariance.moves import paired
+from strict_gate.invariance.run import served_no_cache
 from strict_gate.invariance.verdict import CAUSES, InvarianceResult, Pairing, judge_variant, not_run
-from strict_gate.invariance.config import InvariancePolicy
 from strict_gate.runs.reader import load_run
 
 ARMS = ("candidate", "reference")
@@ -44,8 +45,10 @@ def judged(report: Path, cfg_path: Path, band: float) -> InvarianceResult:
                     else "not finished: the device budget ended inside this run"
                 out.append(not_run(v.name, arm, why))
                 continue
-            out.append(judge_variant(v.name, arm, base, [load_run(d)], policy=InvariancePolicy.INFORMATIONAL,
-                                     band=band, cause=CAUSES.get(v.kind, "batch"), exact=v.exact))
+            run = load_run(d)
+            problems = [p] if v.kind == VariantKind.PREFIX_CACHE and (p := served_no_cache(arm, v, run)) else []
+            out.append(judge_variant(v.name, arm, base, [run], policy=InvariancePolicy.INFORMATIONAL, band=band,
+                                     problems=problems, cause=CAUSES.get(v.kind, "batch"), exact=v.exact))
     return paired(InvarianceResult(InvariancePolicy.INFORMATIONAL, band, {}, tuple(out), {}))
 
 
@@ -59,7 +62,9 @@ def table(inv: InvarianceResult) -> list[str]:
         r = by[("reference", name)]
 
         def moved(v):
-            return f"{len(v.divergences)}/{v.prompts_total}" if v.runs else f"not run ({v.problems[0]})"
+            if not v.runs:
+                return f"not run ({v.problems[0]})"
+            return f"{len(v.divergences)}/{v.prompts_total}" + (f" ({v.verdict}: {v.problems[0]})" if v.problems else "")
         pairs = Counter(k for _, k in (c.pairs or ()))
         rows.append(f"| {name} | {moved(r)} | {moved(c)} | {pairs[Pairing.WITH_REFERENCE]} | "
                     f"{pairs[Pairing.CANDIDATE_ONLY]} | {pairs[Pairing.REFERENCE_ONLY]} | {pairs[Pairing.DIFFERENTLY]} |")
@@ -79,7 +84,7 @@ def golden(model: str, report: Path, inv: InvarianceResult, band: float) -> Gold
         why = started(engine)
         votes = vote_all(engine, diverged(gate.prompts), ref.records, why)
         health = check_reference(engine, ref.records, list(ref.records), band, why)
-        variants = vote_moves(engine, moves, ref.records, len(moves), why)
+        variants = vote_moves(engine, moves, ref.records, len(moves), why, band)
         info = engine.info() if why is None else None
     finally:
         engine.close()
@@ -99,7 +104,7 @@ def main() -> None:
     body = {"invariance": inv.to_json()}
     if a.golden:
         g = golden(a.golden, a.report, inv, a.band)
-        print("golden:", g.headline)
+        print("golden:", g.headline())
         body["golden"] = g.to_json()
     if a.json:
         a.json.write_text(json.dumps(body, indent=1, allow_nan=False) + "\n", encoding="utf-8")
