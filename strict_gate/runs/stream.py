@@ -118,13 +118,13 @@ _BLOCK = 8 << 20  # bytes read at a time into one reused buffer: memory flat in 
 _BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
 
 
-@dataclass
 class _Line:
     """The line being read: where it starts, its first _HEAD bytes, whether all of it so far is blank."""
 
-    offset: int = 0
-    head: bytes = b""
-    blank: bool = True
+    __slots__ = ("blank", "head", "offset")
+
+    def __init__(self, offset: int = 0):
+        self.offset, self.head, self.blank = offset, b"", True
 
     def add(self, buf: bytearray, start: int, end: int) -> None:
         if len(self.head) < _HEAD:
