@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--table", action="store_true", help="issue 21's table: 1,000 and 2,000 x 512 x 20")
     ap.add_argument("--grid", action="store_true", help="the growth table: prompts and tokens varied")
-    ap.add_argument("--keep", type=Path, help="write the runs here and keep them")
+    ap.add_argument("--keep", type=Path, help="write the runs here and keep them; runs already there are reused")
     args = ap.parse_args()
     points = [(args.prompts, args.tokens, args.top)]
     if args.grid:
@@ -147,7 +147,11 @@ def main() -> None:
     for n, t, k in points:
         scratch = args.keep or Path(tempfile.mkdtemp(prefix="sg-scale-"))
         try:
-            ref, cand = write_runs(scratch / f"{n}x{t}x{k}", n, t, k)
+            here = scratch / f"{n}x{t}x{k}"
+            if all((here / arm / "manifest.json").exists() for arm in ("reference", "candidate")):
+                ref, cand = here / "reference", here / "candidate"  # written before (--keep): reused
+            else:
+                ref, cand = write_runs(here, n, t, k)
             wall, rss, size, base = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
             print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} | {base:.2f} | {wall / base:.2f}x |",
                   flush=True)

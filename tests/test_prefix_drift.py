@@ -90,3 +90,24 @@ def test_the_label_is_the_same_with_and_without_the_drift_pass(tmp_path):
     assert status_label(with_pass, p) == status_label(result, p) == (
         "near-tie (drift 3e-05 at matched positions: at float32 rounding level)")
     assert to_json(with_pass)["prompts"][0]["matched_drift"] == to_json(result)["prompts"][0]["matched_drift"]
+
+
+def test_drift_over_a_runs_arrays_equals_the_step_by_step_figure():
+    """Records read from disk carry their top-k as arrays (TopSteps): prefix_drift and the
+    chosen logprobs report.html shows are computed on them at once, to the same figures as
+    the step-by-step reading (a token missing from one side's step, a ragged width)."""
+    from strict_gate.runs.audit import StepTable
+    from strict_gate.runs.records import TopSteps
+
+    def arrays(r):
+        t = StepTable.from_steps(r.top_logprobs)
+        return replace(r, top_logprobs=TopSteps(t.ids, t.lps, t.width))
+
+    ref, cand = _pair("a", 0.004)
+    cand = replace(cand, top_logprobs=(step((1, -0.1)), *cand.top_logprobs[1:]))  # width 1 at step 0
+    ref = replace(ref, top_logprobs=(ref.top_logprobs[0], step((4, -0.2), (9, -4.0)), ref.top_logprobs[2]))  # 3 unlisted
+    for d in (0, 1, 2, 3):
+        assert prefix_drift(arrays(ref), arrays(cand), d) == prefix_drift(ref, cand, d)
+    for r in (ref, cand):
+        want = [r.logprob_at(i, t) for i, t in enumerate(r.token_ids)]
+        assert arrays(r).logprobs_at(r.token_ids) == r.logprobs_at(r.token_ids) == want

@@ -21,7 +21,7 @@ from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
 from strict_gate.runs.records import Record
 from strict_gate.runs.stream import RunRecords
 
-CHUNK_BYTES = 32 << 20  # records (both runs) decoded at once by compare_on_disk: bounds its memory
+CHUNK_BYTES = 8 << 20  # records (both runs) decoded at once by compare_on_disk: bounds its memory
 
 
 def _checked(band: float, greedy_tolerance: float) -> float:

@@ -48,9 +48,8 @@ def compare_run_dirs(
     [noise] table's floor and ulps).
 
     Both runs are streamed from disk (runs/stream.py): memory stays flat in the number of
-    prompts, and the result's records are read back on demand."""
-    from strict_gate.report.html import DETAIL_CAP
-
+    prompts, and the result's records are read back on demand (a report's detailed prompts
+    included: none is held whole)."""
     ref_dir, cand_dir = Path(reference), Path(candidate)
     setting = _noise(noise, ref_dir, band, noise_floor, noise_ulps)
     measured = setting.measured if setting is not None else None
@@ -72,7 +71,7 @@ def compare_run_dirs(
                     sampling=ref.manifest.sampling, policy=check_policy(policy), band=band)
     assert isinstance(ref.records, RunRecords) and isinstance(cand.records, RunRecords)
     comparison = compare_on_disk(ref.records, cand.records, band=spec.band, prompt_ids=prompt_ids,
-                                 greedy_tolerance=spec.greedy_tolerance, keep_whole=DETAIL_CAP, decode=run_decoder(cand))
+                                 greedy_tolerance=spec.greedy_tolerance, decode=run_decoder(cand))
     result = with_noise(judge(spec, ref, cand, comparison=comparison, problems=_unheld(
         ps_info.get("count"), prompt_ids, ref.records.keys() | cand.records.keys())), setting)
     result = replace(result, notes=result.notes + device_notes(result.reference, result.candidate, None, comparison))

@@ -71,8 +71,9 @@ def _chips(label: str, tokens: tuple[int, ...], rec: Record | None, p: PromptCom
     out = []
     head = list(around(rec, 0)[0][-3:])  # the prompt's last ids: what a first piece may continue
     stream = [*head, *tokens]
+    lps = rec.logprobs_at(tokens) if rec is not None else [None] * len(tokens)
     for i, t in enumerate(tokens):
-        lp = rec.logprob_at(i, t) if rec is not None else None
+        lp = lps[i]
         k = len(head) + i
         part = part_of(dec, t, stream[max(0, k - 3) : k], stream[k + 1 : k + 4])
         title = f"{i}: id {t}, logprob {num(lp)}" + (f", in “{part}”" if part else "")

@@ -11,6 +11,7 @@ the exact line of a bad record.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -53,26 +54,38 @@ class _TextOnly(msgspec.Struct, forbid_unknown_fields=True):
     server_prompt_token_ids: list[TokenId] | None = None
 
 
-class _Record(msgspec.Struct):
+class _Fields(msgspec.Struct):
+    """A record's fields but its top-k, as a records file spells them."""
+
     id: str
     prompt_token_ids: list[TokenId]
     token_ids: list[TokenId] = []
     finish_reason: str | None = None
-    top_logprobs: list[list[tuple[TokenId, float]]] | None = None
     samples: list[list[TokenId]] | None = None
     error: str | None = None
     timing: _Timing | None = None
     text_only: _TextOnly | None = None
 
 
+class _Record(_Fields):
+    top_logprobs: list[list[tuple[TokenId, float]]] | None = None
+
+
+class _RawTopRecord(_Fields):
+    """The top-k kept as raw JSON text (runs/topk_text.py reads its numbers in bulk)."""
+
+    top_logprobs: msgspec.Raw = msgspec.Raw(b"null")
+
+
 _DECODER = msgspec.json.Decoder(_Record)
+_RAW_TOP_DECODER = msgspec.json.Decoder(_RawTopRecord)
 
 
 @dataclass
 class _Columns:
     """One run's records as columns, before they become Record objects."""
 
-    raws: list[_Record]  # the small per-record fields (top_logprobs dropped)
+    raws: Sequence[_Fields]  # the small per-record fields (top_logprobs dropped)
     lines: list[int | None]  # the file line of each record (None: not known)
     table: StepTable  # every record's steps, concatenated in record order
     has_top: np.ndarray  # (records,) bool: the record carries top_logprobs

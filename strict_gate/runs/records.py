@@ -77,6 +77,15 @@ class TopSteps(Sequence[TopK]):
     def __repr__(self) -> str:
         return f"TopSteps({len(self)} steps)"
 
+    def lookup(self, tokens: Sequence[int]) -> list[float | None]:
+        """The logprob of tokens[i] at step i (None where the step does not list it), for the
+        first len(tokens) steps, in one pass over the arrays. Padding ids are negative and a
+        token id never is (the audit's rule), so padding never matches."""
+        n = min(len(tokens), len(self))
+        hit = self.ids[:n] == np.asarray(tokens[:n], dtype=np.int64)[:, None]
+        found = self.lps[:n][np.arange(n), hit.argmax(axis=1)].tolist()
+        return [lp if ok else None for lp, ok in zip(found, hit.any(axis=1).tolist())]
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -161,6 +170,14 @@ class Record:
         if self.text_only is not None:  # absent on every other record: run@1 unchanged
             out["text_only"] = self.text_only.to_json()
         return out
+
+    def logprobs_at(self, tokens: Sequence[int]) -> list[float | None]:
+        """logprob_at(i, tokens[i]) for each i, at once where the top-k is a run's arrays."""
+        lookup = getattr(self.top_logprobs, "lookup", None)
+        if lookup is not None:
+            found = lookup(tokens)
+            return found + [None] * (len(tokens) - len(found))
+        return [self.logprob_at(i, t) for i, t in enumerate(tokens)]
 
     def logprob_at(self, step: int, token: int) -> float | None:
         """Logprob of `token` at `step` from the stored top-k, or None when not in it."""

@@ -12,6 +12,7 @@ back from disk only when someone looks at it.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from strict_gate.runs.reader import (
     records_path,
 )
 from strict_gate.runs.records import Record, Run, RunStatus, TextReply, Timing, TopK, TopSteps
+from strict_gate.runs.topk_text import bulk_columns
 
 _ID_PREFIXES = (b'{"id": "', b'{"id":"')  # how RunWriter (and most writers) start a record
 
@@ -81,18 +83,26 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def _line_id(line: bytes, spath: str, lineno: int) -> str:
-    """The record's id: read off the line's start when it is a plain string there (decoding
-    the line checks it later), else by a decoder that skips every other field."""
+def _quick_id(head: bytes) -> str | None:
+    """The record's id read off the line's start when it is a plain string there (decoding the
+    line checks it later); None when it is not (then the line is decoded for it)."""
     for p in _ID_PREFIXES:
-        if line.startswith(p):
-            end = line.find(b'"', len(p))
-            raw = line[len(p):end]
+        if head.startswith(p):
+            end = head.find(b'"', len(p))
+            raw = head[len(p):end]
             if end > 0 and b"\\" not in raw:
                 try:
                     return raw.decode("utf-8")
                 except UnicodeDecodeError:
-                    break
+                    return None
+    return None
+
+
+def _line_id(line: bytes, spath: str, lineno: int) -> str:
+    """The record's id: off the line's start, else by a decoder that skips every other field."""
+    rid = _quick_id(line)
+    if rid is not None:
+        return rid
     try:
         return _ID_DECODER.decode(line).id
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -101,6 +111,50 @@ def _line_id(line: bytes, spath: str, lineno: int) -> str:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise InputError(_decode_error(e, line), path=spath, line=lineno) from None
         raise InputError('invalid record: "id" is not a string', path=spath, line=lineno) from None
+
+
+_HEAD = 4096  # bytes of a line looked at for its id; the rest of a long line is never copied
+_BLOCK = 8 << 20  # bytes read at a time into one reused buffer: memory flat in the file's size
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
+class _Line:
+    """The line being read: where it starts, its first _HEAD bytes, whether all of it so far is blank."""
+
+    __slots__ = ("blank", "head", "offset")
+
+    def __init__(self, offset: int = 0):
+        self.offset, self.head, self.blank = offset, b"", True
+
+    def add(self, buf: bytearray, start: int, end: int) -> None:
+        if len(self.head) < _HEAD:
+            self.head += buf[start:min(end, start + _HEAD - len(self.head))]
+        if self.blank and end > start:
+            self.blank = buf[start:start + 1] in _BLANK and not buf[start:end].strip()
+
+
+def _lines(f) -> Iterator[tuple[int, int, int, bytes]]:
+    """(line number, offset, length, head) of each line that is not blank, found with a C
+    search over blocks of the file read into one buffer; head is the line's first _HEAD bytes."""
+    buf = bytearray(_BLOCK)
+    lineno, at, line = 0, 0, _Line()  # at: the file offset of buf[0]
+    while n := f.readinto(buf):
+        start = 0
+        while start < n:
+            nl = buf.find(b"\n", start, n)
+            end = n if nl < 0 else nl + 1
+            line.add(buf, start, end)
+            if nl < 0:
+                break  # the line goes on in the next block
+            lineno += 1
+            if not line.blank:
+                yield lineno, line.offset, at + end - line.offset, line.head
+            line, start = _Line(at + end), end
+        at += n
+    if at > line.offset:  # a last line without a newline
+        lineno += 1
+        if not line.blank:
+            yield lineno, line.offset, at - line.offset, line.head
 
 
 def _torn(line: bytes) -> bool:
@@ -115,35 +169,33 @@ def _torn(line: bytes) -> bool:
 
 
 def index_records(path: Path, *, tolerate_torn_tail: bool = False) -> RecordIndex:
-    """One pass over a records file, a line at a time: ids, offsets and lines."""
+    """One pass over a records file: ids, offsets and lines (a long line is never copied whole)."""
     spath = str(path)
     ids: list[str] = []
     offsets: list[int] = []
     lengths: list[int] = []
     lines: list[int] = []
     where: dict[str, int] = {}
-    last: bytes = b""
     try:
         stamp = _stamp(path)
-        with open(path, "rb") as f:
-            offset = 0
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    rid = _line_id(line, spath, lineno)
-                    if rid in where:
-                        raise InputError(f"duplicate record id {rid!r}", path=spath, line=lineno)
-                    where[rid] = len(ids)
-                    ids.append(rid)
-                    offsets.append(offset)
-                    lengths.append(len(line))
-                    lines.append(lineno)
-                    last = line
-                offset += len(line)
+        with open(path, "rb", buffering=0) as f:
+            whole = lambda offset, length: os.pread(f.fileno(), length, offset)  # noqa: E731
+            for lineno, offset, length, head in _lines(f):
+                rid = _quick_id(head)
+                if rid is None:
+                    rid = _line_id(whole(offset, length), spath, lineno)
+                if rid in where:
+                    raise InputError(f"duplicate record id {rid!r}", path=spath, line=lineno)
+                where[rid] = len(ids)
+                ids.append(rid)
+                offsets.append(offset)
+                lengths.append(length)
+                lines.append(lineno)
+            if tolerate_torn_tail and ids and _torn(whole(offsets[-1], lengths[-1])):
+                del where[ids.pop()]
+                offsets.pop(), lengths.pop(), lines.pop()
     except OSError as e:
         raise InputError(f"cannot read records: {e}", path=spath) from None
-    if tolerate_torn_tail and ids and _torn(last):
-        del where[ids.pop()]
-        offsets.pop(), lengths.pop(), lines.pop()
     as_array = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
     return RecordIndex(path, tuple(ids), as_array(offsets), as_array(lengths), as_array(lines), where, stamp)
 
@@ -175,6 +227,13 @@ class DiskSteps(Sequence[TopK]):
 
     def __repr__(self) -> str:
         return f"DiskSteps({self._n} steps)"
+
+    def lookup(self, tokens: Sequence[int]) -> list[float | None]:
+        """TopSteps.lookup once loaded (a live record's tuples: step by step)."""
+        steps = self._loaded()
+        if isinstance(steps, TopSteps):
+            return steps.lookup(tokens)
+        return [Record("", (), (), top_logprobs=steps).logprob_at(i, t) for i, t in enumerate(tokens)]
 
 
 @dataclass(frozen=True)
@@ -286,7 +345,8 @@ class RunRecords(Mapping[str, Record]):
             raise InputError(f"cannot read records: {e}", path=spath) from None
         linenos = [int(idx.lines[p]) for p in positions]
         expected = [idx.ids[p] for p in positions]
-        return _exact_columns(lines, linenos, expected, spath)
+        cols = bulk_columns(lines, linenos, expected)
+        return cols if cols is not None else _exact_columns(lines, linenos, expected, spath)
 
     def keep(self, record: Record, *, whole: bool) -> None:
         if whole:
