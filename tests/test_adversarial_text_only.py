@@ -262,3 +262,17 @@ def test_check_engine_does_not_fail_a_text_only_server_on_streaming_a_gate_never
     line = next(x for x in r.output.splitlines() if " stream " in x)
     assert line.split()[0] == "n/a" and "a gate's token runs never stream a text-only server" in line, line
     assert "only [speed] would" in line and "the stream ended without a finish_reason" in line, line
+
+
+def test_tokens_a_server_counts_but_leaves_out_of_its_text_are_unverified_and_said_so(user_dir, fake_openai):
+    """vllm.cpp leaves an incomplete UTF-8 character at the end out of its reply while its usage
+    counts the token: the report said "the candidate stopped after 15 tokens ('length' vs 'length')",
+    which the server's own count contradicts. Still never a pass; now the reason says what happened."""
+    srv = _server(fake_openai, hide_last=1)
+    r = runner.invoke(app, ["gate", str(_gate(Path("."), srv.url, policy="near-tie-reference-only"))])
+    assert r.exit_code == 1, r.output
+    cut = [p for p in _report(user_dir)["prompts"] if p["status"] == "length_mismatch"]
+    assert cut and not any(p["passed"] for p in cut)
+    for p in cut:
+        assert "its server says it generated 16 (usage.completion_tokens): the last 1 cannot be seen" in p["reason"]
+        assert "stopped after" not in p["reason"], p["reason"]

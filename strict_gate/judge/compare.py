@@ -361,8 +361,7 @@ def compare_prompt(
             reference_gap=None,
             candidate_gap=None,
             reference_margin=_margin(_step(ref, common)),
-            reason=f"the {shorter} stopped after {common} tokens "
-            f"(finish_reason {ref.finish_reason!r} vs {cand.finish_reason!r})",
+            reason=_stopped(shorter, common, ref, cand),
             reference_top=_step(ref, common),
             candidate_top=_step(cand, common),
         )
@@ -370,6 +369,18 @@ def compare_prompt(
                                 prefix_drift=prefix_drift(ref, cand, common))
     status, div = classify_divergence(ref, cand, d, band, greedy_tolerance)
     return PromptComparison(pid, status, div, matched, d, rlen, clen, prefix_drift=prefix_drift(ref, cand, d))
+
+
+def _stopped(shorter: str, common: int, ref: Record, cand: Record) -> str:
+    """Why one side has fewer tokens; a text-only server that states more tokens than its text
+    holds (usage.completion_tokens) is said to, not said to have stopped."""
+    finish = f"(finish_reason {ref.finish_reason!r} vs {cand.finish_reason!r})"
+    told = cand.text_only.usage_completion_tokens if cand.text_only is not None else None
+    if shorter == "candidate" and told is not None and told > common:
+        return (f"the candidate's text holds {common} tokens, its server says it generated {told} "
+                f"(usage.completion_tokens): the last {told - common} cannot be seen in its text, so they are "
+                f"unverified {finish}")
+    return f"the {shorter} stopped after {common} tokens {finish}"
 
 
 def with_prompts(comparison: Comparison, prompts: Iterable[PromptComparison]) -> Comparison:

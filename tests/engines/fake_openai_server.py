@@ -77,6 +77,8 @@ class Behaviour:
     usage_lie: int = 0  # TEXT_ONLY: a reply that stopped (EOS) states this many more completion tokens
     flip_stop: tuple[int, int, int] | None = None  # TEXT_ONLY: (J, A, B): token J, where it is A, is B and the last
     no_stream: bool = False  # TEXT_ONLY: a request asking to stream is answered as a plain one (no events)
+    hide_last: int = 0  # TEXT_ONLY: a reply cut at max_tokens leaves its last N tokens out of the text, usage counts
+    # them (vllm.cpp leaves an incomplete UTF-8 character at the end out of its reply text)
 
 
 def fake_token(prompt, i: int) -> int:
@@ -204,9 +206,11 @@ def _text_completion(model: _TextModel, body: dict[str, Any], n_request: int) ->
     stopped = model.b.flip_stop is not None and len(gen) == model.b.flip_stop[0] + 1 \
         and gen[-1] == model.b.flip_stop[2]
     finish = "stop" if gen and (gen[-1] == eos or stopped) else "length"
+    told = len(gen) + (model.b.usage_lie if finish == "stop" else 0)
+    if model.b.hide_last and finish == "length":
+        gen = gen[: len(gen) - model.b.hide_last]
     text = model.text(prompt, gen)
     deltas = [model.text(prompt, gen[: i + 1])[len(model.text(prompt, gen[:i])):] for i in range(len(gen))]
-    told = len(gen) + (model.b.usage_lie if finish == "stop" else 0)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": told, "total_tokens": len(prompt) + told}
     return {"index": 0, "text": text, "finish_reason": finish, "usage": usage if model.b.usage else None}, deltas
 
