@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -91,17 +92,25 @@ FLOOR = (
 )
 
 
-def floor(ref: Path, cand: Path) -> float:
-    """Wall seconds of a child process that only decodes both records files with orjson."""
-    t0 = time.perf_counter()
+def _child_cpu() -> float:
+    """User + system CPU seconds of every child waited for so far (load slows a child's wall
+    time, not the CPU time its own work takes)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def floor(ref: Path, cand: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of a child process that only decodes both records files with orjson."""
+    t0, c0 = time.perf_counter(), _child_cpu()
     subprocess.run([sys.executable, "-c", FLOOR, str(ref / "records.jsonl"), str(cand / "records.jsonl")], check=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _child_cpu() - c0
 
 
-def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, float, int, float]:
-    """Median wall seconds and peak RSS (MB) of `strict-gate compare` in a child process, and
-    the median orjson floor, each floor run right after a compare run (same machine load)."""
-    times, floors, peak = [], [], 0.0
+def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, float, int, float, float, float]:
+    """Median wall seconds, median CPU seconds and peak RSS (MB) of `strict-gate compare` in a
+    child process, and the orjson floor's median wall and CPU seconds, each floor run right after
+    a compare run (same machine load)."""
+    times, cpus, floors, floor_cpus, peak = [], [], [], [], 0.0
     for _ in range(repeat):
         shutil.rmtree(reports, ignore_errors=True)
         code = (
@@ -112,17 +121,21 @@ def measure(ref: Path, cand: Path, reports: Path, repeat: int) -> tuple[float, f
             "except SystemExit:\n    pass\n"
             "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr)\n"
         )
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _child_cpu()
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _child_cpu() - c0
         inner, rss = (float(x) for x in p.stderr.strip().splitlines()[-1].split())
         if not (reports / "report.json").exists():
             raise SystemExit(f"compare wrote no report.json (exit {p.returncode}): {p.stderr[-2000:]}")
         times.append(wall)
+        cpus.append(cpu)
         peak = max(peak, rss)
-        floors.append(floor(ref, cand))
+        f_wall, f_cpu = floor(ref, cand)
+        floors.append(f_wall)
+        floor_cpus.append(f_cpu)
     size = (ref / "records.jsonl").stat().st_size + (cand / "records.jsonl").stat().st_size
-    return statistics.median(times), peak, size, statistics.median(floors)
+    med = statistics.median
+    return med(times), peak, size, med(floors), med(cpus), med(floor_cpus)
 
 
 def main() -> None:
@@ -142,8 +155,8 @@ def main() -> None:
         points = [(n, 512, 20) for n in (1000, 2000)]
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, load average {os.getloadavg()}")
     print("| prompts | tokens | top-k | JSONL MB (both runs) | compare + reports s (median) | peak RSS MB "
-          "| orjson decode s (median) | compare / orjson |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| orjson decode s (median) | compare / orjson | compare CPU s | orjson CPU s | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n, t, k in points:
         scratch = args.keep or Path(tempfile.mkdtemp(prefix="sg-scale-"))
         try:
@@ -152,9 +165,9 @@ def main() -> None:
                 ref, cand = here / "reference", here / "candidate"  # written before (--keep): reused
             else:
                 ref, cand = write_runs(here, n, t, k)
-            wall, rss, size, base = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
-            print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} | {base:.2f} | {wall / base:.2f}x |",
-                  flush=True)
+            wall, rss, size, base, cpu, base_cpu = measure(ref, cand, scratch / f"{n}x{t}x{k}" / "reports", args.repeat)
+            print(f"| {n} | {t} | {k} | {size / 1e6:.0f} | {wall:.2f} | {rss:.0f} | {base:.2f} | {wall / base:.2f}x "
+                  f"| {cpu:.2f} | {base_cpu:.2f} | {cpu / base_cpu:.2f}x |", flush=True)
             print(f"load average after: {os.getloadavg()}", flush=True)
         finally:
             if args.keep is None:

@@ -119,9 +119,17 @@ def test_hostile_top_k_never_passes_the_bulk_path():
     """Each hostile text is refused by the bulk path itself (None), not read into figures."""
     base = _plain_top()
     for name, spoil in HOSTILE.items():
-        if name in ("an unsorted step", "a positive logprob", "a negative id", "an id of minus zero"):
-            continue  # plain in shape: read in bulk, then refused by the audit (checked above)
+        if name in ("an unsorted step", "a positive logprob", "a negative id", "an id of minus zero",
+                    "an id beyond 2**53"):
+            continue  # plain in shape, an int64 id: read in bulk, then judged by the audit (checked above)
         assert topk_arrays([spoil(base).encode()], [TOKENS]) is None, name
+
+
+def test_an_id_beyond_2_53_reads_exactly_in_bulk():
+    """Ids are read as int64, not through a double: 2**53 + 1 stays itself."""
+    text = HOSTILE["an id beyond 2**53"](_plain_top()).encode()
+    got = topk_arrays([text], [TOKENS])
+    assert got is not None and int(got[0].ids[0, 0]) == 2**53 + 1
 
 
 def _random_number(rng: random.Random) -> str:

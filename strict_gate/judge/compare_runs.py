@@ -18,6 +18,7 @@ from strict_gate.judge.compare import (
 )
 from strict_gate.judge.text_only import Decode
 from strict_gate.runs.audit import DEFAULT_GREEDY_TOLERANCE
+from strict_gate.runs.prefetch import read_pairs
 from strict_gate.runs.records import Record
 from strict_gate.runs.stream import RunRecords
 
@@ -87,8 +88,7 @@ def compare_on_disk(
     band = _checked(band, greedy_tolerance)
     order = _expected(reference, candidate) if prompt_ids is None else prompt_ids
     prompts: list[PromptComparison] = []
-    for ids in _chunks(order, reference, candidate):
-        refs, cands = reference.read(ids), candidate.read(ids)
+    for ids, refs, cands in read_pairs(reference, candidate, _chunks(order, reference, candidate)):
         for i in ids:
             pc = compare_prompt(i, refs.get(i), cands.get(i), band, greedy_tolerance, decode)
             prompts.append(pc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,17 +66,29 @@ class RecordIndex:
         return cls(path, (), z, z, z, {}, (0, 0))
 
 
+_gc_lock = threading.Lock()
+_paused = 0
+_was_enabled = True
+
+
 @contextmanager
 def _no_gc() -> Iterator[None]:
     """The cyclic collector paused while a chunk is decoded: decoding makes millions of
-    containers and no cycle, and the collector's passes over them doubled the decode time."""
-    was = gc.isenabled()
-    gc.disable()
+    containers and no cycle, and the collector's passes over them doubled the decode time.
+    Counted, as two threads decode at once (runs/prefetch.py): the last one out restores it."""
+    global _paused, _was_enabled
+    with _gc_lock:
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _gc_lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
 
 
 def _stamp(path: Path) -> tuple[int, int]:
