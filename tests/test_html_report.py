@@ -18,13 +18,18 @@ from helpers import rec, write_gate
 from typer.testing import CliRunner
 
 from strict_gate.cli import app
+from strict_gate.core import redact
+from strict_gate.core.redact import scrub, scrub_obj
 from strict_gate.drift import render as drift_render
 from strict_gate.gate.judgement import judge
+from strict_gate.judge.compare import Status
 from strict_gate.judge.result import with_feature
 from strict_gate.judge.spec import GateSpec, PromptSetRef
 from strict_gate.offline.compare import compare_run_dirs
-from strict_gate.report import GateResult
+from strict_gate.report import GateResult, write_reports
 from strict_gate.report import html as html_report
+from strict_gate.report.html_prompt import PROMPT_TAIL
+from strict_gate.report.text import visible
 from strict_gate.runs.records import EngineInfo, Manifest, Run, Sampling, now_iso
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,6 +129,68 @@ def test_drift_and_trend_are_drawn_when_present_and_omitted_when_not(report, mon
     assert "<b>" not in svg
     assert "abs_dlogprob.p99</td><td>0.2<" in page and "kl.estimator</td><td>top-k<" in page
     assert "<b>drift:</b> kl.mean 0.5</p>" in page  # the first prompt's own figures, in its section
+
+
+def one_string_page(result: GateResult, dec) -> bytes:
+    """report.html as write_reports wrote it before it streamed: the whole page as one string,
+    made visible, then scrubbed."""
+    return scrub(visible(html_report.render(scrub_obj(result), dec), keep_newlines=True)).encode()
+
+
+@pytest.mark.parametrize("secrets", [False, True])
+def test_report_html_written_in_parts_is_the_one_string_page_byte_for_byte(report, tmp_path, monkeypatch, secrets):
+    """Scrubbed per part, the page still equals the whole page scrubbed: a secret in an engine's
+    env and one in a drawn prompt's text both come out <redacted>, and no other byte moves."""
+    _, _, result = report
+    monkeypatch.setattr(redact, "_known", set())
+    dec = html_report.Decoder("bundled:tiny-llama")
+    drawn = next(p for p in result.comparison.prompts if p.status != Status.MATCH)
+    text = dec.text(result.reference_records[drawn.id].prompt_token_ids)[-PROMPT_TAIL:]
+    in_text = max(re.findall(r"[A-Za-z][A-Za-z ]{10,}[A-Za-z]", text), key=len)
+    in_env = "sk-0123456789abcdef"
+    result = dataclasses.replace(result, candidate=dataclasses.replace(result.candidate, env={"ENGINE_ARGS": f"--api {in_env}"}))
+    raw = html_report.render(result, dec)
+    assert in_text in raw and in_env in raw
+    if secrets:
+        redact.register(in_text)
+        redact.register(in_env)
+    write_reports(result, tmp_path, formats=("html",), dec=dec)
+    page = (tmp_path / "report.html").read_bytes()
+    assert page == one_string_page(result, dec)
+    assert (in_text.encode() in page, in_env.encode() in page) == (not secrets, not secrets)
+
+
+def test_each_detail_is_built_only_when_its_part_is_written(report):
+    """The details are made one at a time as the page is written, never gathered in a list."""
+    _, _, result = report
+    built: list[str] = []
+    real = html_report.detail
+
+    def counted(p, *args, **kwargs):
+        built.append(p.id)
+        return real(p, *args, **kwargs)
+
+    drawn = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(html_report, "detail", counted)
+        for part in html_report.render_parts(result):
+            if part.startswith("<section class='prompt'>"):
+                drawn += 1
+                assert len(built) == drawn and f"id='{html_report.anchor(built[-1])}'" in part
+    assert drawn == len(built) == sum(p.status != Status.MATCH for p in result.comparison.prompts) > 1
+
+
+def test_a_failure_mid_page_leaves_no_report_html_and_no_temp_file(report, tmp_path, monkeypatch):
+    """The engines table, after every detail, raises: nothing half-written is left to read as a report."""
+    _, _, result = report
+
+    def broken(r):
+        raise RuntimeError("the engines table broke")
+
+    monkeypatch.setattr(html_report, "_engines", broken)
+    with pytest.raises(RuntimeError, match="engines table"):
+        write_reports(result, tmp_path, formats=("html",))
+    assert list(tmp_path.iterdir()) == []
 
 
 def big_gate(diverge_every: int) -> GateResult:

@@ -17,7 +17,7 @@ from strict_gate.judge.schema import check_written
 from strict_gate.report import html, junit, markdown
 from strict_gate.report.text import Decoder, gate_decoder, strict_json, visible
 from strict_gate.runs.layout import ReportDir
-from strict_gate.runs.records import write_text_atomic
+from strict_gate.runs.records import write_parts_atomic, write_text_atomic
 
 FORMATS = ("json", "md", "html", "junit")
 
@@ -32,15 +32,15 @@ def write_reports(result: GateResult, out_dir: str | Path, formats=FORMATS, dec:
     # One decoder for the formats that decode tokens: the tokenizer is loaded once, not per format.
     if dec is None and {"md", "html"} & set(formats):
         dec = gate_decoder(result)
-    renderers = {
-        "md": lambda: markdown.render(result, dec),
-        "html": lambda: html.render(result, dec),
-        "junit": lambda: junit.render(result),
+    renderers = {  # each format's parts: report.html's are made as they are written, never one string
+        "md": lambda: (markdown.render(result, dec),),
+        "html": lambda: html.render_parts(result, dec),
+        "junit": lambda: (junit.render(result),),
     }
     for fmt in formats:
         if fmt != "json":
             path = out.report(fmt)
-            write_text_atomic(path, visible(renderers[fmt](), keep_newlines=True))
+            write_parts_atomic(path, (visible(part, keep_newlines=True) for part in renderers[fmt]()))
             written[fmt] = path
     if "json" in formats:
         path = out.report_json

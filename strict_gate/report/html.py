@@ -7,6 +7,7 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from strict_gate.judge.cascade import later_totals
@@ -62,26 +63,31 @@ def _drift_note(r: GateResult, p) -> str:
     return "" if label == str(p.status) else f"<br><small>{escape(label)}</small>"
 
 
-def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> str:
-    rows: list[str] = []
-    for p in bad:
-        d = p.first_divergence
-        ref, cand = r.reference_records.get(p.id), r.candidate_records.get(p.id)
-        link = f"<a href='#{anchor(p.id)}'>{escape(p.id)}</a>" if len(rows) < DETAIL_CAP else escape(p.id)
-        rows.append(
-            f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span>{_drift_note(r, p)}</td>"
-            f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
-            f"<td>{'' if d is None else d.position}</td>"
-            + "".join(f"<td>{escape(c)}</td>" for c in (("", "") if d is None else gap_cells(d)))
-            + f"<td>{p.matched_positions}/{p.positions}</td>"
-            f"<td>{escape(r.diagnoses[p.id].short if p.id in r.diagnoses else reasons.get(p.id, ''))}</td></tr>"
-        )
-    return ("<h2>Prompts that do not match</h2><p class='legend'>One cell per position: "
-            "<i class='m'>&nbsp;&nbsp;</i> match, <i class='t'>&nbsp;&nbsp;</i> near-tie, "
-            "<i class='d'>&nbsp;&nbsp;</i> divergent, <i class='a'>&nbsp;&nbsp;</i> after the divergence; "
-            f"hover a cell for its tokens; {escape(LEGEND)}.</p>"
-            "<table><tr><th>prompt</th><th>status</th><th>agreement</th><th>pos</th><th>ref gap</th>"
-            f"<th>cand gap</th><th>matched</th><th>why</th></tr>{''.join(rows)}</table>")
+def _row(r: GateResult, p, dec: Decoder, reasons: dict[str, str], linked: bool) -> str:
+    d = p.first_divergence
+    ref, cand = r.reference_records.get(p.id), r.candidate_records.get(p.id)
+    link = f"<a href='#{anchor(p.id)}'>{escape(p.id)}</a>" if linked else escape(p.id)
+    return (
+        f"<tr><td>{link}</td><td><span class='st {p.status}'>{p.status}</span>{_drift_note(r, p)}</td>"
+        f"<td>{strip(p, dec, ref, cand) if d is not None else escape(p.detail)}</td>"
+        f"<td>{'' if d is None else d.position}</td>"
+        + "".join(f"<td>{escape(c)}</td>" for c in (("", "") if d is None else gap_cells(d)))
+        + f"<td>{p.matched_positions}/{p.positions}</td>"
+        f"<td>{escape(r.diagnoses[p.id].short if p.id in r.diagnoses else reasons.get(p.id, ''))}</td></tr>"
+    )
+
+
+def _overview(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> Iterator[str]:
+    """The table a row at a time: 10,000 strips are never one string."""
+    yield ("<h2>Prompts that do not match</h2><p class='legend'>One cell per position: "
+           "<i class='m'>&nbsp;&nbsp;</i> match, <i class='t'>&nbsp;&nbsp;</i> near-tie, "
+           "<i class='d'>&nbsp;&nbsp;</i> divergent, <i class='a'>&nbsp;&nbsp;</i> after the divergence; "
+           f"hover a cell for its tokens; {escape(LEGEND)}.</p>"
+           "<table><tr><th>prompt</th><th>status</th><th>agreement</th><th>pos</th><th>ref gap</th>"
+           "<th>cand gap</th><th>matched</th><th>why</th></tr>")
+    for i, p in enumerate(bad):
+        yield _row(r, p, dec, reasons, linked=i < DETAIL_CAP)
+    yield "</table>"
 
 
 def _matching(matching) -> str:
@@ -115,29 +121,32 @@ def _slot(slot: str, *args) -> str:
     return "\n".join(section(*args) for section in in_order(slot))
 
 
-def render(r: GateResult, dec: Decoder | None = None) -> str:
-    """report.html; `dec` is the gate's one decoder when the caller already has it (write_reports)."""
-    s = r.comparison.summary
-    v = r.verdict
-    dec = gate_decoder(r) if dec is None else dec
-    reasons = {pv.id: pv.reason for pv in v.prompts}
-    bad = listed(r.comparison.prompts)
-    gone = "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts))
-    matching = [p for p in r.comparison.prompts if p.status == Status.MATCH]
+def _details(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> Iterator[str]:
+    """Each drawn prompt's detail, built only when it is written: its two records are read for
+    it and let go before the next (a RunRecords reads them from disk and keeps none)."""
+    if not bad:
+        return
+    yield "<h2>Side by side</h2>"
     per_prompt = [section(r) for section in in_order("html_prompts")]  # each section's part of a prompt's detail
-    details = [
-        detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), _diagnosis(r, p),
-               reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
-               drift_html="".join(part.get(p.id, "") for part in per_prompt))
-        for p in bad[:DETAIL_CAP]
-    ]
+    for p in bad[:DETAIL_CAP]:
+        yield detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), _diagnosis(r, p),
+                     reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
+                     drift_html="".join(part.get(p.id, "") for part in per_prompt))
     if len(bad) > DETAIL_CAP:
-        details.append(f"<p>{len(bad) - DETAIL_CAP} more non-matching prompts: see report.json</p>")
+        yield f"<p>{len(bad) - DETAIL_CAP} more non-matching prompts: see report.json</p>"
+
+
+def _why(r: GateResult) -> str:
+    v = r.verdict
     why = "".join(f"<li>{escape(x)}</li>" for x in v.reasons[:REASONS_CAP])
     if len(v.reasons) > REASONS_CAP:
         why += f"<li class='none'>{len(v.reasons) - REASONS_CAP} more, per prompt in the table below</li>"
     why += "".join(f"<li class='none'>note: {escape(x)}</li>" for x in (*v.notes, *r.notes))
-    why += "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
+    return why + "".join(f"<li>problem: {escape(x)}</li>" for x in r.problems)
+
+
+def _head(r: GateResult) -> str:
+    s, v = r.comparison.summary, r.verdict
     headline = (f"{verdict_heading(r)}: {escape(r.name)} — {s.prompts_exact}/{s.prompts_total} prompts exact, "
                 f"policy {escape(v.policy_words)}, band {v.band} nats")
     return f"""<!doctype html>
@@ -145,17 +154,33 @@ def render(r: GateResult, dec: Decoder | None = None) -> str:
 <style>{CSS}</style></head><body>
 <div class="banner" style="background:{VERDICT_COLOR[overall_verdict(r)[0]]}">{headline}</div>
 <main>
-{_slot("html_banner", r)}
-{_figures(r)}
-<ul>{why}</ul>
-{trend_svg(getattr(r, "history", ()) or ())}
-{_slot("html_head", r)}
-{_overview(r, bad, dec, reasons) if bad else ""}{gone}
-{_slot("html_divergences", r, dec)}
-{_matching(matching)}
-{_slot("html", r)}
-{"<h2>Side by side</h2>" if details else ""}{''.join(details)}
-{_engines(r)}
-<p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>
-</main></body></html>
 """
+
+
+def render_parts(r: GateResult, dec: Decoder | None = None) -> Iterator[str]:
+    """report.html a piece at a time, each whole elements (the head, a section, an overview row,
+    one prompt's detail), so a page of 500 details is written without ever being one string."""
+    dec = gate_decoder(r) if dec is None else dec
+    reasons = {pv.id: pv.reason for pv in r.verdict.prompts}
+    bad = listed(r.comparison.prompts)
+    yield _head(r)
+    yield _slot("html_banner", r) + "\n"
+    yield _figures(r) + "\n"
+    yield f"<ul>{_why(r)}</ul>\n"
+    yield trend_svg(getattr(r, "history", ()) or ()) + "\n"
+    yield _slot("html_head", r) + "\n"
+    if bad:
+        yield from _overview(r, bad, dec, reasons)
+    yield "".join(f"<p class='missing'>{escape(line)}</p>" for line in missing_lines(r.comparison.prompts)) + "\n"
+    yield _slot("html_divergences", r, dec) + "\n"
+    yield _matching([p for p in r.comparison.prompts if p.status == Status.MATCH]) + "\n"
+    yield _slot("html", r) + "\n"
+    yield from _details(r, bad, dec, reasons)
+    yield "\n" + _engines(r) + "\n"
+    yield f'<p class="none">created {escape(r.created)}; the same content in report.md and report.json</p>\n</main></body></html>\n'
+
+
+def render(r: GateResult, dec: Decoder | None = None) -> str:
+    """report.html as one string; `dec` is the gate's one decoder when the caller already has it.
+    write_reports writes render_parts instead, a part at a time."""
+    return "".join(render_parts(r, dec))

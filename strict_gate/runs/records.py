@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -341,12 +341,20 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    text = scrub(text)
+    write_parts_atomic(path, (text,))
+
+
+def write_parts_atomic(path: Path, parts: Iterable[str]) -> None:
+    """A text file written a part at a time through a temp file and a rename, so a page made as
+    it is written (report.html) is never held whole, and readers see the old file or the new one.
+    Each part is scrubbed alone: sound only because a part never cuts a secret in two (report.html's
+    parts are whole elements, and a secret value lies inside one element's text)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = new_temp_file(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            for part in parts:
+                f.write(scrub(part))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
