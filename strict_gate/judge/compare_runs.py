@@ -11,7 +11,6 @@ from strict_gate.judge.compare import (
     DEFAULT_BAND,
     Comparison,
     PromptComparison,
-    Status,
     check_band,
     compare_prompt,
     summarize,
@@ -78,13 +77,12 @@ def compare_on_disk(
     band: float = DEFAULT_BAND,
     prompt_ids: list[str] | None = None,
     greedy_tolerance: float = DEFAULT_GREEDY_TOLERANCE,
-    keep_whole: int = 0,
     decode: Decode | None = None,
 ) -> Comparison:
     """compare_runs over two runs on disk, in bounded memory: a chunk of prompts at a time is
     decoded and audited (both runs, every record), compared, and let go. Each run keeps a slim
-    copy of every record, and the first `keep_whole` prompts that do not match stay whole (the
-    ones a report draws in detail). Records of ids outside prompt_ids are audited too."""
+    copy of every record (a report reads a drawn prompt's top-k back from the file). Records of
+    ids outside prompt_ids are audited too."""
     band = _checked(band, greedy_tolerance)
     order = _expected(reference, candidate) if prompt_ids is None else prompt_ids
     prompts: list[PromptComparison] = []
@@ -92,16 +90,13 @@ def compare_on_disk(
         for i in ids:
             pc = compare_prompt(i, refs.get(i), cands.get(i), band, greedy_tolerance, decode)
             prompts.append(pc)
-            whole = pc.status != Status.MATCH and keep_whole > 0
-            if whole:
-                keep_whole -= 1
             for got, run in ((refs, reference), (cands, candidate)):
                 if i in got:
-                    run.keep(got[i], whole=whole)
+                    run.keep(got[i])
     expected = set(order)
     for run in (reference, candidate):
         rest = [i for i in run if i not in expected]
         for ids in _chunks(rest, run, run):
             for rec in run.read(ids).values():
-                run.keep(rec, whole=False)
+                run.keep(rec)
     return Comparison(band=band, prompts=tuple(prompts), summary=summarize(prompts))

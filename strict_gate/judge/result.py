@@ -44,16 +44,20 @@ class ArmWallClock:
 
 
 def arm_wall_clock(records: Mapping[str, Record]) -> ArmWallClock | None:
-    timed = [r for r in records.values() if r.error is None and r.timing and r.timing.total_s]
-    if not timed:
+    """Summed in one pass, one record at a time: a run read from disk makes each record when it
+    is looked up, and a list of all 10,000 held ~200 MiB for three numbers."""
+    prompts, tokens, seconds, ttfts = 0, 0, 0.0, []
+    for r in records.values():
+        t = r.timing
+        if r.error is not None or not t or not t.total_s:
+            continue
+        prompts, tokens, seconds = prompts + 1, tokens + len(r.token_ids), seconds + t.total_s
+        if t.ttft_s is not None:
+            ttfts.append(t.ttft_s)
+    if not prompts:
         return None
-    ttfts = [r.timing.ttft_s for r in timed if r.timing and r.timing.ttft_s is not None]
-    return ArmWallClock(
-        prompts=len(timed),
-        tokens=sum(len(r.token_ids) for r in timed),
-        seconds=sum(r.timing.total_s for r in timed if r.timing and r.timing.total_s),
-        median_ttft_s=statistics.median(ttfts) if ttfts else None,
-    )
+    return ArmWallClock(prompts=prompts, tokens=tokens, seconds=seconds,
+                        median_ttft_s=statistics.median(ttfts) if ttfts else None)
 
 
 class FeatureResult(Protocol):

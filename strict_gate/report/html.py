@@ -7,7 +7,7 @@ are a count and a capped list of ids, so a 10,000-prompt gate stays a reasonable
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from strict_gate.judge.cascade import later_totals
@@ -23,9 +23,12 @@ from strict_gate.report.missing import listed, missing_lines
 from strict_gate.report.sections import in_order
 from strict_gate.report.style import CSS
 from strict_gate.report.text import Decoder, gate_decoder
+from strict_gate.runs.records import Record
+from strict_gate.runs.stream import RunRecords
 
 DETAIL_CAP = 500  # prompts drawn in full detail; the rest are in report.json
 MATCH_IDS_CAP = 2000  # matching ids listed in the collapsed list
+READ_AHEAD = 8  # drawn prompts whose records are read from disk at once
 REASONS_CAP = 4  # the policy's reasons shown under the banner; every prompt's own is in the table
 
 
@@ -121,17 +124,32 @@ def _slot(slot: str, *args) -> str:
     return "\n".join(section(*args) for section in in_order(slot))
 
 
+def _read(records: Mapping[str, Record], ids: list[str]) -> Mapping[str, Record]:
+    """These ids' records: a run on disk reads their lines in one go (one pass over READ_AHEAD
+    lines, not READ_AHEAD reads of one), a run in memory is looked up."""
+    return records.read(ids) if isinstance(records, RunRecords) else records
+
+
+def _drawn(r: GateResult, prompts: list) -> Iterator[tuple]:
+    """Each drawn prompt with its two records, READ_AHEAD prompts' records held at a time."""
+    for k in range(0, len(prompts), READ_AHEAD):
+        batch = prompts[k : k + READ_AHEAD]
+        ids = [p.id for p in batch]
+        refs, cands = _read(r.reference_records, ids), _read(r.candidate_records, ids)
+        for p in batch:
+            yield p, refs.get(p.id), cands.get(p.id)
+
+
 def _details(r: GateResult, bad, dec: Decoder, reasons: dict[str, str]) -> Iterator[str]:
-    """Each drawn prompt's detail, built only when it is written: its two records are read for
-    it and let go before the next (a RunRecords reads them from disk and keeps none)."""
+    """Each drawn prompt's detail, built only when it is written: its records are read with the
+    next READ_AHEAD prompts' and let go after them (a RunRecords reads them from disk, keeps none)."""
     if not bad:
         return
     yield "<h2>Side by side</h2>"
     per_prompt = [section(r) for section in in_order("html_prompts")]  # each section's part of a prompt's detail
-    for p in bad[:DETAIL_CAP]:
-        yield detail(p, dec, r.reference_records.get(p.id), r.candidate_records.get(p.id), _diagnosis(r, p),
-                     reason=reasons.get(p.id, p.detail), rescored_by=r.rescored_by,
-                     drift_html="".join(part.get(p.id, "") for part in per_prompt))
+    for p, ref, cand in _drawn(r, bad[:DETAIL_CAP]):
+        yield detail(p, dec, ref, cand, _diagnosis(r, p), reason=reasons.get(p.id, p.detail),
+                     rescored_by=r.rescored_by, drift_html="".join(part.get(p.id, "") for part in per_prompt))
     if len(bad) > DETAIL_CAP:
         yield f"<p>{len(bad) - DETAIL_CAP} more non-matching prompts: see report.json</p>"
 

@@ -7,6 +7,7 @@ a hover shows the tokens through the title attribute, so the page needs no scrip
 from __future__ import annotations
 
 import html
+from functools import lru_cache
 
 from strict_gate.judge.compare import PromptComparison, Status
 from strict_gate.judge.diagnose import Diagnosis
@@ -41,8 +42,20 @@ def shown(dec: Decoder, t: int) -> str:
     return text.replace(" ", "␣") if text and not text.strip(" ") else text
 
 
+@lru_cache(maxsize=1 << 16)
+def _chip_text(dec: Decoder, t: int) -> str:
+    """A token's chip, escaped: drawn once per id, not once per position (500 prompts x 512)."""
+    return escape(shown(dec, t))
+
+
 def _tok(dec: Decoder, t: int | None) -> str:
     return "(end)" if t is None else f"“{dec.token(t)}” ({t})"
+
+
+@lru_cache(maxsize=1 << 16)
+def _tok_text(dec: Decoder, t: int | None) -> str:
+    """_tok escaped, once per id (an agreement strip draws a title per position)."""
+    return escape(_tok(dec, t))
 
 
 def cell_class(p: PromptComparison, i: int) -> str:
@@ -62,8 +75,8 @@ def strip(p: PromptComparison, dec: Decoder, ref: Record | None, cand: Record | 
     for i in range(p.positions):
         r = R[i] if i < len(R) else None
         c = C[i] if i < len(C) else None
-        title = f"{i}: reference {_tok(dec, r)}" + ("" if r == c else f" · candidate {_tok(dec, c)}")
-        cells.append(f"<i class='{cell_class(p, i)}' title='{escape(title)}'></i>")
+        title = f"{i}: reference {_tok_text(dec, r)}" + ("" if r == c else f" · candidate {_tok_text(dec, c)}")
+        cells.append(f"<i class='{cell_class(p, i)}' title='{title}'></i>")
     return f"<span class='strip'>{''.join(cells)}</span>"
 
 
@@ -75,9 +88,9 @@ def _chips(label: str, tokens: tuple[int, ...], rec: Record | None, p: PromptCom
     for i, t in enumerate(tokens):
         lp = lps[i]
         k = len(head) + i
-        part = part_of(dec, t, stream[max(0, k - 3) : k], stream[k + 1 : k + 4])
-        title = f"{i}: id {t}, logprob {num(lp)}" + (f", in “{part}”" if part else "")
-        out.append(f"<span class='chip {cell_class(p, i)}' title='{escape(title)}'>{escape(shown(dec, t))}</span>")
+        part = part_of(dec, t, stream[max(0, k - 3) : k], stream[k + 1 : k + 4]) if dec.available else ""
+        title = f"{i}: id {t}, logprob {num(lp)}" + (f", in “{escape(part)}”" if part else "")  # digits need none
+        out.append(f"<span class='chip {cell_class(p, i)}' title='{title}'>{_chip_text(dec, t)}</span>")
     if not tokens:
         out.append("<span class='none'>no tokens</span>")
     return f"<div class='chips'><b>{label}</b>{''.join(out)}</div>"

@@ -284,23 +284,14 @@ class _Slim:
         )
 
 
-def _own(r: Record) -> Record:
-    """The record with its top-k copied out of its chunk's arrays (which then can go)."""
-    top = r.top_logprobs
-    if not isinstance(top, TopSteps):
-        return r
-    steps = TopSteps(top.ids.copy(), top.lps.copy(), np.array(top.width))
-    return Record(r.id, r.prompt_token_ids, r.token_ids, r.finish_reason, steps, r.samples, r.error, r.timing, r.text_only)
-
-
 class RunRecords(Mapping[str, Record]):
     """A run's records by id, read from its file on demand. `read` decodes and audits a chunk;
-    `keep` remembers a record whole or slim; any other id is decoded when looked up."""
+    `keep` remembers a record slim (its top-k read back from the file when asked for); any other
+    id is decoded when looked up."""
 
     def __init__(self, index: RecordIndex, *, max_tokens: int | None, vocab_size: int | None):
         self.index = index
         self._limits = {"max_tokens": max_tokens, "vocab_size": vocab_size}
-        self._whole: dict[str, Record] = {}
         self._slim: dict[str, _Slim] = {}
 
     def __len__(self) -> int:
@@ -313,8 +304,6 @@ class RunRecords(Mapping[str, Record]):
         return rid in self.index.where
 
     def __getitem__(self, rid: str) -> Record:
-        if rid in self._whole:
-            return self._whole[rid]
         slim = self._slim.get(rid)
         if slim is not None:
             return slim.record(rid, lambda: self._reread(rid))
@@ -361,11 +350,8 @@ class RunRecords(Mapping[str, Record]):
         cols = bulk_columns(lines, linenos, expected)
         return cols if cols is not None else _exact_columns(lines, linenos, expected, spath)
 
-    def keep(self, record: Record, *, whole: bool) -> None:
-        if whole:
-            self._whole[record.id] = _own(record)
-        else:
-            self._slim[record.id] = _Slim.of(record)
+    def keep(self, record: Record) -> None:
+        self._slim[record.id] = _Slim.of(record)
 
 
 def _check_id(raw, expected: str, spath: str, lineno: int) -> None:
