@@ -129,6 +129,8 @@ def test_a_pool_of_actors_on_two_nodes_writes_the_single_engines_records(cluster
     assert _records(Path("pool")) == _records(Path("one"))  # in the set's order, byte for byte but timings
     ex = json.loads(Path("pool/executor.json").read_text())
     assert len(ex["actors"]) == 2 and len(ex["nodes"]) == 2, ex  # one actor per node: one CPU each
+    # the GPUs Ray gave each actor: none asked (num_gpus = 0), none given; CUDA_VISIBLE_DEVICES as Ray left it
+    assert all(a["gpu_ids"] == [] and "cuda_visible_devices" in a for a in ex["actors"]), ex
     assert sorted(ex["served"]) == sorted(f"p{i}" for i in range(N)) and set(ex["served"].values()) == {0, 1}
     manifest = json.loads(Path("pool/manifest.json").read_text())
     assert manifest["engine"]["options"]["executor"] == {"kind": "ray", "cluster": address, "actors": 2}

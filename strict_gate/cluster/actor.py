@@ -27,12 +27,15 @@ class EngineHost:
             self.engine.start()
 
     def hello(self) -> dict[str, Any]:
-        """Who serves: the engine's info, the capabilities it narrowed at start, where it runs."""
+        """Who serves: the engine's info, the capabilities it narrowed at start, where it runs, and the
+        GPUs Ray gave it (its ids on the node, and the CUDA_VISIBLE_DEVICES Ray set for them)."""
         import ray
 
         e = self.engine
         return {"info": e.info(), "node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-                "pid": os.getpid(), "can_score": e.can_score, "servings": sorted(str(s) for s in e.servings)}
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "can_score": e.can_score, "servings": sorted(str(s) for s in e.servings)}
 
     def generate(self, prompt: PromptInput, sampling: Sampling) -> list[Record]:
         """One prompt alone; the wall clock filled in where the engine gave none (as gate/arm.py does)."""

@@ -208,11 +208,13 @@ class RayExecuted(Engine):
         return ray.get(self.actors[a].score.remote(list(prompt_ids), list(continuation_ids), k))
 
     def _write_executor(self) -> None:
-        """executor.json beside the run: the cluster, each actor's node, who served what, what was resent."""
+        """executor.json beside the run: the cluster, each actor's node and the GPUs Ray gave it (ids,
+        CUDA_VISIBLE_DEVICES), who served what, what was resent."""
         if not self.log_path:
             return
         body = {"schema": "strict-gate/executor@1", "kind": "ray", "cluster": self.settings.cluster(),
-                "actors": [{"index": i, "node": h["node"], "host": h["host"], "pid": h["pid"]}
+                "actors": [{"index": i, "node": h["node"], "host": h["host"], "pid": h["pid"],
+                            "gpu_ids": h.get("gpu_ids"), "cuda_visible_devices": h.get("cuda_visible_devices")}
                            for i, h in sorted(self.hellos.items())],
                 "nodes": sorted({h["node"] for h in self.hellos.values()}),
                 "served": self.served, "scored": {str(a): n for a, n in sorted(self.scores.items())},
