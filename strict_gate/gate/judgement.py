@@ -142,7 +142,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
     diagnoses = spec.rule.diagnoses(comparison, diagnoses)
     verdict = apply_policy(comparison, spec.rule, ref.records, cand.records, run_problems=tuple(problems),
                            later=later_of(diagnoses), diagnoses=diagnoses, stops=stops_of(spec, ref, cand, comparison))
-    sampled = [r for r in ref.records.values() if r.samples]
+    sampled = any(r.samples for r in ref.records.values())  # a generator: no list of every record
     resumed = {label: list(run.manifest.resumed) for label, run in (("reference", ref), ("candidate", cand))}
     return GateResult(
         name=spec.name,
@@ -157,7 +157,7 @@ def judge(spec: GateSpec, ref: Run, cand: Run, *, problems: Sequence[str] = (), 
         candidate_records=cand_records,
         diagnoses=diagnoses,
         runs={"reference": ref.path, "candidate": cand.path},
-        determinism=determinism_summary(list(ref.records.values())) if sampled else None,
+        determinism=determinism_summary(ref.records.values()) if sampled else None,
         problems=tuple(problems),
         config=spec.config.to_json() if spec.config is not None else None,
         rescored_by=f"{rescorer.kind} {rescorer.info().model}" if rescorer is not None and diagnoses else None,

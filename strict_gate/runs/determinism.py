@@ -3,16 +3,18 @@ merged shard run's (recomputed over every shard's records)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from strict_gate.runs.records import Record
 
 
-def determinism_summary(records: Sequence[Record]) -> dict:
-    """Across the K captured runs: how many prompts repeat exactly, and where the others split."""
+def determinism_summary(records: Iterable[Record]) -> dict:
+    """Across the K captured runs: how many prompts repeat exactly, and where the others split.
+    One record at a time: a run read from disk makes each record when it is looked up."""
     per_prompt = []
-    k = 0
+    k = total = 0
     for rec in records:
+        total += 1
         samples = rec.samples or ()
         k = max(k, len(samples))
         if len(samples) < 2 or all(s == samples[0] for s in samples[1:]):
@@ -25,7 +27,6 @@ def determinism_summary(records: Sequence[Record]) -> dict:
                 positions.append({"position": i, "tokens": [t for t in seen if t >= 0], "ended": -1 in seen})
         distinct = len({tuple(s) for s in samples})
         per_prompt.append({"id": rec.id, "distinct_sequences": distinct, "positions": positions})
-    total = len(records)
     return {
         "runs": k,
         "prompts_total": total,
