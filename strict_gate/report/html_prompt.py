@@ -42,7 +42,7 @@ def shown(dec: Decoder, t: int) -> str:
     return text.replace(" ", "␣") if text and not text.strip(" ") else text
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=4096)  # bounded: a cache of every id in a vocabulary would be memory in itself
 def _chip_text(dec: Decoder, t: int) -> str:
     """A token's chip, escaped: drawn once per id, not once per position (500 prompts x 512)."""
     return escape(shown(dec, t))
@@ -52,7 +52,7 @@ def _tok(dec: Decoder, t: int | None) -> str:
     return "(end)" if t is None else f"“{dec.token(t)}” ({t})"
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=4096)  # bounded: a cache of every id in a vocabulary would be memory in itself
 def _tok_text(dec: Decoder, t: int | None) -> str:
     """_tok escaped, once per id (an agreement strip draws a title per position)."""
     return escape(_tok(dec, t))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,8 @@ from strict_gate.runs.reader import (
     read_manifest,
     records_path,
 )
-from strict_gate.runs.records import Record, Run, RunStatus, TextReply, Timing, TopK, TopSteps
+from strict_gate.runs.records import Record, Run, RunStatus, TopK
+from strict_gate.runs.slim import Slim, Spill
 from strict_gate.runs.topk_text import bulk_columns
 
 _ID_PREFIXES = (b'{"id": "', b'{"id":"')  # how RunWriter (and most writers) start a record
@@ -213,86 +214,16 @@ def index_records(path: Path, *, tolerate_torn_tail: bool = False) -> RecordInde
     return RecordIndex(path, tuple(ids), as_array(offsets), as_array(lengths), as_array(lines), where, stamp)
 
 
-class DiskSteps(Sequence[TopK]):
-    """A slim record's top-k, decoded from the run file (and audited again) on first look."""
-
-    __slots__ = ("_load", "_n", "_steps")
-
-    def __init__(self, n: int, load: Callable[[], Sequence[TopK]]):
-        self._n, self._load = n, load
-        self._steps: Sequence[TopK] | None = None
-
-    def _loaded(self) -> Sequence[TopK]:
-        if self._steps is None:
-            self._steps = self._load()
-        return self._steps
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        return self._loaded()[i]
-
-    def __eq__(self, other) -> bool:
-        return self._loaded() == other
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"DiskSteps({self._n} steps)"
-
-    def lookup(self, tokens: Sequence[int]) -> list[float | None]:
-        """TopSteps.lookup once loaded (a live record's tuples: step by step)."""
-        steps = self._loaded()
-        if isinstance(steps, TopSteps):
-            return steps.lookup(tokens)
-        return [Record("", (), (), top_logprobs=steps).logprob_at(i, t) for i, t in enumerate(tokens)]
-
-
-@dataclass(frozen=True)
-class _Slim:
-    """A record without its top-k: about 4 bytes a token instead of 300."""
-
-    prompt: np.ndarray
-    tokens: np.ndarray
-    finish_reason: str | None
-    has_top: bool
-    samples: tuple[np.ndarray, ...] | None
-    error: str | None
-    timing: Timing | None
-    text_only: TextReply | None = None
-
-    @classmethod
-    def of(cls, r: Record) -> _Slim:
-        i32 = lambda xs: np.array(xs, dtype=np.int32)  # noqa: E731 (the audit bounds ids to 0..2**31-1)
-        samples = None if r.samples is None else tuple(i32(s) for s in r.samples)
-        return cls(i32(r.prompt_token_ids), i32(r.token_ids), r.finish_reason, r.top_logprobs is not None,
-                   samples, r.error, r.timing, r.text_only)
-
-    def record(self, rid: str, load: Callable[[], Sequence[TopK]]) -> Record:
-        tokens = tuple(self.tokens.tolist())
-        return Record(
-            id=rid,
-            prompt_token_ids=tuple(self.prompt.tolist()),
-            token_ids=tokens,
-            finish_reason=self.finish_reason,
-            top_logprobs=DiskSteps(len(tokens), load) if self.has_top else None,
-            samples=None if self.samples is None else tuple(tuple(s.tolist()) for s in self.samples),
-            error=self.error,
-            timing=self.timing,
-            text_only=self.text_only,
-        )
-
-
 class RunRecords(Mapping[str, Record]):
     """A run's records by id, read from its file on demand. `read` decodes and audits a chunk;
-    `keep` remembers a record slim (its top-k read back from the file when asked for); any other
-    id is decoded when looked up."""
+    `keep` remembers a record slim (its ids in a spill file, its top-k read back from the run file
+    when asked for); any other id is decoded when looked up."""
 
     def __init__(self, index: RecordIndex, *, max_tokens: int | None, vocab_size: int | None):
         self.index = index
         self._limits = {"max_tokens": max_tokens, "vocab_size": vocab_size}
-        self._slim: dict[str, _Slim] = {}
+        self._slim: dict[str, Slim] = {}
+        self._spill = Spill()  # the slim copies' token ids, on disk: memory flat in the prompt count
 
     def __len__(self) -> int:
         return len(self.index.ids)
@@ -306,7 +237,7 @@ class RunRecords(Mapping[str, Record]):
     def __getitem__(self, rid: str) -> Record:
         slim = self._slim.get(rid)
         if slim is not None:
-            return slim.record(rid, lambda: self._reread(rid))
+            return slim.record(rid, self._spill, lambda: self._reread(rid))
         if rid not in self.index.where:
             raise KeyError(rid)
         return self.read([rid])[rid]
@@ -351,7 +282,7 @@ class RunRecords(Mapping[str, Record]):
         return cols if cols is not None else _exact_columns(lines, linenos, expected, spath)
 
     def keep(self, record: Record) -> None:
-        self._slim[record.id] = _Slim.of(record)
+        self._slim[record.id] = Slim.of(record, self._spill)
 
 
 def _check_id(raw, expected: str, spath: str, lineno: int) -> None:
