@@ -69,8 +69,9 @@ class Spill:
         """Where these sequences now start (int32: the audit bounds ids to 0..2**31-1)."""
         data = b"".join(np.asarray(s, dtype=np.int32).tobytes() for s in seqs)
         with self._lock:
-            at = self._end
-            os.pwrite(self._file.fileno(), data, at)
+            at, done = self._end, 0
+            while done < len(data):  # a write may stop short; what it wrote is kept, the rest written after
+                done += os.pwrite(self._file.fileno(), data[done:], at + done)
             self._end += len(data)
         return at
 
