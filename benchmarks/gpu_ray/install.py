@@ -39,11 +39,8 @@ def _image_versions(names: list[str]) -> dict[str, str | None]:
 
 
 def _sha(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def main() -> int:

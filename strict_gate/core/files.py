@@ -45,9 +45,6 @@ def new_temp_dir(directory: Path, prefix: str) -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks (model files are hundreds of MB)."""
-    h = hashlib.sha256()
+    """The sha256 of a file's bytes, read in blocks by hashlib (model files are hundreds of MB)."""
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()

@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
-
-from strict_gate.runs.records import Record, TopSteps
+from strict_gate.runs.records import Record
 
 FLOAT32_ROUNDING_MAX = 1e-3  # nats: float32 rounding noise sits far below (3e-5 measured)
 HALF_PRECISION_MAX = 0.05  # nats: float16 rounding sits below (4e-3); bf16 and Q8_0 above (0.2-0.3)
@@ -80,29 +78,8 @@ def prefix_drift(ref: Record, cand: Record, divergence: int) -> PrefixDrift | No
     None without logprobs on either side or without a shared position."""
     if ref.top_logprobs is None or cand.top_logprobs is None or divergence <= 0:
         return None
-    if isinstance(ref.top_logprobs, TopSteps) and isinstance(cand.top_logprobs, TopSteps):
-        return _on_arrays(ref.top_logprobs, cand.top_logprobs, ref.token_ids, divergence)
-    diffs = []
-    for i in range(divergence):
-        t = ref.token_ids[i]
-        a, b = ref.logprob_at(i, t), cand.logprob_at(i, t)
-        if a is not None and b is not None:
-            diffs.append(abs(a - b))
+    tokens = ref.token_ids[:divergence]  # logprobs_at: one pass over a run's arrays where it has them
+    diffs = [abs(a - b) for a, b in zip(ref.logprobs_at(tokens), cand.logprobs_at(tokens))
+             if a is not None and b is not None]
     return PrefixDrift(max(diffs), len(diffs)) if diffs else None
 
-
-def _on_arrays(ref: TopSteps, cand: TopSteps, tokens, divergence: int) -> PrefixDrift | None:
-    """prefix_drift over a run's arrays (records read from disk): the same figures, no loop.
-    A padded column never matches (its id is negative, a token never is: the audit's rule)."""
-    d = min(divergence, len(ref), len(cand))  # logprob_at is None past a record's steps
-    chosen = np.asarray(tokens[:d], dtype=np.int64)[:, None]
-    rows = np.arange(d)
-    found = []
-    for top in (ref, cand):
-        hit = top.ids[:d] == chosen
-        found.append((hit.any(axis=1), top.lps[:d][rows, hit.argmax(axis=1)]))
-    (in_ref, a), (in_cand, b) = found
-    both = in_ref & in_cand
-    if not both.any():
-        return None
-    return PrefixDrift(float(np.abs(a[both] - b[both]).max()), int(both.sum()))

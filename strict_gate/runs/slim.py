@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strict_gate.runs.records import Record, TextReply, Timing, TopK, TopSteps
+from strict_gate.runs.records import Record, TextReply, Timing, TopK
 
 
 class DiskSteps(Sequence[TopK]):
@@ -50,11 +50,8 @@ class DiskSteps(Sequence[TopK]):
         return f"DiskSteps({self._n} steps)"
 
     def lookup(self, tokens: Sequence[int]) -> list[float | None]:
-        """TopSteps.lookup once loaded (a live record's tuples: step by step)."""
-        steps = self._loaded()
-        if isinstance(steps, TopSteps):
-            return steps.lookup(tokens)
-        return [Record("", (), (), top_logprobs=steps).logprob_at(i, t) for i, t in enumerate(tokens)]
+        """Record.logprobs_at over the loaded steps (TopSteps.lookup where they are a run's arrays)."""
+        return Record("", (), (), top_logprobs=self._loaded()).logprobs_at(tokens)
 
 
 class Spill:
